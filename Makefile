@@ -1,0 +1,41 @@
+# The two entry points a newcomer needs (see README.md). Everything they depend on
+# is built or installed on demand; slow artefacts are cached per user outside the
+# checkout (~/.cache/kustos, ~/.cache/uv, Go's caches), keyed by version.
+
+UV_VERSION := 0.13.9
+KUSTOS_CACHE ?= $(HOME)/.cache/kustos
+UV := $(KUSTOS_CACHE)/tools/uv-$(UV_VERSION)/bin/uv
+VENV := .venv
+KUSTOS := $(VENV)/bin/kustos
+
+.PHONY: dev-up dev-down test lint build-binaries crds
+
+# The embedded default: local control plane plus a sample workload (F-DEV-3).
+dev-up: $(VENV)/.synced
+	$(KUSTOS) dev up
+
+dev-down: $(VENV)/.synced
+	$(KUSTOS) dev down
+
+# The whole suite: lint, types, unit and integration tests on the real control plane.
+test: $(VENV)/.synced
+	$(KUSTOS) dev build
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest
+
+lint: $(VENV)/.synced
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
+
+build-binaries: $(VENV)/.synced
+	$(KUSTOS) dev build
+
+$(UV):
+	python3 -m venv $(KUSTOS_CACHE)/tools/uv-$(UV_VERSION)
+	$(KUSTOS_CACHE)/tools/uv-$(UV_VERSION)/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(VENV)/.synced: $(UV) uv.lock pyproject.toml
+	$(UV) sync --frozen --python python3
+	touch $@

@@ -1,0 +1,389 @@
+"""The local control plane (F-DEV-1): start, inspect, break and stop it from Python.
+
+kwokctl (binary runtime, every binary local) runs etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok on 127.0.0.1; the node agent
+(runner and provisioner) runs beside them. Everything a cluster has lives in one
+state directory, so ``stop`` can remove all of it and a second ``start`` of a
+running cluster just reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from kustos.devcluster import binaries
+from kustos.devcluster.kwokconfig import (
+    MANAGED_LABEL,
+    Timings,
+    kwok_source_dir,
+    kwokctl_config,
+    node_manifest,
+)
+from kustos.devcluster.paths import cache_root, clusters_root
+from kustos.devcluster.provisioner import storage_class_manifest
+from kustos.devcluster.runner import sandbox_dir
+from kustos.devcluster.sandbox import HOLD_SUFFIX, PID_SUFFIX
+
+DEFAULT_NAME = "kustos"
+
+
+class DevClusterError(RuntimeError):
+    """The dev cluster could not do what was asked; the message says what and where to look."""
+
+
+@dataclass(frozen=True)
+class DevClusterConfig:
+    """How many nodes, which timings, and restart backoff for runner-run containers."""
+
+    name: str = DEFAULT_NAME
+    control_plane_nodes: int = 1
+    worker_nodes: int = 3
+    timings: Timings = field(default_factory=Timings)
+    restart_backoff: tuple[float, float] = (1.0, 30.0)
+    state_dir: Path | None = None
+
+    def node_names(self) -> list[tuple[str, bool]]:
+        names = [(f"{self.name}-control-plane-{i + 1}", True) for i in range(self.control_plane_nodes)]
+        names += [(f"{self.name}-worker-{i + 1}", False) for i in range(self.worker_nodes)]
+        return names
+
+
+class DevCluster:
+    """One local control plane and its node agent, addressed by its state directory."""
+
+    def __init__(self, config: DevClusterConfig | None = None) -> None:
+        self.config = config or DevClusterConfig()
+        self.state_dir = self.config.state_dir or clusters_root() / self.config.name
+
+    # ---- paths ---------------------------------------------------------------------
+
+    @property
+    def kwok_workdir(self) -> Path:
+        return self.state_dir / "kwok"
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.kwok_workdir / "clusters" / self.config.name
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster_dir / "kubeconfig.yaml"
+
+    @property
+    def kubectl_path(self) -> Path:
+        return binaries.binary_path("kubectl")
+
+    @property
+    def agent_pid_file(self) -> Path:
+        return self.state_dir / "agent.pid"
+
+    @property
+    def agent_log(self) -> Path:
+        return self.state_dir / "agent.log"
+
+    def component_log(self, component: str) -> Path:
+        return self.cluster_dir / "logs" / f"{component}.log"
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    @property
+    def ready_marker(self) -> Path:
+        return self.state_dir / "ready"
+
+    def is_running(self) -> bool:
+        """Fully started (not half-way through a start that failed) and answering."""
+        return self.ready_marker.is_file() and self._api_answers()
+
+    def start(self, log: Callable[[str], None] = lambda _: None, timeout: float = 120) -> None:
+        """Start the control plane, nodes and agent; do nothing if it already runs."""
+        if self.is_running():
+            self._ensure_agent()
+            log(f"dev cluster {self.config.name} is already running")
+            return
+        if self.state_dir.exists():
+            log(f"removing the remains of a stopped dev cluster at {self.state_dir}")
+            self.stop()
+        binaries.build(log=log)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "config.json").write_text(
+            json.dumps(asdict(self.config), default=str, indent=2)
+        )
+        config_file = self.state_dir / "kwokctl.yaml"
+        config_file.write_text(
+            yaml.safe_dump_all(kwokctl_config(self.config.timings, kwok_source_dir()), sort_keys=False)
+        )
+        started = time.monotonic()
+        log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
+        self._kwokctl(
+            "-c", str(config_file), "create", "cluster", "--runtime", "binary",
+            "--kubeconfig", str(self.state_dir / "kwokctl-kubeconfig.yaml"),
+            "--wait", f"{int(timeout)}s", "--timeout", f"{int(timeout)}s",
+        )  # fmt: skip
+        self._wait_for(self._api_answers, timeout, "the API server to answer")
+        self._create_base_objects()
+        self._ensure_agent()
+        self._wait_for(self._nodes_ready, timeout, "every node to be Ready")
+        self.ready_marker.write_text(self.kubeconfig.as_posix())
+        log(f"dev cluster {self.config.name} is up in {time.monotonic() - started:.1f}s")
+
+    def stop(self) -> None:
+        """Stop the agent (and with it every pod process) and the control plane; remove state."""
+        self._stop_agent()
+        if self.cluster_dir.exists():
+            with contextlib.suppress(DevClusterError):
+                self._kwokctl("delete", "cluster", "--kubeconfig", str(self.state_dir / "kwokctl-kubeconfig.yaml"))
+        self._kill_leftovers()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # ---- what tests do to it -------------------------------------------------------
+
+    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> str:
+        result = subprocess.run(
+            [str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            input=input_text,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise DevClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def take_node_down(self, node: str) -> None:
+        """kwok stops heartbeating the node and the agent kills its processes."""
+        self.kubectl("label", "node", node, f"{MANAGED_LABEL}-")
+
+    def bring_node_up(self, node: str) -> None:
+        self.kubectl("label", "node", node, f"{MANAGED_LABEL}=true", "--overwrite")
+
+    def crash_container(self, namespace: str, pod: str, container: str, stay_down: bool = True) -> int:
+        """SIGKILL a container's process; with ``stay_down`` it is not restarted until released."""
+        directory = self._sandbox_dir(namespace, pod)
+        if stay_down:
+            (directory / f"{container}{HOLD_SUFFIX}").touch()
+        pid = int((directory / f"{container}{PID_SUFFIX}").read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        return pid
+
+    def release_container(self, namespace: str, pod: str, container: str) -> None:
+        (self._sandbox_dir(namespace, pod) / f"{container}{HOLD_SUFFIX}").unlink(missing_ok=True)
+
+    def container_pid(self, namespace: str, pod: str, container: str) -> int | None:
+        pid_file = self._sandbox_dir(namespace, pod) / f"{container}{PID_SUFFIX}"
+        return int(pid_file.read_text()) if pid_file.exists() else None
+
+    def restart_component(self, component: str, down_seconds: float = 0.0) -> None:
+        """Stop one control-plane component and start it again with its saved command line."""
+        saved = self._saved_components()
+        spec = next((c for c in saved if c["name"] == component), None)
+        if spec is None:
+            raise DevClusterError(f"no component {component}; have {[c['name'] for c in saved]}")
+        work_dir = Path(spec["workDir"])
+        pid_file = work_dir / "pids" / f"{Path(spec['binary']).stem}.pid"
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 10)
+        time.sleep(down_seconds)
+        env = {**os.environ, **{e["name"]: e.get("value", "") for e in spec.get("envs") or []}}
+        with self.component_log(component).open("ab") as sink:
+            process = subprocess.Popen(
+                [spec["binary"], *spec.get("args", [])],
+                cwd=work_dir, stdout=sink, stderr=sink, env=env, start_new_session=True,
+            )  # fmt: skip
+        pid_file.write_text(str(process.pid))
+
+    def status(self) -> dict[str, Any]:
+        """Components with their pids, and nodes with their readiness."""
+        components = []
+        for spec in self._saved_components() if self.cluster_dir.exists() else []:
+            pid_file = Path(spec["workDir"]) / "pids" / f"{Path(spec['binary']).stem}.pid"
+            pid = _read_pid(pid_file)
+            components.append({"name": spec["name"], "pid": pid, "running": _alive(pid)})
+        agent_pid = _read_pid(self.agent_pid_file)
+        components.append({"name": "kustos-agent", "pid": agent_pid, "running": _alive(agent_pid)})
+        nodes: list[dict[str, Any]] = []
+        if self.is_running():
+            listing = json.loads(self.kubectl("get", "nodes", "-o", "json"))
+            for node in listing["items"]:
+                ready = next(
+                    (c["status"] for c in node["status"].get("conditions", []) if c["type"] == "Ready"),
+                    "Unknown",
+                )
+                roles = [k.split("/")[-1] for k in node["metadata"]["labels"] if k.startswith("node-role")]
+                nodes.append({"name": node["metadata"]["name"], "ready": ready, "roles": roles})
+        return {"name": self.config.name, "kubeconfig": str(self.kubeconfig),
+                "components": components, "nodes": nodes}  # fmt: skip
+
+    # ---- internals -----------------------------------------------------------------
+
+    def _kwokctl(self, *args: str) -> str:
+        env = {
+            **os.environ,
+            "KWOK_WORKDIR": str(self.kwok_workdir),
+            # kwokctl looks for kubectl on PATH first: make it ours, not whatever is installed.
+            "PATH": f"{_shim_dir()}:{os.environ.get('PATH', '')}",
+        }
+        result = subprocess.run(
+            [str(binaries.binary_path("kwokctl")), "--name", self.config.name, *args],
+            env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0:
+            tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+            raise DevClusterError(f"kwokctl {' '.join(args[:3])} failed:\n{tail}")
+        return result.stdout
+
+    def _api_answers(self) -> bool:
+        try:
+            server, context = self._api_access()
+            response = httpx.get(f"{server}/readyz", verify=context, timeout=2)
+        except (httpx.HTTPError, OSError, KeyError, ValueError, ssl.SSLError):
+            return False
+        return response.status_code == 200
+
+    def _api_access(self) -> tuple[str, ssl.SSLContext]:
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        cluster = config["clusters"][0]["cluster"]
+        user = config["users"][0]["user"]
+        base = self.kubeconfig.parent
+        context = ssl.create_default_context(cafile=str(base / cluster["certificate-authority"]))
+        context.load_cert_chain(base / user["client-certificate"], base / user["client-key"])
+        return cluster["server"], context
+
+    def _nodes_ready(self) -> bool:
+        listing = json.loads(self.kubectl("get", "nodes", "-o", "json", check=False) or "{}")
+        items = listing.get("items", [])
+        return len(items) >= len(self.config.node_names()) and all(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+            for n in items
+        )
+
+    def _create_base_objects(self) -> None:
+        documents = [
+            node_manifest(name, index + 1, control_plane)
+            for index, (name, control_plane) in enumerate(self.config.node_names())
+        ]
+        documents.append(storage_class_manifest())
+        self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
+
+    def _ensure_agent(self) -> None:
+        if _alive(_read_pid(self.agent_pid_file)):
+            return
+        low, high = self.config.restart_backoff
+        with self.agent_log.open("ab") as sink:
+            process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "kustos.devcluster.agent",
+                    "--kubeconfig", str(self.kubeconfig),
+                    "--state-dir", str(self.state_dir),
+                    "--restart-backoff", str(low), str(high),
+                ],
+                stdout=sink, stderr=sink, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        self.agent_pid_file.write_text(str(process.pid))
+
+    def _stop_agent(self) -> None:
+        pid = _read_pid(self.agent_pid_file)
+        if _alive(pid):
+            assert pid is not None
+            os.kill(pid, signal.SIGTERM)
+            if not _wait_gone(pid, 20):
+                os.kill(pid, signal.SIGKILL)
+                _wait_gone(pid, 5)
+        self.agent_pid_file.unlink(missing_ok=True)
+
+    def _kill_leftovers(self) -> None:
+        """Anything still holding a pid file under the state dir (a crashed agent's pods)."""
+        for pid_file in self.state_dir.glob("**/*.pid"):
+            pid = _read_pid(pid_file)
+            if _alive(pid):
+                assert pid is not None
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
+    def _saved_components(self) -> list[dict[str, Any]]:
+        saved = yaml.safe_load_all((self.cluster_dir / "kwok.yaml").read_text())
+        for document in saved:
+            if document and document.get("kind") == "KwokctlConfiguration":
+                return list(document.get("components") or [])
+        return []
+
+    def _sandbox_dir(self, namespace: str, pod: str) -> Path:
+        uid = self.kubectl("get", "pod", pod, "-n", namespace, "-o", "jsonpath={.metadata.uid}")
+        meta = {"metadata": {"namespace": namespace, "name": pod, "uid": uid}}
+        return sandbox_dir(self.state_dir / "pods", meta)
+
+    def _wait_for(self, check: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return
+            time.sleep(0.25)
+        raise DevClusterError(f"timed out after {timeout:.0f}s waiting for {what}; logs: {self.cluster_dir / 'logs'}")
+
+
+def _shim_dir() -> Path:
+    """A directory of plain-named links to the default versions (kubectl, etcdctl)."""
+    shim = cache_root() / "shims"
+    shim.mkdir(parents=True, exist_ok=True)
+    for name in ("kubectl", "etcdctl", "etcdutl"):
+        link = shim / name
+        target = binaries.binary_path(name)
+        if not link.is_symlink() or link.readlink() != target:
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+    return shim
+
+
+def _read_pid(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie answers kill(pid, 0) too; it is not alive for our purposes.
+    with contextlib.suppress(FileNotFoundError):
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
+    return True
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not _alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def running_clusters() -> Sequence[str]:
+    root = clusters_root()
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.exists() else []

@@ -1,0 +1,257 @@
+"""The kwokctl configuration of the dev cluster: binaries, timings, nodes and stages.
+
+kwok simulates every pod except those the pod process runner owns (pods whose
+images are all allow-listed). For those, kwok only hands out the pod IP from the
+node's loopback range and removes the pod at the end of its grace period; the
+runner starts the real processes and writes the rest of the status.
+
+kwok's own default stages are read from the kwok module source that the build
+fetched (so they always match the kwok version we run) and extended with the
+runner exclusion; kwokctl only adds its defaults when a config holds no Stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kustos.devcluster.binaries import GOMOD_DIR, KWOK_VERSION, binary_path
+from kustos.devcluster.podspec import RUNNER_IMAGE_PREFIXES
+
+# True for pods the runner owns: the same rule as podspec.pod_is_runner_owned.
+RUNNER_POD = (
+    "any(((.spec.initContainers // []) + (.spec.containers // []))[]; .image | "
+    + " or ".join(f'startswith("{prefix}")' for prefix in RUNNER_IMAGE_PREFIXES)
+    + ")"
+)
+
+MANAGED_LABEL = "kustos.dev/kwok-managed"
+
+_UPSTREAM_STAGES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Node-failure timings. None keeps the Kubernetes defaults (40 s grace, 300 s tolerations)."""
+
+    node_monitor_grace_seconds: int | None = None
+    node_monitor_period_seconds: int | None = None
+    node_lease_seconds: int | None = None
+    toleration_seconds: int | None = None
+
+    @classmethod
+    def fast(cls) -> Timings:
+        """What tests use: a dead node is Unknown in about 10 s, its pods evicted 10 s later."""
+        return cls(
+            node_monitor_grace_seconds=8,
+            node_monitor_period_seconds=1,
+            node_lease_seconds=4,
+            toleration_seconds=10,
+        )
+
+
+def kwok_source_dir() -> Path:
+    """The kwok module's source in Go's module cache (downloaded again if cleaned)."""
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"sigs.k8s.io/kwok@{KWOK_VERSION}"],
+        cwd=GOMOD_DIR / "kwok",
+        env={**_go_env()},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return Path(json.loads(out)["Dir"])
+
+
+def _go_env() -> dict[str, str]:
+    return {**os.environ, "GOTOOLCHAIN": "local"}
+
+
+def _runner_expression(runner: bool) -> dict[str, Any]:
+    return {"key": RUNNER_POD, "operator": "In" if runner else "NotIn", "values": ["true"]}
+
+
+def stages(source: Path) -> list[dict[str, Any]]:
+    """kwok's default stages, pods of the runner excluded, plus the runner's two stages."""
+    result: list[dict[str, Any]] = []
+    for rel in _UPSTREAM_STAGES:
+        stage = yaml.safe_load((source / rel).read_text())
+        if stage["spec"]["resourceRef"]["kind"] == "Pod":
+            selector = stage["spec"].setdefault("selector", {})
+            selector.setdefault("matchExpressions", []).append(_runner_expression(False))
+        result.append(stage)
+    ip_template = (
+        "{{ $hostIPs := NodeIPsWith .spec.nodeName }}\n"
+        "{{ with $hostIPs }}\nhostIP: {{ index . 0 | Quote }}\nhostIPs:\n"
+        "{{ range . }}\n- ip: {{ . | Quote }}\n{{ end }}\n{{ end }}\n"
+        "{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) "
+        '( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}\n'
+        "{{ with $podIPs }}\npodIP: {{ index . 0 | Quote }}\npodIPs:\n"
+        "{{ range . }}\n- ip: {{ . | Quote }}\n{{ end }}\n{{ end }}\n"
+    )
+    pod_ref = {"apiGroup": "v1", "kind": "Pod"}
+    result.append(
+        {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "Stage",
+            "metadata": {"name": "kustos-runner-pod-network"},
+            "spec": {
+                "resourceRef": pod_ref,
+                "selector": {
+                    "matchExpressions": [
+                        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                        {"key": ".status.podIP", "operator": "DoesNotExist"},
+                        _runner_expression(True),
+                    ]
+                },
+                "next": {"statusTemplate": ip_template},
+            },
+        }
+    )
+    # A safety net: the runner deletes its pods as soon as their processes are gone;
+    # this removes them at the end of the grace period if no runner is there to do it.
+    result.append(
+        {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "Stage",
+            "metadata": {"name": "kustos-runner-pod-delete"},
+            "spec": {
+                "resourceRef": pod_ref,
+                "selector": {
+                    "matchExpressions": [
+                        {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                        _runner_expression(True),
+                    ]
+                },
+                "delay": {
+                    "durationMilliseconds": 0,
+                    "durationFrom": {"jq": {"expression": ".metadata.deletionTimestamp"}},
+                },
+                "next": {"delete": True},
+            },
+        }
+    )
+    return result
+
+
+def kwokctl_config(timings: Timings, source: Path) -> list[dict[str, Any]]:
+    """The multi-document config handed to ``kwokctl create cluster -c``."""
+    options: dict[str, Any] = {
+        "runtime": "binary",
+        "kubeVersion": binary_path("kube-apiserver").name.split("-")[-1],
+        "etcdBinary": str(binary_path("etcd")),
+        "etcdctlBinary": str(binary_path("etcdctl")),
+        "etcdutlBinary": str(binary_path("etcdutl")),
+        "kubeApiserverBinary": str(binary_path("kube-apiserver")),
+        "kubeControllerManagerBinary": str(binary_path("kube-controller-manager")),
+        "kubeSchedulerBinary": str(binary_path("kube-scheduler")),
+        "kwokControllerBinary": str(binary_path("kwok")),
+        "kubectlBinary": str(binary_path("kubectl")),
+        "bindAddress": "127.0.0.1",
+        "heartbeatFactor": 1,
+        "enableCRDs": ["Logs", "ClusterLogs"],
+    }
+    if timings.node_lease_seconds is not None:
+        options["nodeLeaseDurationSeconds"] = timings.node_lease_seconds
+    if timings.node_monitor_period_seconds is not None:
+        options["kubeControllerManagerNodeMonitorPeriodMilliseconds"] = (
+            timings.node_monitor_period_seconds * 1000
+        )
+    if timings.node_monitor_grace_seconds is not None:
+        options["kubeControllerManagerNodeMonitorGracePeriodMilliseconds"] = (
+            timings.node_monitor_grace_seconds * 1000
+        )
+    apiserver_args = [{"key": "service-cluster-ip-range", "value": "10.96.0.0/16", "override": True}]
+    if timings.toleration_seconds is not None:
+        for kind in ("not-ready", "unreachable"):
+            apiserver_args.append(
+                {"key": f"default-{kind}-toleration-seconds", "value": str(timings.toleration_seconds)}
+            )
+    patches = [
+        {"name": "kube-apiserver", "extraArgs": apiserver_args},
+        # Without leader election they survive an API server restart instead of exiting.
+        {"name": "kube-controller-manager", "extraArgs": [{"key": "leader-elect", "value": "false"}]},
+        {"name": "kube-scheduler", "extraArgs": [{"key": "leader-elect", "value": "false"}]},
+        {
+            "name": "kwok-controller",
+            "extraArgs": [
+                {"key": "manage-all-nodes", "value": "false", "override": True},
+                {"key": "manage-nodes-with-label-selector", "value": f"{MANAGED_LABEL}=true"},
+                {"key": "node-ip", "value": "127.0.0.1", "override": True},
+            ],
+        },
+    ]
+    return [
+        {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokctlConfiguration",
+            "options": options,
+            "componentsPatches": patches,
+        },
+        {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokConfiguration",
+            "options": {
+                "cidr": "127.250.0.0/16",
+                "manageAllNodes": False,
+                "manageNodesWithLabelSelector": f"{MANAGED_LABEL}=true",
+                # kwok does not apply its defaults to a config that names options: state them.
+                "enableDebuggingHandlers": True,  # serves kubectl logs
+                "enableProfilingHandler": False,
+                "enableContentionProfiling": False,
+                "enablePodsOnNodeSyncListPager": True,
+                "podPlayStageParallelism": 4,
+                "nodePlayStageParallelism": 4,
+                "nodeLeaseParallelism": 4,
+                "podsOnNodeSyncParallelism": 1,
+            },
+        },
+        *stages(source),
+    ]
+
+
+def node_manifest(name: str, index: int, control_plane: bool) -> dict[str, Any]:
+    """A kwok node with its own loopback pod range (127.<index>.0.0/16) and zone.
+
+    One zone per node keeps kube-controller-manager out of its zone-disruption mode
+    when a test takes several of a handful of nodes down.
+    """
+    labels = {
+        MANAGED_LABEL: "true",
+        "type": "kwok",
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "topology.kubernetes.io/zone": name,
+    }
+    taints = []
+    if control_plane:
+        labels["node-role.kubernetes.io/control-plane"] = ""
+        taints.append({"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"})
+    else:
+        labels["node-role.kubernetes.io/worker"] = ""
+    cidr = f"127.{index}.0.0/16"
+    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"podCIDR": cidr, "podCIDRs": [cidr], "taints": taints},
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": f"127.0.{index}.1"}],
+            "allocatable": capacity,
+            "capacity": capacity,
+        },
+    }

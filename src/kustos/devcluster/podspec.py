@@ -1,0 +1,205 @@
+"""Turn a container of a pod into a local process invocation (pure logic of F-DEV-2).
+
+A container here runs as a plain process on the host, so three things a kubelet
+gets from namespaces are emulated by rewriting:
+
+- the image: an allow-listed image maps to a directory of binaries built from Go
+  modules, put first on ``PATH`` (so ``etcd`` or ``/usr/local/bin/etcd`` runs it);
+- the filesystem: each volume mount's path is replaced by the local directory
+  that backs it, in the command, the arguments, the environment and workingDir;
+- the network: the pod has its own loopback IP, so ``0.0.0.0``, ``127.0.0.1``
+  and ``localhost`` in arguments and environment are replaced by that IP, which
+  keeps two pods that both listen on ``:2379`` apart.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Repositories whose images the runner owns; kwok simulates every other image.
+RUNNER_IMAGE_PREFIXES = (
+    "registry.k8s.io/etcd:",
+    "k8s.gcr.io/etcd:",
+    "gcr.io/etcd-development/etcd:",
+    "quay.io/coreos/etcd:",
+)
+
+# image -> the etcd version its tag names.
+_ETCD_IMAGE = re.compile(
+    r"^(?:(?:registry\.k8s\.io|k8s\.gcr\.io|gcr\.io/etcd-development)/etcd"
+    r"|quay\.io/coreos/etcd)"
+    r":v?(?P<version>\d+\.\d+\.\d+)(?:-\d+)?$"
+)
+
+
+@dataclass(frozen=True)
+class ImageMatch:
+    """An allow-listed image: the binaries (name -> version) that stand in for it."""
+
+    image: str
+    binaries: Mapping[str, str]
+
+
+def match_image(image: str, etcd_versions: Sequence[str]) -> ImageMatch | None:
+    """The local stand-in for an image, or None when the image is not allow-listed."""
+    found = _ETCD_IMAGE.match(image)
+    if found is None:
+        return None
+    version = "v" + found.group("version")
+    if version not in etcd_versions:
+        return None
+    return ImageMatch(image, {name: version for name in ("etcd", "etcdctl", "etcdutl")})
+
+
+def is_runner_image(image: str) -> bool:
+    """An image of an allow-listed repository, whether or not its version is built."""
+    return image.startswith(RUNNER_IMAGE_PREFIXES)
+
+
+def _all_containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = pod.get("spec") or {}
+    return list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+
+
+def pod_is_runner_owned(pod: Mapping[str, Any]) -> bool:
+    """The runner, not kwok, owns a pod with any allow-listed image (kwokconfig.RUNNER_POD)."""
+    return any(is_runner_image(c.get("image", "")) for c in _all_containers(pod))
+
+
+def pod_is_runnable(pod: Mapping[str, Any], etcd_versions: Sequence[str]) -> bool:
+    """A pod runs as real processes only when every one of its containers can."""
+    containers = _all_containers(pod)
+    return bool(containers) and all(
+        match_image(c.get("image", ""), etcd_versions) is not None for c in containers
+    )
+
+
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
+
+
+def expand_vars(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: unknown references stay, ``$$`` escapes."""
+
+    def replace(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return env.get(name, m.group(0))
+
+    return _VAR_REF.sub(replace, text)
+
+
+_HOST_WORDS = re.compile(r"(?<![\w.-])(?:0\.0\.0\.0|127\.0\.0\.1|localhost)(?![\w-])")
+
+
+def rewrite_hosts(text: str, pod_ip: str) -> str:
+    """Bind what a container would bind inside its own network namespace to its pod IP."""
+    return _HOST_WORDS.sub(pod_ip, text)
+
+
+def rewrite_paths(text: str, mounts: Mapping[str, Path]) -> str:
+    """Replace container mount paths with the local directories that back them."""
+    for mount_path in sorted(mounts, key=len, reverse=True):
+        pattern = re.compile(r"(?<![\w./-])" + re.escape(mount_path.rstrip("/")) + r"(?=/|$|[^\w.-])")
+        text = pattern.sub(str(mounts[mount_path]), text)
+    return text
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """How to start one container as a local process."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path | None
+
+
+def field_value(pod: Mapping[str, Any], path: str) -> str:
+    """The downward API fields a container can ask for in ``env[].valueFrom.fieldRef``."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName"),
+        "status.podIP": status.get("podIP"),
+        "status.hostIP": status.get("hostIP"),
+    }
+    if path in simple:
+        return str(simple[path] or "")
+    labelled = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+    if labelled:
+        return str((meta.get(labelled.group(1)) or {}).get(labelled.group(2), ""))
+    return ""
+
+
+def container_env(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    lookup: Mapping[tuple[str, str, str], str] | None = None,
+) -> dict[str, str]:
+    """The container's environment: plain values, downward API, and ConfigMap/Secret keys.
+
+    ``lookup`` maps (kind, name, key) to a value already read from the API, kind
+    being ``configMap`` or ``secret``; a missing optional key is left out.
+    """
+    env: dict[str, str] = {}
+    lookup = lookup or {}
+    for item in container.get("env") or []:
+        name = item["name"]
+        if "value" in item:
+            env[name] = expand_vars(str(item.get("value") or ""), env)
+            continue
+        source = item.get("valueFrom") or {}
+        if "fieldRef" in source:
+            env[name] = field_value(pod, source["fieldRef"]["fieldPath"])
+        for kind in ("configMap", "secret"):
+            ref = source.get(f"{kind}KeyRef")
+            if ref and (kind, ref["name"], ref["key"]) in lookup:
+                env[name] = lookup[(kind, ref["name"], ref["key"])]
+    return env
+
+
+def build_invocation(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    bin_paths: Mapping[str, Path],
+    mounts: Mapping[str, Path],
+    base_env: Mapping[str, str],
+    lookup: Mapping[tuple[str, str, str], str] | None = None,
+) -> Invocation:
+    """Resolve command, args, environment and working directory for one container.
+
+    ``bin_paths`` maps a command's base name (``etcd``) to the local binary; the
+    directory holding them goes first on PATH so that shell scripts find them too.
+    """
+    pod_ip = str((pod.get("status") or {}).get("podIP") or "")
+    env = container_env(pod, container, lookup)
+
+    def local(text: str) -> str:
+        text = rewrite_paths(text, mounts)
+        return rewrite_hosts(text, pod_ip) if pod_ip else text
+
+    env = {k: local(v) for k, v in env.items()}
+    command = [local(expand_vars(str(a), env)) for a in container.get("command") or []]
+    args = [local(expand_vars(str(a), env)) for a in container.get("args") or []]
+    argv = command + args
+    if not command:
+        # An image's default entrypoint: the etcd images run etcd.
+        argv = ["etcd", *args]
+    head = Path(argv[0]).name
+    if head in bin_paths:
+        argv[0] = str(bin_paths[head])
+    search_path = [str(p.parent) for p in bin_paths.values()]
+    path = ":".join(dict.fromkeys([*search_path, base_env.get("PATH", "/usr/bin:/bin")]))
+    full_env = {**base_env, "PATH": path, "HOSTNAME": str(pod["metadata"]["name"]), **env}
+    working_dir = container.get("workingDir")
+    cwd = Path(local(working_dir)) if working_dir else None
+    return Invocation(argv=argv, env=full_env, cwd=cwd)

@@ -1,0 +1,284 @@
+"""The pod process runner: the dev cluster's kubelet for allow-listed images (F-DEV-2).
+
+It watches nodes and pods. A pod whose containers all use allow-listed images and
+that kwok has given an IP on a live node runs as real local processes (see
+``sandbox``); its logs are registered with kwok so that ``kubectl logs`` shows
+them. A deleted pod's processes get SIGTERM, then SIGKILL after the grace period,
+and the pod object is then removed, as a kubelet would. A node that stops being
+managed by kwok (the test helper's "node down") has all its processes killed and
+its pods' status left as it was: nobody is there to report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import (
+    ConfigMap,
+    Node,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    Pod,
+    Secret,
+)
+from lightkube.types import PatchType
+
+from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
+from kustos.devcluster.kwokconfig import MANAGED_LABEL
+from kustos.devcluster.podspec import match_image, pod_is_runnable, pod_is_runner_owned
+from kustos.devcluster.sandbox import Sandbox, SandboxContext
+from kustos.devcluster.watching import watch_forever
+
+log = logging.getLogger(__name__)
+
+KwokLogs = create_namespaced_resource("kwok.x-k8s.io", "v1alpha1", "Logs", "logs")
+
+
+def sandbox_dir(pods_dir: Path, pod: dict[str, Any]) -> Path:
+    meta = pod["metadata"]
+    return pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+class PodRunner:
+    """Runs allow-listed pods as processes and keeps their status true."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        state_dir: Path,
+        restart_backoff: tuple[float, float] = (1.0, 30.0),
+    ) -> None:
+        self._client = client
+        self._pods_dir = state_dir / "pods"
+        self._images_dir = state_dir / "images"
+        self._restart_backoff = restart_backoff
+        self._sandboxes: dict[str, Sandbox] = {}
+        self._terminating: set[str] = set()
+        self._nodes_up: dict[str, bool] = {}
+        self._lock = asyncio.Lock()
+
+    # ---- entry points --------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._pods_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.gather(
+            watch_forever(self._client, Node, self._on_node),
+            watch_forever(self._client, Pod, self._on_pod),
+        )
+
+    async def shutdown(self) -> None:
+        """The runner is going away: its processes go too (like a node powering off)."""
+        await asyncio.gather(
+            *(s.stop(grace_seconds=5, write_status=False) for s in self._sandboxes.values()),
+            return_exceptions=True,
+        )
+        self._sandboxes.clear()
+
+    # ---- events --------------------------------------------------------------------
+
+    async def _on_node(self, event: str, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels") or {}
+        up = event != "DELETED" and labels.get(MANAGED_LABEL) == "true"
+        was_up = self._nodes_up.get(name)
+        self._nodes_up[name] = up
+        if was_up and not up:
+            log.info("node %s went down: killing its processes", name)
+            for uid, sandbox in list(self._sandboxes.items()):
+                if sandbox.pod["spec"].get("nodeName") == name:
+                    sandbox.kill_all()
+                    del self._sandboxes[uid]
+        elif up and not was_up:
+            # A node coming back resyncs its pods, as a rebooted kubelet does.
+            await self._resync_node(name)
+
+    async def _resync_node(self, node: str) -> None:
+        async for item in self._client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
+            await self._on_pod("MODIFIED", item.to_dict())
+
+    async def _on_pod(self, event: str, pod: dict[str, Any]) -> None:
+        if not pod_is_runner_owned(pod):
+            return
+        uid = pod["metadata"]["uid"]
+        async with self._lock:
+            if event == "DELETED":
+                await self._forget(uid, grace=0)
+                return
+            node = pod["spec"].get("nodeName")
+            if not node or not self._nodes_up.get(node):
+                return
+            if pod["metadata"].get("deletionTimestamp"):
+                if uid not in self._terminating:
+                    self._terminating.add(uid)
+                    asyncio.create_task(self._terminate(pod))
+                return
+            sandbox = self._sandboxes.get(uid)
+            if sandbox is not None:
+                sandbox.pod["metadata"] = pod["metadata"]
+                return
+            pod_ip = (pod.get("status") or {}).get("podIP")
+            if not pod_ip:
+                return  # kwok hands out the IP first
+            if not pod_is_runnable(pod, ETCD_VERSIONS):
+                await self._report_unavailable_image(pod)
+                return
+            await self._start(pod, pod_ip)
+
+    # ---- acting --------------------------------------------------------------------
+
+    async def _start(self, pod: dict[str, Any], pod_ip: str) -> None:
+        directory = sandbox_dir(self._pods_dir, pod)
+        directory.mkdir(parents=True, exist_ok=True)
+        context = SandboxContext(
+            write_status=self._write_status,
+            resolve_claim=self._resolve_claim,
+            read_source=self._read_source,
+            bin_paths_for=self._bin_paths_for,
+            base_env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+            restart_backoff=self._restart_backoff,
+        )
+        sandbox = Sandbox(pod=pod, pod_ip=pod_ip, directory=directory, context=context)
+        self._sandboxes[pod["metadata"]["uid"]] = sandbox
+        await self._register_logs(pod, sandbox)
+        log.info("starting pod %s on %s at %s", sandbox.name, pod["spec"]["nodeName"], pod_ip)
+        sandbox.start()
+
+    async def _terminate(self, pod: dict[str, Any]) -> None:
+        """Graceful deletion: stop the processes, then let the pod object go."""
+        uid = pod["metadata"]["uid"]
+        grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 0)
+        try:
+            await self._forget(uid, grace=grace)
+            name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+            with contextlib.suppress(ApiError):
+                # Only this incarnation: a recreated pod of the same name stays.
+                current = await self._client.get(Pod, name, namespace=namespace)
+                if current.metadata is not None and current.metadata.uid == uid:
+                    await self._client.delete(Pod, name, namespace=namespace, grace_period=0)
+        finally:
+            self._terminating.discard(uid)
+
+    async def _forget(self, uid: str, grace: float) -> None:
+        sandbox = self._sandboxes.pop(uid, None)
+        if sandbox is None:
+            return
+        log.info("stopping pod %s (grace %ss)", sandbox.name, grace)
+        await sandbox.stop(grace_seconds=grace, write_status=False)
+        # emptyDir volumes live and die with the pod; claims live elsewhere.
+        shutil.rmtree(sandbox.directory / "volumes", ignore_errors=True)
+
+    async def _report_unavailable_image(self, pod: dict[str, Any]) -> None:
+        images = ", ".join(
+            c["image"] for c in pod["spec"]["containers"] if match_image(c["image"], ETCD_VERSIONS) is None
+        )
+        built = ", ".join(ETCD_VERSIONS)
+        message = f"image {images} is not built in the dev cluster (etcd versions built: {built})"
+        statuses = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ErrImagePull", "message": message}},
+            }
+            for c in pod["spec"]["containers"]
+        ]
+        await self._write_status(pod, {"phase": "Pending", "containerStatuses": statuses})
+
+    # ---- what sandboxes ask of the API ---------------------------------------------
+
+    async def _write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        await self._client.patch(
+            Pod.Status,
+            meta["name"],
+            # The uid makes the patch fail on a recreated pod of the same name.
+            {"metadata": {"uid": meta["uid"]}, "status": status},
+            namespace=meta["namespace"],
+            patch_type=PatchType.MERGE,
+        )
+
+    async def _resolve_claim(self, namespace: str, claim: str) -> Path | None:
+        """The local directory behind a bound claim, or None while it is not bound yet."""
+        try:
+            pvc = await self._client.get(PersistentVolumeClaim, claim, namespace=namespace)
+            if not pvc.spec or not pvc.spec.volumeName:
+                return None
+            volume = await self._client.get(PersistentVolume, pvc.spec.volumeName)
+        except ApiError:
+            return None
+        spec = volume.spec
+        if spec is None:
+            return None
+        if spec.local is not None:
+            return Path(spec.local.path)
+        if spec.hostPath is not None:
+            return Path(spec.hostPath.path)
+        return None
+
+    async def _read_source(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        try:
+            if kind == "configMap":
+                cm = await self._client.get(ConfigMap, name, namespace=namespace)
+                return dict(cm.data or {})
+            secret = await self._client.get(Secret, name, namespace=namespace)
+            return dict(secret.data or {})
+        except ApiError:
+            return None
+
+    def _bin_paths_for(self, image: str) -> dict[str, Path]:
+        """A directory of plain-named links (etcd, etcdctl, ...) for one image's binaries."""
+        match = match_image(image, ETCD_VERSIONS)
+        if match is None:
+            return {}
+        version = next(iter(match.binaries.values()))
+        shim = self._images_dir / f"etcd-{version}"
+        shim.mkdir(parents=True, exist_ok=True)
+        paths: dict[str, Path] = {}
+        for name, ver in match.binaries.items():
+            link = shim / name
+            if not link.exists():
+                with contextlib.suppress(FileExistsError):
+                    link.symlink_to(binary_path(name, ver))
+            paths[name] = link
+        return paths
+
+    async def _register_logs(self, pod: dict[str, Any], sandbox: Sandbox) -> None:
+        """Point kwok at our log files so ``kubectl logs`` serves them."""
+        meta = pod["metadata"]
+        spec = pod["spec"]
+        names = [c["name"] for c in (spec.get("initContainers") or []) + spec["containers"]]
+        body = KwokLogs.from_dict(  # type: ignore[attr-defined]
+            {
+                "apiVersion": "kwok.x-k8s.io/v1alpha1",
+                "kind": "Logs",
+                "metadata": {
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "ownerReferences": [
+                        {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+                    ],
+                },
+                "spec": {
+                    "logs": [
+                        {"containers": [n], "logsFile": str(sandbox.log_file(n))} for n in names
+                    ]
+                },
+            }
+        )
+        with contextlib.suppress(ApiError):
+            await self._client.delete(KwokLogs, meta["name"], namespace=meta["namespace"])
+        try:
+            await self._client.create(body)
+        except ApiError as err:
+            log.warning("logs of %s not registered with kwok: %s", sandbox.name, err)

@@ -1,0 +1,422 @@
+"""One pod run as real local processes: volumes, init containers, containers, probes,
+restarts and the pod status a kubelet would write (F-DEV-2)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kustos.devcluster.containers import ContainerProcess, now_rfc3339
+from kustos.devcluster.podspec import Invocation, build_invocation
+from kustos.devcluster.probes import ProbeCounter, ProbeTiming, probe_once
+
+log = logging.getLogger(__name__)
+
+HOLD_SUFFIX = ".hold"
+PID_SUFFIX = ".pid"
+
+
+@dataclass
+class ContainerState:
+    """What the pod status says about one container."""
+
+    name: str
+    image: str
+    restart_count: int = 0
+    running_since: str | None = None
+    ready: bool = False
+    started: bool = False
+    last_exit: dict[str, Any] | None = None
+    waiting_reason: str = "ContainerCreating"
+
+    def status(self, pod_uid: str) -> dict[str, Any]:
+        state: dict[str, Any]
+        if self.running_since:
+            state = {"running": {"startedAt": self.running_since}}
+        elif self.last_exit and self.waiting_reason == "Completed":
+            state = {"terminated": self.last_exit}
+        else:
+            state = {"waiting": {"reason": self.waiting_reason}}
+        result: dict[str, Any] = {
+            "name": self.name,
+            "image": self.image,
+            "imageID": self.image,
+            "containerID": f"kustos://{pod_uid}/{self.name}/{self.restart_count}",
+            "ready": self.ready,
+            "started": self.started,
+            "restartCount": self.restart_count,
+            "state": state,
+            "lastState": {"terminated": self.last_exit} if self.last_exit else {},
+        }
+        return result
+
+
+@dataclass
+class SandboxContext:
+    """What a sandbox needs from the runner: the API and where things live."""
+
+    write_status: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]
+    resolve_claim: Callable[[str, str], Awaitable[Path | None]]
+    read_source: Callable[[str, str, str], Awaitable[dict[str, str] | None]]
+    bin_paths_for: Callable[[str], dict[str, Path]]
+    base_env: Mapping[str, str]
+    restart_backoff: tuple[float, float] = (1.0, 30.0)
+
+
+@dataclass
+class Sandbox:
+    """The processes, directories and status of one pod on one node."""
+
+    pod: dict[str, Any]
+    pod_ip: str
+    directory: Path
+    context: SandboxContext
+    mounts: dict[str, dict[str, Path]] = field(default_factory=dict)
+    states: dict[str, ContainerState] = field(default_factory=dict)
+    init_states: dict[str, ContainerState] = field(default_factory=dict)
+    processes: dict[str, ContainerProcess] = field(default_factory=dict)
+    initialized: bool = False
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    _stopping: bool = False
+
+    @property
+    def uid(self) -> str:
+        return str(self.pod["metadata"]["uid"])
+
+    @property
+    def name(self) -> str:
+        return f"{self.pod['metadata']['namespace']}/{self.pod['metadata']['name']}"
+
+    def log_file(self, container: str) -> Path:
+        return self.directory / "logs" / f"{container}.log"
+
+    def pid_file(self, container: str) -> Path:
+        return self.directory / f"{container}{PID_SUFFIX}"
+
+    def hold_file(self, container: str) -> Path:
+        return self.directory / f"{container}{HOLD_SUFFIX}"
+
+    # ---- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self.pod.setdefault("status", {})["podIP"] = self.pod_ip
+        spec = self.pod["spec"]
+        for c in spec.get("initContainers") or []:
+            self.init_states[c["name"]] = ContainerState(c["name"], c["image"], waiting_reason="PodInitializing")
+        for c in spec["containers"]:
+            self.states[c["name"]] = ContainerState(c["name"], c["image"])
+        self._tasks.append(asyncio.create_task(self._status_writer()))
+        self._tasks.append(asyncio.create_task(self._main()))
+
+    async def _main(self) -> None:
+        try:
+            await self._prepare_volumes()
+            self._mark_dirty()
+            await self._run_init_containers()
+            self.initialized = True
+            self._mark_dirty()
+            for container in self.pod["spec"]["containers"]:
+                self._tasks.append(asyncio.create_task(self._supervise(container)))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("pod %s could not start", self.name)
+
+    async def stop(self, grace_seconds: float, write_status: bool = True) -> None:
+        """Stop every process (SIGTERM, grace, SIGKILL) and every task of this pod."""
+        self._stopping = True
+        await asyncio.gather(
+            *(p.stop(grace_seconds) for p in self.processes.values()), return_exceptions=True
+        )
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        self.processes.clear()
+        if write_status:
+            for state in self.states.values():
+                state.ready, state.running_since = False, None
+
+    def kill_all(self) -> None:
+        """A node dies: processes go at once and nobody writes status any more."""
+        self._stopping = True
+        for process in self.processes.values():
+            process.kill()
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        self.processes.clear()
+
+    # ---- volumes -------------------------------------------------------------------
+
+    async def _prepare_volumes(self) -> None:
+        """Map every volume to a local directory; claims wait until they are bound."""
+        volumes: dict[str, Path] = {}
+        namespace = self.pod["metadata"]["namespace"]
+        for volume in self.pod["spec"].get("volumes") or []:
+            name = volume["name"]
+            local = self.directory / "volumes" / name
+            if "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                path = None
+                while path is None:
+                    path = await self.context.resolve_claim(namespace, claim)
+                    if path is None:
+                        await asyncio.sleep(0.5)
+                local = path
+            elif "hostPath" in volume:
+                # Host paths stay inside the node's sandbox: never the real host's files.
+                node = self.pod["spec"].get("nodeName", "node")
+                host = volume["hostPath"]["path"].lstrip("/")
+                local = self.directory.parent.parent / "nodes" / node / "hostpath" / host
+            elif "configMap" in volume or "secret" in volume:
+                await self._write_source_files(volume, local)
+            local.mkdir(parents=True, exist_ok=True)
+            volumes[name] = local
+        spec = self.pod["spec"]
+        for container in (spec.get("initContainers") or []) + spec["containers"]:
+            mounts: dict[str, Path] = {}
+            for mount in container.get("volumeMounts") or []:
+                base = volumes.get(mount["name"])
+                if base is None:
+                    continue
+                sub = mount.get("subPath")
+                target = base / sub if sub else base
+                target.mkdir(parents=True, exist_ok=True)
+                mounts[mount["mountPath"]] = target
+            self.mounts[container["name"]] = mounts
+
+    async def _write_source_files(self, volume: Mapping[str, Any], local: Path) -> None:
+        kind = "configMap" if "configMap" in volume else "secret"
+        source = volume[kind]
+        name = source.get("name") or source.get("secretName")
+        data = await self.context.read_source(kind, self.pod["metadata"]["namespace"], str(name))
+        local.mkdir(parents=True, exist_ok=True)
+        if data is None:
+            return
+        items = source.get("items")
+        selected = {i["key"]: i["path"] for i in items} if items else {k: k for k in data}
+        for key, rel in selected.items():
+            if key in data:
+                target = local / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                raw = data[key]
+                target.write_bytes(base64.b64decode(raw) if kind == "secret" else raw.encode())
+
+    # ---- containers ----------------------------------------------------------------
+
+    def invocation(self, container: Mapping[str, Any], command: list[str] | None = None) -> Invocation:
+        shaped = dict(container)
+        if command is not None:
+            shaped = {**container, "command": command, "args": []}
+        return build_invocation(
+            self.pod,
+            shaped,
+            self.context.bin_paths_for(container["image"]),
+            self.mounts.get(container["name"], {}),
+            self.context.base_env,
+        )
+
+    async def _run_init_containers(self) -> None:
+        policy = self.pod["spec"].get("restartPolicy") or "Always"
+        for container in self.pod["spec"].get("initContainers") or []:
+            state = self.init_states[container["name"]]
+            delay = self.context.restart_backoff[0]
+            while True:
+                process = await self._launch(container, state)
+                code = await process.wait()
+                self._record_exit(state, code, process.started_at)
+                if code == 0:
+                    state.waiting_reason = "Completed"
+                    self._mark_dirty()
+                    break
+                if policy == "Never":
+                    raise RuntimeError(f"init container {container['name']} failed with {code}")
+                state.restart_count += 1
+                state.waiting_reason = "CrashLoopBackOff"
+                self._mark_dirty()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.context.restart_backoff[1])
+
+    async def _launch(self, container: Mapping[str, Any], state: ContainerState) -> ContainerProcess:
+        name = container["name"]
+        process = await ContainerProcess.start(
+            self.invocation(container), self.log_file(name), self.pid_file(name)
+        )
+        self.processes[name] = process
+        state.running_since, state.started = process.started_at, True
+        state.waiting_reason = ""
+        self._mark_dirty()
+        return process
+
+    def _record_exit(self, state: ContainerState, code: int, started_at: str) -> None:
+        state.running_since, state.ready, state.started = None, False, False
+        state.last_exit = {
+            "exitCode": code if code >= 0 else 128 - code,
+            "reason": "Completed" if code == 0 else "Error",
+            "startedAt": started_at,
+            "finishedAt": now_rfc3339(),
+        }
+        self.processes.pop(state.name, None)
+
+    async def _supervise(self, container: Mapping[str, Any]) -> None:
+        """Run a container for the life of the pod, restarting it by its restart policy."""
+        name = container["name"]
+        state = self.states[name]
+        policy = self.pod["spec"].get("restartPolicy") or "Always"
+        delay = self.context.restart_backoff[0]
+        while not self._stopping:
+            if self.hold_file(name).exists():
+                # A test crashed this container "for good": stay down until released.
+                state.waiting_reason = "CrashLoopBackOff"
+                self._mark_dirty()
+                await asyncio.sleep(0.5)
+                continue
+            process = await self._launch(container, state)
+            probes = asyncio.create_task(self._probe(container, state, process))
+            code = await process.wait()
+            probes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probes
+            self._record_exit(state, code, process.started_at)
+            if self._stopping:
+                return
+            log.info("container %s of %s exited with %s", name, self.name, code)
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                state.waiting_reason = "Completed"
+                self._mark_dirty()
+                return
+            state.restart_count += 1
+            state.waiting_reason = "CrashLoopBackOff"
+            self._mark_dirty()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.context.restart_backoff[1])
+
+    async def _probe(
+        self, container: Mapping[str, Any], state: ContainerState, process: ContainerProcess
+    ) -> None:
+        """Startup gates liveness and readiness; liveness failure restarts the container."""
+        startup = container.get("startupProbe")
+        if startup and not await self._until(startup, container, want=True):
+            return
+        readiness, liveness = container.get("readinessProbe"), container.get("livenessProbe")
+        if not readiness:
+            state.ready = True
+            self._mark_dirty()
+        tasks = []
+        if readiness:
+            tasks.append(self._watch_probe(readiness, container, state, "readiness"))
+        if liveness:
+            tasks.append(self._watch_probe(liveness, container, state, "liveness", process))
+        await asyncio.gather(*tasks)
+
+    async def _until(self, probe: Mapping[str, Any], container: Mapping[str, Any], want: bool) -> bool:
+        timing = ProbeTiming.of(probe)
+        counter = ProbeCounter(timing)
+        await asyncio.sleep(timing.initial_delay)
+        while True:
+            counter.record(await self._probe_once(probe, container))
+            if counter.passing == want:
+                return True
+            await asyncio.sleep(timing.period)
+
+    async def _probe_once(self, probe: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+        return await probe_once(
+            probe, container, self.pod_ip, lambda command: self.invocation(container, command)
+        )
+
+    async def _watch_probe(
+        self,
+        probe: Mapping[str, Any],
+        container: Mapping[str, Any],
+        state: ContainerState,
+        kind: str,
+        process: ContainerProcess | None = None,
+    ) -> None:
+        timing = ProbeTiming.of(probe)
+        counter = ProbeCounter(timing, passing=(kind == "liveness"))
+        await asyncio.sleep(timing.initial_delay)
+        while True:
+            changed = counter.record(await self._probe_once(probe, container))
+            if changed and kind == "readiness":
+                state.ready = counter.passing
+                self._mark_dirty()
+            if changed and kind == "liveness" and not counter.passing and process is not None:
+                log.info("liveness probe of %s in %s failed: restarting", state.name, self.name)
+                await process.stop(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)))
+                return
+            await asyncio.sleep(timing.period)
+
+    # ---- status --------------------------------------------------------------------
+
+    def _mark_dirty(self) -> None:
+        self._dirty.set()
+
+    def pod_status(self) -> dict[str, Any]:
+        """The status a kubelet would report for this pod now."""
+        now = now_rfc3339()
+        containers = [s.status(self.uid) for s in self.states.values()]
+        all_ready = bool(self.states) and all(s.ready for s in self.states.values())
+        running = any(s.running_since for s in self.states.values())
+        policy = self.pod["spec"].get("restartPolicy") or "Always"
+        finished = [s for s in self.states.values() if s.waiting_reason == "Completed"]
+        phase = "Pending"
+        if self.initialized and (running or self.states):
+            phase = "Running"
+        if policy != "Always" and self.states and len(finished) == len(self.states):
+            failed = any((s.last_exit or {}).get("exitCode") for s in finished)
+            phase = "Failed" if failed else "Succeeded"
+        previous = {
+            c["type"]: c for c in (self.pod.get("status") or {}).get("conditions") or []
+        }
+
+        def condition(kind: str, value: bool) -> dict[str, Any]:
+            status = "True" if value else "False"
+            old = previous.get(kind)
+            since = old["lastTransitionTime"] if old and old.get("status") == status else now
+            return {"type": kind, "status": status, "lastTransitionTime": since}
+
+        conditions = [
+            condition("PodReadyToStartContainers", True),
+            condition("Initialized", self.initialized),
+            condition("ContainersReady", all_ready),
+            condition("Ready", all_ready),
+            condition("PodScheduled", True),
+        ]
+        status: dict[str, Any] = {
+            "phase": phase,
+            "podIP": self.pod_ip,
+            "podIPs": [{"ip": self.pod_ip}],
+            "hostIP": (self.pod.get("status") or {}).get("hostIP"),
+            "startTime": (self.pod.get("status") or {}).get("startTime") or now,
+            "conditions": conditions,
+            "containerStatuses": containers,
+        }
+        if self.init_states:
+            status["initContainerStatuses"] = [s.status(self.uid) for s in self.init_states.values()]
+        return status
+
+    async def _status_writer(self) -> None:
+        """Coalesce status changes into few writes; retry until the API takes them."""
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            status = self.pod_status()
+            try:
+                await self.context.write_status(self.pod, status)
+                self.pod["status"] = status
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning("status of %s not written: %s", self.name, err)
+                self._dirty.set()
+                await asyncio.sleep(1)
