@@ -2,10 +2,182 @@
 
 from __future__ import annotations
 
-import typer
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Annotated
 
-app = typer.Typer(help="kustos: operators for clustered data stores and their nodes.", no_args_is_help=True)
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from kustos.devcluster import binaries, demo
+from kustos.devcluster.cluster import DEFAULT_NAME, DevCluster, DevClusterConfig, DevClusterError
+from kustos.devcluster.kwokconfig import Timings
+
+app = typer.Typer(
+    help="kustos: operators for clustered data stores and the nodes beneath them.",
+    no_args_is_help=True,
+)
+dev = typer.Typer(help="The local control plane (etcd, kube-apiserver, kwok) to develop and demo on.")
+app.add_typer(dev, name="dev")
+
+# soft_wrap: paths and export lines must stay copy-pasteable on narrow terminals.
+console = Console(soft_wrap=True)
+
+NameOption = Annotated[str, typer.Option("--name", help="Name of the dev cluster.")]
+
+
+def _cluster(name: str, workers: int = 3, fast: bool = False) -> DevCluster:
+    timings = Timings.fast() if fast else Timings()
+    return DevCluster(DevClusterConfig(name=name, worker_nodes=workers, timings=timings))
+
+
+@dev.command("build")
+def dev_build() -> None:
+    """Build the control-plane, etcd and kwok binaries that are missing from the cache."""
+    missing = binaries.missing_binaries()
+    if not missing:
+        console.print(f"all {len(binaries.all_binaries())} binaries are cached in {binaries.bin_dir()}")
+        return
+    started = time.monotonic()
+    try:
+        binaries.build(missing, log=console.print)
+    except binaries.BuildError as err:
+        console.print(f"[red]{err}")
+        raise typer.Exit(1) from err
+    console.print(f"built {len(missing)} binaries in {time.monotonic() - started:.0f}s into {binaries.bin_dir()}")
+
+
+@dev.command("up")
+def dev_up(
+    name: NameOption = DEFAULT_NAME,
+    workers: Annotated[int, typer.Option(help="Worker nodes to create.")] = 3,
+    fast: Annotated[bool, typer.Option(help="Test timings: dead nodes are noticed in seconds.")] = False,
+    demo_workload: Annotated[bool, typer.Option("--demo/--no-demo", help="Run the etcd demo.")] = True,
+) -> None:
+    """Start the local control plane in the background, with a demo etcd cluster on it."""
+    cluster = _cluster(name, workers, fast)
+    try:
+        cluster.start(log=console.print)
+        if demo_workload:
+            _run_demo(cluster)
+    except (DevClusterError, binaries.BuildError) as err:
+        console.print(f"[red]{err}")
+        raise typer.Exit(1) from err
+    console.print()
+    console.print("The dev cluster runs in the background. Use it with:")
+    console.print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    console.print(f"  {cluster.kubectl_path} get nodes     (or: kustos dev kubectl get nodes)")
+    console.print(f"Stop it and remove its state with: kustos dev down{_name_flag(name)}")
+
+
+def _name_flag(name: str) -> str:
+    return "" if name == DEFAULT_NAME else f" --name {name}"
+
+
+def _pod_ip_getter(cluster: DevCluster, timeout: float = 60) -> Callable[[str], str]:
+    def pod_ip(pod: str) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ip = cluster.kubectl("get", "pod", pod, "-o", "jsonpath={.status.podIP}", check=False)
+            if ip:
+                return ip
+            time.sleep(0.25)
+        raise DevClusterError(f"pod {pod} got no IP within {timeout:.0f}s")
+
+    return pod_ip
+
+
+def _run_demo(cluster: DevCluster) -> None:
+    """Deploy the demo etcd (once) and show it converging until every member is ready."""
+    existing = cluster.kubectl("get", "pods", "-l", demo.DEMO_LABEL, "-o", "name", check=False)
+    names = [f"etcd-demo-{i}" for i in range(3)]
+    if not existing.strip():
+        console.print("creating a three-member etcd cluster (hand-written pods, real etcd processes) ...")
+        names = demo.deploy(cluster.kubectl, _pod_ip_getter(cluster))
+    deadline = time.monotonic() + 120
+    with Live(console=console, refresh_per_second=4) as live:
+        while True:
+            pods = json.loads(cluster.kubectl("get", "pods", "-l", demo.DEMO_LABEL, "-o", "json"))
+            table = Table(title="demo etcd")
+            for column in ("pod", "node", "pod IP", "ready"):
+                table.add_column(column)
+            ready = 0
+            for pod in pods["items"]:
+                is_ready = any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in pod.get("status", {}).get("conditions", [])
+                )
+                ready += is_ready and pod["metadata"]["name"] in names
+                table.add_row(
+                    pod["metadata"]["name"],
+                    pod["spec"].get("nodeName", ""),
+                    pod.get("status", {}).get("podIP", ""),
+                    "yes" if is_ready else "no",
+                )
+            table.caption = f"READY {ready}/{len(names)}"
+            live.update(table)
+            if ready == len(names):
+                break
+            if time.monotonic() > deadline:
+                raise DevClusterError("the demo etcd did not become ready within 120s")
+            time.sleep(0.5)
+    ip = _pod_ip_getter(cluster)(names[0])
+    console.out(demo.etcdctl(ip, "member", "list", "-w", "table"))
+    console.print(f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints=http://{ip}:2379 member list")
+
+
+@dev.command("down")
+def dev_down(name: NameOption = DEFAULT_NAME) -> None:
+    """Stop the control plane, the agent and every pod process; remove the cluster's state."""
+    cluster = _cluster(name)
+    cluster.stop()
+    console.print(f"dev cluster {name} is stopped and its state removed")
+
+
+@dev.command("status")
+def dev_status(name: NameOption = DEFAULT_NAME) -> None:
+    """Show the components and nodes of the dev cluster."""
+    cluster = _cluster(name)
+    state = cluster.status()
+    components = Table(title=f"dev cluster {name}")
+    for column in ("component", "pid", "running"):
+        components.add_column(column)
+    for c in state["components"]:
+        components.add_row(c["name"], str(c["pid"] or "-"), "yes" if c["running"] else "no")
+    console.print(components)
+    if state["nodes"]:
+        nodes = Table(title="nodes")
+        for column in ("node", "roles", "ready"):
+            nodes.add_column(column)
+        for n in state["nodes"]:
+            nodes.add_row(n["name"], ",".join(n["roles"]), n["ready"])
+        console.print(nodes)
+        console.print(f"export KUBECONFIG={state['kubeconfig']}")
+    else:
+        console.print("not running")
+        raise typer.Exit(1)
+
+
+@dev.command(
+    "kubectl",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def dev_kubectl(ctx: typer.Context, name: NameOption = DEFAULT_NAME) -> None:
+    """Run the dev cluster's kubectl against it: ``kustos dev kubectl get pods -A``."""
+    cluster = _cluster(name)
+    command = [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), *ctx.args]
+    raise typer.Exit(subprocess.call(command, env=os.environ.copy()))
 
 
 def main() -> None:
-    app()
+    app(prog_name="kustos")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

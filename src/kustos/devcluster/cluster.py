@@ -123,9 +123,12 @@ class DevCluster:
         (self.state_dir / "config.json").write_text(
             json.dumps(asdict(self.config), default=str, indent=2)
         )
+        slot = self._claim_slot()
         config_file = self.state_dir / "kwokctl.yaml"
         config_file.write_text(
-            yaml.safe_dump_all(kwokctl_config(self.config.timings, kwok_source_dir()), sort_keys=False)
+            yaml.safe_dump_all(
+                kwokctl_config(self.config.timings, kwok_source_dir(), slot), sort_keys=False
+            )
         )
         started = time.monotonic()
         log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
@@ -274,9 +277,25 @@ class DevCluster:
             for n in items
         )
 
+    @property
+    def slot(self) -> int:
+        """This cluster's address slot: its pods live in 127.<slot>.0.0/16."""
+        return int((self.state_dir / "slot").read_text())
+
+    def _claim_slot(self) -> int:
+        """The lowest slot no other dev cluster on this machine holds."""
+        taken = set()
+        for other in clusters_root().glob("*/slot"):
+            if other.parent != self.state_dir:
+                with contextlib.suppress(ValueError, OSError):
+                    taken.add(int(other.read_text()))
+        slot = next(s for s in range(1, 255) if s not in taken)
+        (self.state_dir / "slot").write_text(str(slot))
+        return slot
+
     def _create_base_objects(self) -> None:
         documents = [
-            node_manifest(name, index + 1, control_plane)
+            node_manifest(name, self.slot, index + 1, control_plane)
             for index, (name, control_plane) in enumerate(self.config.node_names())
         ]
         documents.append(storage_class_manifest())

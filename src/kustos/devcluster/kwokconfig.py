@@ -146,7 +146,7 @@ def stages(source: Path) -> list[dict[str, Any]]:
     return result
 
 
-def kwokctl_config(timings: Timings, source: Path) -> list[dict[str, Any]]:
+def kwokctl_config(timings: Timings, source: Path, slot: int) -> list[dict[str, Any]]:
     """The multi-document config handed to ``kwokctl create cluster -c``."""
     options: dict[str, Any] = {
         "runtime": "binary",
@@ -204,7 +204,7 @@ def kwokctl_config(timings: Timings, source: Path) -> list[dict[str, Any]]:
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokConfiguration",
             "options": {
-                "cidr": "127.250.0.0/16",
+                "cidr": f"127.{slot}.255.0/24",
                 "manageAllNodes": False,
                 "manageNodesWithLabelSelector": f"{MANAGED_LABEL}=true",
                 # kwok does not apply its defaults to a config that names options: state them.
@@ -222,8 +222,11 @@ def kwokctl_config(timings: Timings, source: Path) -> list[dict[str, Any]]:
     ]
 
 
-def node_manifest(name: str, index: int, control_plane: bool) -> dict[str, Any]:
-    """A kwok node with its own loopback pod range (127.<index>.0.0/16) and zone.
+def node_manifest(name: str, slot: int, index: int, control_plane: bool) -> dict[str, Any]:
+    """A kwok node with its own loopback pod range (127.<slot>.<index>.0/24) and zone.
+
+    ``slot`` keeps dev clusters that run at the same time (``dev up`` beside a test
+    session) out of each other's addresses.
 
     One zone per node keeps kube-controller-manager out of its zone-disruption mode
     when a test takes several of a handful of nodes down.
@@ -242,7 +245,9 @@ def node_manifest(name: str, index: int, control_plane: bool) -> dict[str, Any]:
         taints.append({"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"})
     else:
         labels["node-role.kubernetes.io/worker"] = ""
-    cidr = f"127.{index}.0.0/16"
+    if not (1 <= slot <= 254 and 1 <= index <= 254):
+        raise ValueError(f"node slot/index out of range: {slot}/{index}")
+    cidr = f"127.{slot}.{index}.0/24"
     capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"}
     return {
         "apiVersion": "v1",
@@ -250,7 +255,7 @@ def node_manifest(name: str, index: int, control_plane: bool) -> dict[str, Any]:
         "metadata": {"name": name, "labels": labels},
         "spec": {"podCIDR": cidr, "podCIDRs": [cidr], "taints": taints},
         "status": {
-            "addresses": [{"type": "InternalIP", "address": f"127.0.{index}.1"}],
+            "addresses": [{"type": "InternalIP", "address": f"127.{slot}.0.{index}"}],
             "allocatable": capacity,
             "capacity": capacity,
         },

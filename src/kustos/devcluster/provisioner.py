@@ -18,7 +18,6 @@ from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
-from lightkube.generic_resource import GenericGlobalResource
 from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
 from lightkube.resources.storage_v1 import StorageClass
 
@@ -144,7 +143,7 @@ class LocalPathProvisioner:
         directory.mkdir(parents=True, exist_ok=True)
         manifest = volume_manifest(claim, directory)
         try:
-            await self._client.create(GenericGlobalResource(manifest))  # type: ignore[arg-type]
+            await self._client.create(PersistentVolume.from_dict(manifest))  # type: ignore[attr-defined]
             log.info("provisioned %s for %s/%s", manifest["metadata"]["name"],
                      claim["metadata"]["namespace"], claim["metadata"]["name"])
         except ApiError as err:

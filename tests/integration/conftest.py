@@ -1,0 +1,99 @@
+"""Fixtures for integration tests: one real local control plane per test session.
+
+Nothing here skips: a missing binary is built, and a build or start failure
+fails the session, in CI and on a laptop alike (SPEC F-DEV).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import AsyncClient, KubeConfig
+from lightkube.resources.core_v1 import Namespace
+
+from kustos.devcluster import binaries
+from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clusters
+from kustos.devcluster.kwokconfig import Timings
+
+WORKERS = 4
+
+
+def _remove_abandoned_test_clusters() -> None:
+    """Clusters of earlier test sessions that died before their teardown."""
+    for name in running_clusters():
+        owner = name.removeprefix("pytest-")
+        if name.startswith("pytest-") and owner.isdigit() and not _pid_alive(int(owner)):
+            DevCluster(DevClusterConfig(name=name)).stop()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> Iterator[DevCluster]:
+    """The session's control plane: four workers, fast node-failure timings."""
+    binaries.build()
+    _remove_abandoned_test_clusters()
+    cluster = DevCluster(
+        DevClusterConfig(
+            name=f"pytest-{os.getpid()}",
+            worker_nodes=WORKERS,
+            timings=Timings.fast(),
+            restart_backoff=(0.5, 4.0),
+        )
+    )
+    try:
+        cluster.start(timeout=180)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+async def kube(dev_cluster: DevCluster) -> AsyncIterator[AsyncClient]:
+    client = AsyncClient(config=KubeConfig.from_file(dev_cluster.kubeconfig), field_manager="kustos-test")
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def namespace(kube: AsyncClient, dev_cluster: DevCluster) -> AsyncIterator[str]:
+    """A fresh namespace per test, removed (with all it holds) afterwards."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    await kube.create(Namespace.from_dict({"metadata": {"name": name}}))  # type: ignore[attr-defined]
+    yield name
+    dev_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+class Kubectl:
+    """kubectl bound to the session cluster and one namespace, speaking dicts."""
+
+    def __init__(self, cluster: DevCluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+
+    def __call__(self, *args: str, check: bool = True, input_text: str | None = None) -> str:
+        return self.cluster.kubectl("-n", self.namespace, *args, check=check, input_text=input_text)
+
+    def apply(self, *documents: dict[str, Any]) -> None:
+        self("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
+
+    def get(self, kind: str, name: str | None = None, *selector: str) -> Any:
+        args = ["get", kind] + ([name] if name else []) + list(selector)
+        return json.loads(self(*args, "-o", "json"))
+
+
+@pytest.fixture
+def kubectl(dev_cluster: DevCluster, namespace: str) -> Kubectl:
+    return Kubectl(dev_cluster, namespace)

@@ -1,0 +1,63 @@
+"""Helpers for tests against the real dev cluster: waiting with useful failure messages."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from kustos.devcluster.cluster import DevCluster
+
+T = TypeVar("T")
+
+
+async def wait_until(
+    check: Callable[[], Awaitable[T | None | bool]],
+    what: str,
+    timeout: float = 60,
+    interval: float = 0.25,
+    cluster: DevCluster | None = None,
+    namespace: str | None = None,
+) -> T:
+    """Poll ``check`` until it returns something truthy; on timeout, show the namespace."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = await check()
+            if result:
+                return result  # type: ignore[return-value]
+        except Exception as err:  # the object may not exist yet
+            last_error = err
+        await asyncio.sleep(interval)
+    message = f"timed out after {timeout:.0f}s waiting for {what}"
+    if last_error is not None:
+        message += f"\nlast error: {last_error!r}"
+    if cluster is not None:
+        message += "\n" + describe(cluster, namespace)
+    raise AssertionError(message)
+
+
+def describe(cluster: DevCluster, namespace: str | None) -> str:
+    """What a person would look at: pods, nodes and events, as kubectl shows them."""
+    scope = ["-n", namespace] if namespace else ["-A"]
+    parts = [
+        cluster.kubectl("get", "nodes", "-o", "wide", check=False),
+        cluster.kubectl("get", "pods,pvc", *scope, "-o", "wide", check=False),
+        cluster.kubectl("get", "events", *scope, "--sort-by=.lastTimestamp", check=False)[-4000:],
+        "agent log (tail):",
+        "\n".join(cluster.agent_log.read_text().splitlines()[-30:]) if cluster.agent_log.exists() else "",
+    ]
+    return "\n".join(parts)
+
+
+def condition(obj: dict[str, Any], kind: str) -> str | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return str(c.get("status"))
+    return None
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    return condition(pod, "Ready") == "True"

@@ -1,0 +1,115 @@
+"""The dev cluster is a real Kubernetes: scheduler, controllers, garbage collector, node
+lifecycle (SPEC F-DEV-1)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kustos.devcluster.cluster import DevCluster
+from tests.integration.conftest import WORKERS, Kubectl
+from tests.integration.kube import condition, is_ready, wait_until
+
+
+def deployment(name: str, replicas: int) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]},
+            },
+        },
+    }
+
+
+async def test_deployment_pods_are_scheduled_and_run(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    kubectl.apply(deployment("web", 6))
+
+    async def all_running() -> list[dict[str, Any]] | None:
+        pods = kubectl.get("pods", None, "-l", "app=web")["items"]
+        ok = len(pods) == 6 and all(p["status"].get("phase") == "Running" and is_ready(p) for p in pods)
+        return pods if ok else None
+
+    pods = await wait_until(all_running, "6 running web pods", cluster=dev_cluster, namespace=kubectl.namespace)
+    nodes = {p["spec"]["nodeName"] for p in pods}
+    # The real scheduler spread them over workers, and never onto the tainted control plane.
+    assert nodes <= {f"{dev_cluster.config.name}-worker-{i + 1}" for i in range(WORKERS)}
+    assert len(nodes) > 1
+    ips = [p["status"]["podIP"] for p in pods]
+    assert all(ip.startswith("127.") for ip in ips) and len(set(ips)) == len(ips)
+    status = kubectl.get("deployment", "web")["status"]
+    assert status.get("readyReplicas") == 6
+
+
+async def test_daemonset_places_one_pod_per_matching_node(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    kubectl.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": "agent"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {
+                    "metadata": {"labels": {"app": "agent"}},
+                    "spec": {
+                        "nodeSelector": {"node-role.kubernetes.io/worker": ""},
+                        "containers": [{"name": "agent", "image": "busybox:1.36"}],
+                    },
+                },
+            },
+        }
+    )
+
+    async def one_per_worker() -> bool:
+        pods = kubectl.get("pods", None, "-l", "app=agent")["items"]
+        nodes = sorted(p["spec"].get("nodeName", "") for p in pods if is_ready(p))
+        return len(pods) == WORKERS and len(set(nodes)) == WORKERS
+
+    await wait_until(one_per_worker, "one agent pod per worker", cluster=dev_cluster, namespace=kubectl.namespace)
+    assert kubectl.get("daemonset", "agent")["status"]["numberReady"] == WORKERS
+
+
+async def test_garbage_collector_deletes_what_an_owner_owned(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    kubectl.apply(deployment("owned", 2))
+
+    async def two_pods() -> bool:
+        return len(kubectl.get("pods", None, "-l", "app=owned")["items"]) == 2
+
+    await wait_until(two_pods, "2 pods of the deployment", cluster=dev_cluster, namespace=kubectl.namespace)
+    assert kubectl.get("replicasets", None, "-l", "app=owned")["items"]
+    kubectl("delete", "deployment", "owned", "--wait=false")
+
+    async def all_gone() -> bool:
+        rs = kubectl.get("replicasets", None, "-l", "app=owned")["items"]
+        pods = kubectl.get("pods", None, "-l", "app=owned")["items"]
+        return not rs and not pods
+
+    await wait_until(all_gone, "replica set and pods collected", cluster=dev_cluster, namespace=kubectl.namespace)
+
+
+async def test_a_node_taken_down_becomes_unknown_and_tainted(dev_cluster: DevCluster) -> None:
+    node = f"{dev_cluster.config.name}-worker-{WORKERS}"
+    dev_cluster.take_node_down(node)
+    try:
+
+        async def unreachable() -> bool:
+            obj = json.loads(dev_cluster.kubectl("get", "node", node, "-o", "json"))
+            taints = {t["key"] for t in obj["spec"].get("taints") or []}
+            return condition(obj, "Ready") == "Unknown" and "node.kubernetes.io/unreachable" in taints
+
+        # Timings.fast(): 4 s lease, 8 s grace, 1 s monitor period.
+        await wait_until(unreachable, f"{node} Unknown with the unreachable taint", timeout=30, cluster=dev_cluster)
+    finally:
+        dev_cluster.bring_node_up(node)
+
+    async def ready_again() -> bool:
+        obj = json.loads(dev_cluster.kubectl("get", "node", node, "-o", "json"))
+        return condition(obj, "Ready") == "True"
+
+    await wait_until(ready_again, f"{node} Ready again", timeout=30, cluster=dev_cluster)

@@ -1,0 +1,201 @@
+"""Allow-listed pods run as real processes on their pod IPs (SPEC F-DEV-2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from typing import Any
+
+from kustos.devcluster import demo
+from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
+from kustos.devcluster.cluster import DevCluster
+from tests.integration.conftest import Kubectl
+from tests.integration.kube import is_ready, wait_until
+
+
+def etcdctl(ip: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary_path("etcdctl")), f"--endpoints=http://{ip}:2379", "--command-timeout=5s", *args],
+        capture_output=True, text=True, check=check, timeout=30,
+    )  # fmt: skip
+
+
+def single_member(name: str, **kwargs: Any) -> dict[str, Any]:
+    return demo.etcd_pod(name, [f"--initial-cluster={name}=http://$(POD_IP):2380"], **kwargs)
+
+
+async def ready_pod(kubectl: Kubectl, name: str, timeout: float = 60) -> dict[str, Any]:
+    async def ready() -> dict[str, Any] | None:
+        pod = kubectl.get("pod", name)
+        return pod if is_ready(pod) else None
+
+    return await wait_until(ready, f"pod {name} Ready", timeout=timeout, cluster=kubectl.cluster,
+                            namespace=kubectl.namespace)  # fmt: skip
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(")", 1)[1].split()[0] != "Z"
+
+
+async def test_etcd_pod_runs_answers_logs_and_stops_on_delete(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    kubectl.apply(single_member("solo"))
+    pod = await ready_pod(kubectl, "solo")
+    ip = pod["status"]["podIP"]
+    assert ip.startswith("127.") and ip != "127.0.0.1"
+
+    health = etcdctl(ip, "endpoint", "health")
+    assert "is healthy" in health.stdout + health.stderr
+    etcdctl(ip, "put", "greeting", "hello")
+    assert etcdctl(ip, "get", "greeting", "--print-value-only").stdout.strip() == "hello"
+
+    # The process's own output, through the API (pods/log), as kubectl logs shows it.
+    logs = kubectl("logs", "solo")
+    assert "ready to serve client requests" in logs or "serving client traffic" in logs
+    assert pod["status"]["containerStatuses"][0]["ready"] is True
+
+    pid = dev_cluster.container_pid(kubectl.namespace, "solo", "etcd")
+    assert pid is not None and process_alive(pid)
+    kubectl("delete", "pod", "solo", "--wait=true", "--timeout=30s")
+
+    async def stopped() -> bool:
+        return not process_alive(pid)
+
+    await wait_until(stopped, "the etcd process to stop after its pod was deleted", timeout=15)
+    assert etcdctl(ip, "endpoint", "health", check=False).returncode != 0
+
+
+async def test_three_hand_written_pods_form_a_cluster_and_elect_a_leader(
+    kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
+    def pod_ip(name: str) -> str:
+        for _ in range(240):
+            ip = kubectl("get", "pod", name, "-o", "jsonpath={.status.podIP}", check=False)
+            if ip:
+                return ip
+            time.sleep(0.25)
+        raise AssertionError(f"{name} got no IP")
+
+    names = demo.deploy(kubectl, pod_ip, namespace=kubectl.namespace, token=kubectl.namespace)
+    pods = [await ready_pod(kubectl, n, timeout=90) for n in names]
+    ips = [p["status"]["podIP"] for p in pods]
+    assert len({p["spec"]["nodeName"] for p in pods}) == 3, "anti-affinity spreads members over nodes"
+
+    endpoints = ",".join(f"http://{ip}:2379" for ip in ips)
+    status = subprocess.run(
+        [str(binary_path("etcdctl")), f"--endpoints={endpoints}", "endpoint", "status", "-w", "json"],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    statuses = json.loads(status.stdout)
+    leaders = {s["Status"]["leader"] for s in statuses}
+    cluster_ids = {s["Status"]["header"]["cluster_id"] for s in statuses}
+    assert len(statuses) == 3 and len(leaders) == 1 and len(cluster_ids) == 1
+    assert next(iter(leaders)) in {s["Status"]["header"]["member_id"] for s in statuses}
+    members = json.loads(etcdctl(ips[0], "member", "list", "-w", "json").stdout)["members"]
+    assert sorted(m["name"] for m in members) == sorted(names)
+
+
+async def test_pvc_backed_etcd_keeps_its_data_across_pod_recreation(kubectl: Kubectl) -> None:
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    pod = single_member("durable", volume={"persistentVolumeClaim": {"claimName": "data"}})
+    kubectl.apply(claim, pod)
+    first = await ready_pod(kubectl, "durable")
+    etcdctl(first["status"]["podIP"], "put", "survivor", "still-here")
+    assert kubectl.get("pvc", "data")["status"]["phase"] == "Bound"
+
+    kubectl("delete", "pod", "durable", "--wait=true", "--timeout=30s")
+    kubectl.apply(pod)
+    second = await ready_pod(kubectl, "durable")
+    # The volume is pinned to its node, so the scheduler puts the pod back there.
+    assert second["spec"]["nodeName"] == first["spec"]["nodeName"]
+    value = etcdctl(second["status"]["podIP"], "get", "survivor", "--print-value-only")
+    assert value.stdout.strip() == "still-here"
+
+
+async def test_crashed_container_is_reported_and_restarted(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    kubectl.apply(single_member("crashy"))
+    await ready_pod(kubectl, "crashy")
+    ns = kubectl.namespace
+
+    dev_cluster.crash_container(ns, "crashy", "etcd", stay_down=True)
+
+    async def down() -> bool:
+        pod = kubectl.get("pod", "crashy")
+        state = pod["status"]["containerStatuses"][0]
+        return not is_ready(pod) and "running" not in state["state"]
+
+    await wait_until(down, "the crashed member reported not ready", timeout=20, cluster=dev_cluster, namespace=ns)
+    # The pod object stays: the member is dead but nothing deleted it.
+    assert kubectl.get("pod", "crashy")["metadata"].get("deletionTimestamp") is None
+
+    dev_cluster.release_container(ns, "crashy", "etcd")
+    pod = await ready_pod(kubectl, "crashy")
+    assert pod["status"]["containerStatuses"][0]["restartCount"] >= 1
+    assert etcdctl(pod["status"]["podIP"], "endpoint", "health", check=False).returncode == 0
+
+
+async def test_init_containers_run_first_in_order(kubectl: Kubectl) -> None:
+    pod = single_member("initd")
+    script = "echo {0} >> /var/lib/etcd/order"
+    pod["spec"]["initContainers"] = [
+        {
+            "name": f"init-{i}",
+            "image": demo.etcd_image(),
+            "command": ["/bin/sh", "-c", script.format(i)],
+            "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
+        }
+        for i in (1, 2)
+    ]
+    main = pod["spec"]["containers"][0]
+    main["readinessProbe"] = {
+        "exec": {"command": ["/bin/sh", "-c", "test \"$(cat /var/lib/etcd/order)\" = \"$(printf '1\\n2')\""]},
+        "periodSeconds": 1,
+    }
+    kubectl.apply(pod)
+    ready = await ready_pod(kubectl, "initd")
+    statuses = ready["status"]["initContainerStatuses"]
+    assert [s["state"]["terminated"]["exitCode"] for s in statuses] == [0, 0]
+
+
+async def test_an_image_that_is_not_built_is_reported_not_run(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    kubectl.apply(single_member("old", version="v3.4.0"))
+
+    async def reported() -> str | None:
+        statuses = kubectl.get("pod", "old")["status"].get("containerStatuses") or []
+        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        return waiting.get("message") if waiting.get("reason") == "ErrImagePull" else None
+
+    message = await wait_until(reported, "ErrImagePull for an etcd that is not built", timeout=20,
+                               cluster=dev_cluster, namespace=kubectl.namespace)  # fmt: skip
+    assert all(v.lstrip("v") in message or v in message for v in ETCD_VERSIONS)
+
+
+async def test_node_down_kills_its_processes(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    kubectl.apply(single_member("doomed"))
+    pod = await ready_pod(kubectl, "doomed")
+    pid = dev_cluster.container_pid(kubectl.namespace, "doomed", "etcd")
+    assert pid is not None
+    node = pod["spec"]["nodeName"]
+    dev_cluster.take_node_down(node)
+    try:
+
+        async def killed() -> bool:
+            return not process_alive(pid)
+
+        await wait_until(killed, f"processes on {node} killed", timeout=15)
+    finally:
+        dev_cluster.bring_node_up(node)
+    # A node that comes back restarts its pods' containers, as a rebooted kubelet would.
+    pod = await ready_pod(kubectl, "doomed", timeout=60)
+    assert etcdctl(pod["status"]["podIP"], "endpoint", "health", check=False).returncode == 0
