@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Annotated
@@ -50,7 +49,9 @@ def dev_build() -> None:
     except binaries.BuildError as err:
         console.print(f"[red]{err}")
         raise typer.Exit(1) from err
-    console.print(f"built {len(missing)} binaries in {time.monotonic() - started:.0f}s into {binaries.bin_dir()}")
+    console.print(
+        f"built {len(missing)} binaries in {time.monotonic() - started:.0f}s into {binaries.bin_dir()}"
+    )
 
 
 @dev.command("up")
@@ -129,7 +130,9 @@ def _run_demo(cluster: DevCluster) -> None:
             time.sleep(0.5)
     ip = _pod_ip_getter(cluster)(names[0])
     console.out(demo.etcdctl(ip, "member", "list", "-w", "table"))
-    console.print(f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints=http://{ip}:2379 member list")
+    console.print(
+        f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints=http://{ip}:2379 member list"
+    )
 
 
 @dev.command("down")
@@ -180,4 +183,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

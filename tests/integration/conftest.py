@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import yaml
 from lightkube import AsyncClient, KubeConfig
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Namespace, ServiceAccount
 
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clusters
 from kustos.devcluster.kwokconfig import Timings
+from tests.integration.kube import wait_until
 
 WORKERS = 4
 
@@ -57,7 +58,10 @@ def dev_cluster() -> Iterator[DevCluster]:
         cluster.start(timeout=180)
         yield cluster
     finally:
-        cluster.stop()
+        # KUSTOS_KEEP_CLUSTER=1 leaves it running to look at after a failure; the next
+        # session removes it.
+        if os.environ.get("KUSTOS_KEEP_CLUSTER") != "1":
+            cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +76,12 @@ async def namespace(kube: AsyncClient, dev_cluster: DevCluster) -> AsyncIterator
     """A fresh namespace per test, removed (with all it holds) afterwards."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     await kube.create(Namespace.from_dict({"metadata": {"name": name}}))  # type: ignore[attr-defined]
+
+    async def default_service_account() -> bool:
+        # Pods are refused until kube-controller-manager has created it, as on any cluster.
+        return bool(await kube.get(ServiceAccount, "default", namespace=name))
+
+    await wait_until(default_service_account, f"the default service account of {name}", timeout=60)
     yield name
     dev_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 
 async def wait_until(
-    check: Callable[[], Awaitable[T | None | bool]],
+    check: Callable[[], Awaitable[T | bool | None]],
     what: str,
     timeout: float = 60,
     interval: float = 0.25,

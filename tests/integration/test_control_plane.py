@@ -36,7 +36,9 @@ async def test_deployment_pods_are_scheduled_and_run(kubectl: Kubectl, dev_clust
         ok = len(pods) == 6 and all(p["status"].get("phase") == "Running" and is_ready(p) for p in pods)
         return pods if ok else None
 
-    pods = await wait_until(all_running, "6 running web pods", cluster=dev_cluster, namespace=kubectl.namespace)
+    pods = await wait_until(
+        all_running, "6 running web pods", cluster=dev_cluster, namespace=kubectl.namespace
+    )
     nodes = {p["spec"]["nodeName"] for p in pods}
     # The real scheduler spread them over workers, and never onto the tainted control plane.
     assert nodes <= {f"{dev_cluster.config.name}-worker-{i + 1}" for i in range(WORKERS)}
@@ -71,11 +73,15 @@ async def test_daemonset_places_one_pod_per_matching_node(kubectl: Kubectl, dev_
         nodes = sorted(p["spec"].get("nodeName", "") for p in pods if is_ready(p))
         return len(pods) == WORKERS and len(set(nodes)) == WORKERS
 
-    await wait_until(one_per_worker, "one agent pod per worker", cluster=dev_cluster, namespace=kubectl.namespace)
+    await wait_until(
+        one_per_worker, "one agent pod per worker", cluster=dev_cluster, namespace=kubectl.namespace
+    )
     assert kubectl.get("daemonset", "agent")["status"]["numberReady"] == WORKERS
 
 
-async def test_garbage_collector_deletes_what_an_owner_owned(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+async def test_garbage_collector_deletes_what_an_owner_owned(
+    kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
     kubectl.apply(deployment("owned", 2))
 
     async def two_pods() -> bool:
@@ -90,7 +96,9 @@ async def test_garbage_collector_deletes_what_an_owner_owned(kubectl: Kubectl, d
         pods = kubectl.get("pods", None, "-l", "app=owned")["items"]
         return not rs and not pods
 
-    await wait_until(all_gone, "replica set and pods collected", cluster=dev_cluster, namespace=kubectl.namespace)
+    await wait_until(
+        all_gone, "replica set and pods collected", cluster=dev_cluster, namespace=kubectl.namespace
+    )
 
 
 async def test_a_node_taken_down_becomes_unknown_and_tainted(dev_cluster: DevCluster) -> None:
@@ -104,7 +112,12 @@ async def test_a_node_taken_down_becomes_unknown_and_tainted(dev_cluster: DevClu
             return condition(obj, "Ready") == "Unknown" and "node.kubernetes.io/unreachable" in taints
 
         # Timings.fast(): 4 s lease, 8 s grace, 1 s monitor period.
-        await wait_until(unreachable, f"{node} Unknown with the unreachable taint", timeout=30, cluster=dev_cluster)
+        await wait_until(
+            unreachable,
+            f"{node} Unknown with the unreachable taint",
+            timeout=30,
+            cluster=dev_cluster,
+        )
     finally:
         dev_cluster.bring_node_up(node)
 
@@ -113,3 +126,22 @@ async def test_a_node_taken_down_becomes_unknown_and_tainted(dev_cluster: DevClu
         return condition(obj, "Ready") == "True"
 
     await wait_until(ready_again, f"{node} Ready again", timeout=30, cluster=dev_cluster)
+
+
+async def test_the_cluster_survives_an_api_server_restart(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    """Clients, kwok and the node agent reconnect: a pod created afterwards runs as usual."""
+    dev_cluster.restart_component("kube-apiserver", down_seconds=2)
+
+    async def answers() -> bool:
+        return dev_cluster.kubectl("get", "--raw", "/readyz", check=False).strip() == "ok"
+
+    await wait_until(answers, "kube-apiserver ready after its restart", timeout=60)
+    kubectl.apply(deployment("after-restart", 1))
+
+    async def running() -> bool:
+        pods = kubectl.get("pods", None, "-l", "app=after-restart")["items"]
+        return len(pods) == 1 and is_ready(pods[0])
+
+    await wait_until(
+        running, "a new pod running after the restart", cluster=dev_cluster, namespace=kubectl.namespace
+    )

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from kustos.devcluster import demo
@@ -40,11 +41,13 @@ def process_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split(")", 1)[1].split()[0] != "Z"
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(")", 1)[1].split()[0] != "Z"
 
 
-async def test_etcd_pod_runs_answers_logs_and_stops_on_delete(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+async def test_etcd_pod_runs_answers_logs_and_stops_on_delete(
+    kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
     kubectl.apply(single_member("solo"))
     pod = await ready_pod(kubectl, "solo")
     ip = pod["status"]["podIP"]
@@ -55,9 +58,13 @@ async def test_etcd_pod_runs_answers_logs_and_stops_on_delete(kubectl: Kubectl, 
     etcdctl(ip, "put", "greeting", "hello")
     assert etcdctl(ip, "get", "greeting", "--print-value-only").stdout.strip() == "hello"
 
-    # The process's own output, through the API (pods/log), as kubectl logs shows it.
-    logs = kubectl("logs", "solo")
-    assert "ready to serve client requests" in logs or "serving client traffic" in logs
+    # The process's own output, through the API (pods/log), as kubectl logs shows it. kwok
+    # learns of the pod's log file through a watch, so the first read may come early.
+    async def logs() -> str | None:
+        text = kubectl("logs", "solo", check=False)
+        return text if "serving client traffic" in text else None
+
+    await wait_until(logs, "etcd's own log lines through kubectl logs", timeout=30)
     assert pod["status"]["containerStatuses"][0]["ready"] is True
 
     pid = dev_cluster.container_pid(kubectl.namespace, "solo", "etcd")
@@ -135,7 +142,9 @@ async def test_crashed_container_is_reported_and_restarted(kubectl: Kubectl, dev
         state = pod["status"]["containerStatuses"][0]
         return not is_ready(pod) and "running" not in state["state"]
 
-    await wait_until(down, "the crashed member reported not ready", timeout=20, cluster=dev_cluster, namespace=ns)
+    await wait_until(
+        down, "the crashed member reported not ready", timeout=20, cluster=dev_cluster, namespace=ns
+    )
     # The pod object stays: the member is dead but nothing deleted it.
     assert kubectl.get("pod", "crashy")["metadata"].get("deletionTimestamp") is None
 
@@ -159,7 +168,13 @@ async def test_init_containers_run_first_in_order(kubectl: Kubectl) -> None:
     ]
     main = pod["spec"]["containers"][0]
     main["readinessProbe"] = {
-        "exec": {"command": ["/bin/sh", "-c", "test \"$(cat /var/lib/etcd/order)\" = \"$(printf '1\\n2')\""]},
+        "exec": {
+            "command": [
+                "/bin/sh",
+                "-c",
+                'test "$(cat /var/lib/etcd/order)" = "$(printf \'1\\n2\')"',
+            ]
+        },
         "periodSeconds": 1,
     }
     kubectl.apply(pod)
@@ -168,7 +183,9 @@ async def test_init_containers_run_first_in_order(kubectl: Kubectl) -> None:
     assert [s["state"]["terminated"]["exitCode"] for s in statuses] == [0, 0]
 
 
-async def test_an_image_that_is_not_built_is_reported_not_run(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+async def test_an_image_that_is_not_built_is_reported_not_run(
+    kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
     kubectl.apply(single_member("old", version="v3.4.0"))
 
     async def reported() -> str | None:

@@ -40,8 +40,8 @@ async def serve(kubeconfig: Path, state_dir: Path, restart_backoff: tuple[float,
             await task
     await runner.shutdown()
     await client.close()
-    for task in failed:
-        task.result()  # a loop that ended by itself is a bug: exit non-zero with its traceback
+    for finished in failed:
+        finished.result()  # a loop that ended by itself is a bug: exit non-zero with its traceback
 
 
 def main() -> None:
@@ -50,12 +50,11 @@ def main() -> None:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--restart-backoff", type=float, nargs=2, default=(1.0, 30.0))
     args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    asyncio.run(serve(args.kubeconfig, args.state_dir, tuple(args.restart_backoff)))  # type: ignore[arg-type]
+    low, high = args.restart_backoff
+    asyncio.run(serve(args.kubeconfig, args.state_dir, (low, high)))
 
 
 if __name__ == "__main__":

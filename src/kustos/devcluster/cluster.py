@@ -120,15 +120,11 @@ class DevCluster:
             self.stop()
         binaries.build(log=log)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        (self.state_dir / "config.json").write_text(
-            json.dumps(asdict(self.config), default=str, indent=2)
-        )
+        (self.state_dir / "config.json").write_text(json.dumps(asdict(self.config), default=str, indent=2))
         slot = self._claim_slot()
         config_file = self.state_dir / "kwokctl.yaml"
         config_file.write_text(
-            yaml.safe_dump_all(
-                kwokctl_config(self.config.timings, kwok_source_dir(), slot), sort_keys=False
-            )
+            yaml.safe_dump_all(kwokctl_config(self.config.timings, kwok_source_dir(), slot), sort_keys=False)
         )
         started = time.monotonic()
         log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
@@ -149,7 +145,12 @@ class DevCluster:
         self._stop_agent()
         if self.cluster_dir.exists():
             with contextlib.suppress(DevClusterError):
-                self._kwokctl("delete", "cluster", "--kubeconfig", str(self.state_dir / "kwokctl-kubeconfig.yaml"))
+                self._kwokctl(
+                    "delete",
+                    "cluster",
+                    "--kubeconfig",
+                    str(self.state_dir / "kwokctl-kubeconfig.yaml"),
+                )
         self._kill_leftovers()
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -354,7 +355,9 @@ class DevCluster:
             if check():
                 return
             time.sleep(0.25)
-        raise DevClusterError(f"timed out after {timeout:.0f}s waiting for {what}; logs: {self.cluster_dir / 'logs'}")
+        raise DevClusterError(
+            f"timed out after {timeout:.0f}s waiting for {what}; logs: {self.cluster_dir / 'logs'}"
+        )
 
 
 def _shim_dir() -> Path:

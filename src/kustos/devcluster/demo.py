@@ -49,9 +49,19 @@ def etcd_pod(
                 "command": ["etcd"],
                 "args": args,
                 "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                "ports": [{"name": "client", "containerPort": 2379}, {"name": "peer", "containerPort": 2380}],
+                "ports": [
+                    {"name": "client", "containerPort": 2379},
+                    {"name": "peer", "containerPort": 2380},
+                ],
                 "readinessProbe": {
-                    "exec": {"command": ["etcdctl", "--endpoints=http://localhost:2379", "endpoint", "health"]},
+                    "exec": {
+                        "command": [
+                            "etcdctl",
+                            "--endpoints=http://localhost:2379",
+                            "endpoint",
+                            "health",
+                        ]
+                    },
                     "periodSeconds": 1,
                     "timeoutSeconds": 3,
                 },

@@ -177,12 +177,18 @@ def kwokctl_config(timings: Timings, source: Path, slot: int) -> list[dict[str, 
     if timings.toleration_seconds is not None:
         for kind in ("not-ready", "unreachable"):
             apiserver_args.append(
-                {"key": f"default-{kind}-toleration-seconds", "value": str(timings.toleration_seconds)}
+                {
+                    "key": f"default-{kind}-toleration-seconds",
+                    "value": str(timings.toleration_seconds),
+                }
             )
     patches = [
         {"name": "kube-apiserver", "extraArgs": apiserver_args},
         # Without leader election they survive an API server restart instead of exiting.
-        {"name": "kube-controller-manager", "extraArgs": [{"key": "leader-elect", "value": "false"}]},
+        {
+            "name": "kube-controller-manager",
+            "extraArgs": [{"key": "leader-elect", "value": "false"}],
+        },
         {"name": "kube-scheduler", "extraArgs": [{"key": "leader-elect", "value": "false"}]},
         {
             "name": "kwok-controller",

@@ -52,7 +52,7 @@ def match_image(image: str, etcd_versions: Sequence[str]) -> ImageMatch | None:
     version = "v" + found.group("version")
     if version not in etcd_versions:
         return None
-    return ImageMatch(image, {name: version for name in ("etcd", "etcdctl", "etcdutl")})
+    return ImageMatch(image, dict.fromkeys(("etcd", "etcdctl", "etcdutl"), version))
 
 
 def is_runner_image(image: str) -> bool:

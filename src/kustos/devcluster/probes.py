@@ -114,9 +114,7 @@ async def probe_once(
         if "grpc" in probe:
             # No gRPC health client here: a TCP connect is the closest honest check.
             grpc = probe["grpc"]
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(pod_ip, int(grpc["port"])), timeout
-            )
+            _, writer = await asyncio.wait_for(asyncio.open_connection(pod_ip, int(grpc["port"])), timeout)
             writer.close()
             return True
     except (OSError, TimeoutError, httpx.HTTPError, ValueError):

@@ -14,7 +14,7 @@ import logging
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
@@ -143,9 +143,13 @@ class LocalPathProvisioner:
         directory.mkdir(parents=True, exist_ok=True)
         manifest = volume_manifest(claim, directory)
         try:
-            await self._client.create(PersistentVolume.from_dict(manifest))  # type: ignore[attr-defined]
-            log.info("provisioned %s for %s/%s", manifest["metadata"]["name"],
-                     claim["metadata"]["namespace"], claim["metadata"]["name"])
+            await self._client.create(cast(PersistentVolume, PersistentVolume.from_dict(manifest)))
+            log.info(
+                "provisioned %s for %s/%s",
+                manifest["metadata"]["name"],
+                claim["metadata"]["namespace"],
+                claim["metadata"]["name"],
+            )
         except ApiError as err:
             if err.status.code != 409:
                 raise

@@ -63,6 +63,7 @@ class PodRunner:
         self._restart_backoff = restart_backoff
         self._sandboxes: dict[str, Sandbox] = {}
         self._terminating: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
         self._nodes_up: dict[str, bool] = {}
         self._lock = asyncio.Lock()
 
@@ -119,7 +120,9 @@ class PodRunner:
             if pod["metadata"].get("deletionTimestamp"):
                 if uid not in self._terminating:
                     self._terminating.add(uid)
-                    asyncio.create_task(self._terminate(pod))
+                    task = asyncio.create_task(self._terminate(pod))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
                 return
             sandbox = self._sandboxes.get(uid)
             if sandbox is not None:
@@ -258,7 +261,7 @@ class PodRunner:
         meta = pod["metadata"]
         spec = pod["spec"]
         names = [c["name"] for c in (spec.get("initContainers") or []) + spec["containers"]]
-        body = KwokLogs.from_dict(  # type: ignore[attr-defined]
+        body = KwokLogs.from_dict(
             {
                 "apiVersion": "kwok.x-k8s.io/v1alpha1",
                 "kind": "Logs",
@@ -266,14 +269,15 @@ class PodRunner:
                     "name": meta["name"],
                     "namespace": meta["namespace"],
                     "ownerReferences": [
-                        {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": meta["name"],
+                            "uid": meta["uid"],
+                        }
                     ],
                 },
-                "spec": {
-                    "logs": [
-                        {"containers": [n], "logsFile": str(sandbox.log_file(n))} for n in names
-                    ]
-                },
+                "spec": {"logs": [{"containers": [n], "logsFile": str(sandbox.log_file(n))} for n in names]},
             }
         )
         with contextlib.suppress(ApiError):

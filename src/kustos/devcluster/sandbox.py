@@ -109,7 +109,9 @@ class Sandbox:
         self.pod.setdefault("status", {})["podIP"] = self.pod_ip
         spec = self.pod["spec"]
         for c in spec.get("initContainers") or []:
-            self.init_states[c["name"]] = ContainerState(c["name"], c["image"], waiting_reason="PodInitializing")
+            self.init_states[c["name"]] = ContainerState(
+                c["name"], c["image"], waiting_reason="PodInitializing"
+            )
         for c in spec["containers"]:
             self.states[c["name"]] = ContainerState(c["name"], c["image"])
         self._tasks.append(asyncio.create_task(self._status_writer()))
@@ -375,9 +377,7 @@ class Sandbox:
         if policy != "Always" and self.states and len(finished) == len(self.states):
             failed = any((s.last_exit or {}).get("exitCode") for s in finished)
             phase = "Failed" if failed else "Succeeded"
-        previous = {
-            c["type"]: c for c in (self.pod.get("status") or {}).get("conditions") or []
-        }
+        previous = {c["type"]: c for c in (self.pod.get("status") or {}).get("conditions") or []}
 
         def condition(kind: str, value: bool) -> dict[str, Any]:
             status = "True" if value else "False"

@@ -48,7 +48,7 @@ async def watch_forever(client: AsyncClient, resource: Any, handler: Handler) ->
             async for item in listing:
                 obj = item.to_dict()
                 seen[_key(obj)] = obj
-            version = listing.resourceVersion  # type: ignore[attr-defined]
+            version = listing.resourceVersion
             for key, obj in known.items():
                 if key not in seen:
                     await _dispatch(handler, "DELETED", obj)

@@ -1,0 +1,237 @@
+"""The dev cluster's binaries: what is built, where it lands, and where the cache is."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kustos.devcluster import binaries
+from kustos.devcluster.binaries import (
+    ETCD_VERSIONS,
+    GOMOD_DIR,
+    KUBERNETES_VERSION,
+    KWOK_VERSION,
+    BuildError,
+    all_binaries,
+    bin_dir,
+    binary_path,
+    build,
+    missing_binaries,
+)
+from kustos.devcluster.paths import cache_root, clusters_root
+
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+ETCD_COMMANDS = ("etcd", "etcdctl", "etcdutl")
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KUSTOS_CACHE", str(root))
+    return root
+
+
+# ---- what is built ------------------------------------------------------------------------
+
+
+def test_every_binary_the_dev_cluster_needs_is_built() -> None:
+    built = Counter(b.name for b in all_binaries())
+
+    assert built == Counter(
+        {"kwok": 1, "kwokctl": 1, **dict.fromkeys(ETCD_COMMANDS, 2), **dict.fromkeys(KUBE_COMMANDS, 1)}
+    )
+
+
+def test_two_etcd_versions_are_built_from_their_own_modules() -> None:
+    assert len(ETCD_VERSIONS) == 2
+    etcd = {(b.name, b.version): b.module_dir for b in all_binaries() if b.name in ETCD_COMMANDS}
+
+    assert etcd == {
+        (name, version): "etcd-" + ".".join(version.lstrip("v").split(".")[:2])
+        for name in ETCD_COMMANDS
+        for version in ETCD_VERSIONS
+    }
+
+
+def test_file_names_are_unique_and_carry_the_version() -> None:
+    names = [b.file_name for b in all_binaries()]
+
+    assert len(set(names)) == len(names)
+    assert all(b.file_name == f"{b.name}-{b.version}" for b in all_binaries())
+
+
+def test_kwok_is_built_first() -> None:
+    assert [b.name for b in all_binaries()[:2]] == ["kwok", "kwokctl"]
+    assert {b.version for b in all_binaries()[:2]} == {KWOK_VERSION}
+
+
+def test_kubernetes_binaries_are_stamped_with_their_version() -> None:
+    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+
+    for binary in all_binaries():
+        if binary.name not in KUBE_COMMANDS:
+            assert binary.ldflags == ()
+            continue
+        assert binary.version == KUBERNETES_VERSION
+        assert binary.package == f"k8s.io/kubernetes/cmd/{binary.name}"
+        flags = set(binary.ldflags)
+        assert f"-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}" in flags
+        assert f"-X k8s.io/component-base/version.gitMajor={major}" in flags
+        assert f"-X k8s.io/component-base/version.gitMinor={minor}" in flags
+        assert "-X k8s.io/component-base/version.gitTreeState=clean" in flags
+        assert f"-X k8s.io/client-go/pkg/version.gitVersion={KUBERNETES_VERSION}" in flags
+
+
+def _required_versions(go_mod: Path) -> dict[str, str]:
+    text = go_mod.read_text()
+    return dict(re.findall(r"^\s*(?:require\s+)?([\w.\-/]+\.[\w.\-/]+)\s+(v\S+)", text, re.MULTILINE))
+
+
+@pytest.mark.parametrize("binary", all_binaries(), ids=lambda b: b.file_name)
+def test_each_binary_is_the_version_its_wrapper_module_pins(binary: binaries.Binary) -> None:
+    module = GOMOD_DIR / binary.module_dir
+    pinned = _required_versions(module / "go.mod")
+    owners = [path for path in pinned if binary.package == path or binary.package.startswith(path + "/")]
+
+    assert owners, f"{binary.package} is not required by {module}/go.mod"
+    assert pinned[max(owners, key=len)] == binary.version
+    assert f'_ "{binary.package}"' in (module / "tools.go").read_text()
+
+
+# ---- where binaries live ------------------------------------------------------------------
+
+
+def test_binary_path_defaults_to_the_dev_clusters_versions(cache: Path) -> None:
+    assert binary_path("etcd") == cache / "bin" / f"etcd-{ETCD_VERSIONS[-1]}"
+    assert binary_path("etcdctl") == cache / "bin" / f"etcdctl-{ETCD_VERSIONS[-1]}"
+    assert binary_path("kwokctl") == cache / "bin" / f"kwokctl-{KWOK_VERSION}"
+    assert binary_path("kube-apiserver") == cache / "bin" / f"kube-apiserver-{KUBERNETES_VERSION}"
+    assert binary_path("kubectl") == cache / "bin" / f"kubectl-{KUBERNETES_VERSION}"
+
+
+def test_binary_path_takes_an_explicit_version_and_root(tmp_path: Path) -> None:
+    assert (
+        binary_path("etcd", ETCD_VERSIONS[0], root=tmp_path) == tmp_path / "bin" / f"etcd-{ETCD_VERSIONS[0]}"
+    )
+    assert bin_dir(tmp_path) == tmp_path / "bin"
+
+
+def test_every_binary_is_found_where_binary_path_says(tmp_path: Path) -> None:
+    for binary in all_binaries():
+        assert binary_path(binary.name, binary.version, root=tmp_path) == bin_dir(tmp_path) / binary.file_name
+
+
+def test_everything_is_missing_from_an_empty_cache(tmp_path: Path) -> None:
+    assert missing_binaries(tmp_path) == all_binaries()
+
+
+def test_built_binaries_are_no_longer_missing(tmp_path: Path) -> None:
+    bin_dir(tmp_path).mkdir()
+    present = [b for b in all_binaries() if b.name.startswith("kube")]
+    for binary in present:
+        (bin_dir(tmp_path) / binary.file_name).write_bytes(b"\x7fELF")
+
+    assert missing_binaries(tmp_path) == [b for b in all_binaries() if b not in present]
+
+
+def test_a_directory_or_another_version_does_not_count_as_built(tmp_path: Path) -> None:
+    bin_dir(tmp_path).mkdir()
+    (bin_dir(tmp_path) / f"kwok-{KWOK_VERSION}").mkdir()
+    (bin_dir(tmp_path) / "kwokctl-v0.0.1").write_bytes(b"old")
+
+    missing = {b.name for b in missing_binaries(tmp_path)}
+
+    assert {"kwok", "kwokctl"} <= missing
+
+
+def test_missing_binaries_defaults_to_the_cache(cache: Path) -> None:
+    bin_dir().mkdir(parents=True)
+    for binary in all_binaries():
+        (bin_dir() / binary.file_name).touch()
+
+    assert missing_binaries() == []
+
+
+def test_build_without_go_fails_with_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    logged: list[str] = []
+
+    with pytest.raises(BuildError, match="Go toolchain"):
+        build(root=tmp_path / "cache", log=logged.append)
+
+    assert not (tmp_path / "cache").exists()
+    assert logged == []
+
+
+def test_build_only_runs_for_what_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A `go` that fails whatever it is asked: any build attempt would raise BuildError.
+    fake_go = tmp_path / "fake-go"
+    fake_go.mkdir()
+    (fake_go / "go").write_text("#!/bin/sh\nexit 1\n")
+    (fake_go / "go").chmod(0o755)
+    monkeypatch.setenv("PATH", str(fake_go))
+    root = tmp_path / "cache"
+    bin_dir(root).mkdir(parents=True)
+    for binary in all_binaries():
+        (bin_dir(root) / binary.file_name).write_bytes(b"built")
+    logged: list[str] = []
+
+    assert build(root=root, log=logged.append) == []
+    assert logged == []
+
+
+# ---- the cache ----------------------------------------------------------------------------
+
+
+def test_kustos_cache_wins_over_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUSTOS_CACHE", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+    assert cache_root() == tmp_path / "explicit"
+
+
+def test_xdg_cache_home_holds_a_kustos_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUSTOS_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+    assert cache_root() == tmp_path / "xdg" / "kustos"
+
+
+def test_without_settings_the_cache_is_in_the_home_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUSTOS_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    assert cache_root() == tmp_path / "home" / ".cache" / "kustos"
+
+
+def test_empty_settings_count_as_unset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUSTOS_CACHE", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    assert cache_root() == tmp_path / "home" / ".cache" / "kustos"
+
+
+def test_a_tilde_in_the_cache_settings_means_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KUSTOS_CACHE", "~/kustos-cache")
+
+    assert cache_root() == tmp_path / "home" / "kustos-cache"
+
+    monkeypatch.delenv("KUSTOS_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
+
+    assert cache_root() == tmp_path / "home" / "xdg" / "kustos"
+
+
+def test_clusters_and_binaries_live_in_the_cache(cache: Path) -> None:
+    assert clusters_root() == cache / "clusters"
+    assert bin_dir() == cache / "bin"
