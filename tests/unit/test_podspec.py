@@ -265,11 +265,6 @@ def test_rewrite_hosts_leaves_longer_addresses_alone(text: str) -> None:
     assert rewrite_hosts(text, POD_IP) == text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="podspec._HOST_WORDS stops a match before '\\w' and '-' but not before '.', "
-    "so a longer DNS name that starts with a loopback word is cut in half",
-)
 @pytest.mark.parametrize("text", ["localhost.localdomain", "127.0.0.1.nip.io:2379"])
 def test_rewrite_hosts_leaves_dns_names_that_start_with_a_loopback_word_alone(text: str) -> None:
     assert rewrite_hosts(text, POD_IP) == text
@@ -362,12 +357,6 @@ def test_rewrite_paths_without_mounts_changes_nothing() -> None:
     assert rewrite_paths("--data-dir=/var/lib/etcd", {}) == "--data-dir=/var/lib/etcd"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="podspec.rewrite_paths substitutes one mount after the other, so a local "
-    "directory that lies under another mount path (an emptyDir at /tmp with KUSTOS_CACHE under /tmp) "
-    "is rewritten a second time",
-)
 def test_rewrite_paths_does_not_rewrite_an_already_substituted_directory() -> None:
     data = Path("/tmp/kustos/pods/uid/volumes/data")
     scratch = Path("/tmp/kustos/pods/uid/volumes/scratch")

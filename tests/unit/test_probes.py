@@ -286,11 +286,6 @@ async def test_http_probe_that_gets_no_answer_in_time_fails(http_port: int) -> N
     assert time.monotonic() - started < 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="probes.probe_once builds httpx.AsyncClient with trust_env left on, so HTTP_PROXY sends probes of "
-    "loopback pod IPs through the developer's proxy; the kubelet never proxies probes",
-)
 async def test_http_probe_ignores_proxy_settings(http_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTP_PROXY", f"http://{HOST}:{_closed_port()}")
 

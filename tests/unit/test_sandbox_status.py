@@ -149,11 +149,6 @@ def test_a_container_that_will_not_restart_is_terminated(code: int) -> None:
     assert state.status(UID)["state"] == {"terminated": _exit(code)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ContainerState.status reports lastState = the current termination even when the container "
-    "never restarted; a kubelet keeps lastState empty until a container has a previous instance",
-)
 def test_a_container_that_terminated_once_has_no_last_state() -> None:
     state = ContainerState("job", "img")
     _completed(state, 0)
@@ -274,11 +269,6 @@ def test_a_pod_that_always_restarts_never_finishes(tmp_path: Path) -> None:
     assert sandbox.pod_status()["phase"] == "Running"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Sandbox._run_init_containers raises on a failed init container under restartPolicy Never and "
-    "Sandbox.pod_status never reports Failed before initialization, so the pod stays Pending for good",
-)
 def test_a_pod_whose_init_container_failed_without_restarts_failed(tmp_path: Path) -> None:
     sandbox = _sandbox(_pod(["etcd"], restart_policy="Never", init=["migrate"]), tmp_path)
     # As _run_init_containers leaves it after _record_exit of a non-zero exit.

@@ -93,7 +93,8 @@ def expand_vars(text: str, env: Mapping[str, str]) -> str:
     return _VAR_REF.sub(replace, text)
 
 
-_HOST_WORDS = re.compile(r"(?<![\w.-])(?:0\.0\.0\.0|127\.0\.0\.1|localhost)(?![\w-])")
+# Whole host words only: not inside 127.0.0.10, mylocalhost or localhost.localdomain.
+_HOST_WORDS = re.compile(r"(?<![\w.-])(?:0\.0\.0\.0|127\.0\.0\.1|localhost)(?![\w-]|\.\w)")
 
 
 def rewrite_hosts(text: str, pod_ip: str) -> str:
@@ -103,10 +104,13 @@ def rewrite_hosts(text: str, pod_ip: str) -> str:
 
 def rewrite_paths(text: str, mounts: Mapping[str, Path]) -> str:
     """Replace container mount paths with the local directories that back them."""
-    for mount_path in sorted(mounts, key=len, reverse=True):
-        pattern = re.compile(r"(?<![\w./-])" + re.escape(mount_path.rstrip("/")) + r"(?=/|$|[^\w.-])")
-        text = pattern.sub(str(mounts[mount_path]), text)
-    return text
+    if not mounts:
+        return text
+    # One pass, longest path first, so a substituted directory is never rewritten again.
+    by_path = {m.rstrip("/") or "/": str(local) for m, local in mounts.items()}
+    alternatives = "|".join(re.escape(m) for m in sorted(by_path, key=len, reverse=True))
+    pattern = re.compile(r"(?<![\w./-])(" + alternatives + r")(?=/|$|[^\w.-])")
+    return pattern.sub(lambda m: by_path[m.group(1)], text)
 
 
 @dataclass(frozen=True)

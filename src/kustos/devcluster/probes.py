@@ -83,7 +83,7 @@ async def probe_once(
             host = http.get("host") or pod_ip
             url = f"{scheme}://{host}:{_port(http['port'], container)}{http.get('path') or '/'}"
             headers = {h["name"]: h["value"] for h in http.get("httpHeaders") or []}
-            async with httpx.AsyncClient(verify=False, timeout=timeout) as client:
+            async with httpx.AsyncClient(verify=False, timeout=timeout, trust_env=False) as client:
                 response = await client.get(url, headers=headers)
             return 200 <= response.status_code < 400
         if "tcpSocket" in probe:

@@ -35,11 +35,16 @@ class ContainerState:
     last_exit: dict[str, Any] | None = None
     waiting_reason: str = "ContainerCreating"
 
+    @property
+    def terminated(self) -> bool:
+        """Exited and not about to restart."""
+        return not self.running_since and bool(self.last_exit) and self.waiting_reason in ("Completed", "")
+
     def status(self, pod_uid: str) -> dict[str, Any]:
         state: dict[str, Any]
         if self.running_since:
             state = {"running": {"startedAt": self.running_since}}
-        elif self.last_exit and self.waiting_reason == "Completed":
+        elif self.terminated:
             state = {"terminated": self.last_exit}
         else:
             state = {"waiting": {"reason": self.waiting_reason}}
@@ -52,7 +57,8 @@ class ContainerState:
             "started": self.started,
             "restartCount": self.restart_count,
             "state": state,
-            "lastState": {"terminated": self.last_exit} if self.last_exit else {},
+            # Only a container that restarted has a previous instance to report.
+            "lastState": {"terminated": self.last_exit} if self.last_exit and self.restart_count else {},
         }
         return result
 
@@ -82,6 +88,7 @@ class Sandbox:
     init_states: dict[str, ContainerState] = field(default_factory=dict)
     processes: dict[str, ContainerProcess] = field(default_factory=dict)
     initialized: bool = False
+    env_lookup: dict[tuple[str, str, str], str] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _stopping: bool = False
@@ -120,8 +127,10 @@ class Sandbox:
     async def _main(self) -> None:
         try:
             await self._prepare_volumes()
+            await self._prepare_env_lookup()
             self._mark_dirty()
-            await self._run_init_containers()
+            if not await self._run_init_containers():
+                return
             self.initialized = True
             self._mark_dirty()
             for container in self.pod["spec"]["containers"]:
@@ -197,6 +206,23 @@ class Sandbox:
                 mounts[mount["mountPath"]] = target
             self.mounts[container["name"]] = mounts
 
+    async def _prepare_env_lookup(self) -> None:
+        """Read the ConfigMap and Secret keys that containers take env values from."""
+        spec = self.pod["spec"]
+        namespace = self.pod["metadata"]["namespace"]
+        for container in (spec.get("initContainers") or []) + spec["containers"]:
+            for item in container.get("env") or []:
+                source = item.get("valueFrom") or {}
+                for kind in ("configMap", "secret"):
+                    ref = source.get(f"{kind}KeyRef")
+                    if not ref:
+                        continue
+                    data = await self.context.read_source(kind, namespace, ref["name"]) or {}
+                    if ref["key"] in data:
+                        raw = data[ref["key"]]
+                        value = base64.b64decode(raw).decode() if kind == "secret" else raw
+                        self.env_lookup[(kind, ref["name"], ref["key"])] = value
+
     async def _write_source_files(self, volume: Mapping[str, Any], local: Path) -> None:
         kind = "configMap" if "configMap" in volume else "secret"
         source = volume[kind]
@@ -226,9 +252,11 @@ class Sandbox:
             self.context.bin_paths_for(container["image"]),
             self.mounts.get(container["name"], {}),
             self.context.base_env,
+            self.env_lookup,
         )
 
-    async def _run_init_containers(self) -> None:
+    async def _run_init_containers(self) -> bool:
+        """Run init containers in order; False when one failed for good (restartPolicy Never)."""
         policy = self.pod["spec"].get("restartPolicy") or "Always"
         for container in self.pod["spec"].get("initContainers") or []:
             state = self.init_states[container["name"]]
@@ -242,12 +270,14 @@ class Sandbox:
                     self._mark_dirty()
                     break
                 if policy == "Never":
-                    raise RuntimeError(f"init container {container['name']} failed with {code}")
+                    self._mark_dirty()  # pod_status reports the pod Failed
+                    return False
                 state.restart_count += 1
                 state.waiting_reason = "CrashLoopBackOff"
                 self._mark_dirty()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.context.restart_backoff[1])
+        return True
 
     async def _launch(self, container: Mapping[str, Any], state: ContainerState) -> ContainerProcess:
         name = container["name"]
@@ -262,6 +292,7 @@ class Sandbox:
 
     def _record_exit(self, state: ContainerState, code: int, started_at: str) -> None:
         state.running_since, state.ready, state.started = None, False, False
+        state.waiting_reason = ""
         state.last_exit = {
             "exitCode": code if code >= 0 else 128 - code,
             "reason": "Completed" if code == 0 else "Error",
@@ -294,7 +325,6 @@ class Sandbox:
                 return
             log.info("container %s of %s exited with %s", name, self.name, code)
             if policy == "Never" or (policy == "OnFailure" and code == 0):
-                state.waiting_reason = "Completed"
                 self._mark_dirty()
                 return
             state.restart_count += 1
@@ -370,13 +400,17 @@ class Sandbox:
         all_ready = bool(self.states) and all(s.ready for s in self.states.values())
         running = any(s.running_since for s in self.states.values())
         policy = self.pod["spec"].get("restartPolicy") or "Always"
-        finished = [s for s in self.states.values() if s.waiting_reason == "Completed"]
+        finished = [s for s in self.states.values() if s.terminated]
         phase = "Pending"
         if self.initialized and (running or self.states):
             phase = "Running"
         if policy != "Always" and self.states and len(finished) == len(self.states):
             failed = any((s.last_exit or {}).get("exitCode") for s in finished)
             phase = "Failed" if failed else "Succeeded"
+        if policy == "Never" and any(
+            s.terminated and (s.last_exit or {}).get("exitCode") for s in self.init_states.values()
+        ):
+            phase = "Failed"
         previous = {c["type"]: c for c in (self.pod.get("status") or {}).get("conditions") or []}
 
         def condition(kind: str, value: bool) -> dict[str, Any]:
