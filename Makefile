@@ -32,6 +32,10 @@ lint: $(VENV)/.synced
 build-binaries: $(VENV)/.synced
 	$(KUSTOS) dev build
 
+# Regenerate deploy/crds from the models in kustos.api (a unit test fails when it is stale).
+crds: $(VENV)/.synced
+	$(KUSTOS) crds --write deploy/crds
+
 $(UV):
 	python3 -m venv $(KUSTOS_CACHE)/tools/uv-$(UV_VERSION)
 	$(KUSTOS_CACHE)/tools/uv-$(UV_VERSION)/bin/pip install --quiet uv==$(UV_VERSION)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import json
 import os
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -176,6 +179,97 @@ def dev_kubectl(ctx: typer.Context, name: NameOption = DEFAULT_NAME) -> None:
     cluster = _cluster(name)
     command = [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), *ctx.args]
     raise typer.Exit(subprocess.call(command, env=os.environ.copy()))
+
+
+@app.command("crds")
+def crds(
+    write: Annotated[
+        Path | None, typer.Option(help="Write one file per CRD into this directory (e.g. deploy/crds).")
+    ] = None,
+) -> None:
+    """Print the CustomResourceDefinitions generated from the models in kustos.api."""
+    from kustos.api import RESOURCES
+    from kustos.runtime.crd import render_crds, write_crds
+
+    if write is None:
+        console.out(render_crds(RESOURCES), end="")
+        return
+    for path in write_crds(RESOURCES, write):
+        console.print(f"wrote {path}")
+
+
+@app.command("run")
+def run(
+    kubeconfig: Annotated[Path | None, typer.Option(help="Default: in-cluster, else $KUBECONFIG.")] = None,
+    context: Annotated[str | None, typer.Option(help="Kubeconfig context.")] = None,
+    namespace: Annotated[str | None, typer.Option(help="Watch one namespace only (default: all).")] = None,
+    leader_elect: Annotated[bool, typer.Option(help="Run only while holding the Lease.")] = True,
+    lease_name: Annotated[str, typer.Option()] = "kustos-operator",
+    lease_namespace: Annotated[str, typer.Option()] = "default",
+    lease_duration: Annotated[float, typer.Option(help="Seconds.")] = 15.0,
+    renew_deadline: Annotated[float, typer.Option(help="Seconds.")] = 10.0,
+    retry_period: Annotated[float, typer.Option(help="Seconds.")] = 2.0,
+    metrics_address: Annotated[str, typer.Option(help="host:port of /metrics and probes.")] = ":8080",
+    webhook_address: Annotated[str, typer.Option(help="host:port of the HTTPS webhook server.")] = ":9443",
+    webhook_url: Annotated[
+        str | None, typer.Option(help="URL the API server calls webhooks at (operator outside the cluster).")
+    ] = None,
+    webhook_configuration_name: Annotated[
+        str, typer.Option(help="Name of the webhook configurations the operator keeps current.")
+    ] = "kustos",
+    webhook_cert: Annotated[Path | None, typer.Option(help="PEM certificate (self-signed if unset).")] = None,
+    webhook_key: Annotated[Path | None, typer.Option(help="PEM key for --webhook-cert.")] = None,
+    webhook_ca: Annotated[Path | None, typer.Option(help="CA bundle for --webhook-cert.")] = None,
+    shutdown_timeout: Annotated[float, typer.Option(help="Seconds for in-flight reconciles.")] = 30.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    json_logs: Annotated[bool, typer.Option(help="One JSON object per log line.")] = False,
+    extra_controllers: Annotated[
+        list[str] | None, typer.Option(hidden=True, help="module:function registering more controllers.")
+    ] = None,
+) -> None:
+    """Run the operator: every kustos controller, against the current cluster."""
+    from kustos import controllers
+    from kustos.runtime.kube import load_config
+    from kustos.runtime.logs import setup_logging
+    from kustos.runtime.manager import LeadershipLost, Manager, ManagerOptions
+    from kustos.runtime.webhook import ServingCertificate
+
+    setup_logging(log_level, json_logs)
+    certificate = None
+    if webhook_cert and webhook_key:
+        certificate = ServingCertificate.from_files(webhook_cert, webhook_key, webhook_ca)
+    options = ManagerOptions(
+        namespace=namespace,
+        leader_election=leader_elect,
+        lease_name=lease_name,
+        lease_namespace=lease_namespace,
+        lease_duration=lease_duration,
+        renew_deadline=renew_deadline,
+        retry_period=retry_period,
+        metrics_address=metrics_address,
+        webhook_address=webhook_address,
+        webhook_url=webhook_url,
+        webhook_configuration_name=webhook_configuration_name,
+        certificate=certificate,
+        shutdown_timeout=shutdown_timeout,
+    )
+
+    async def serve() -> None:
+        manager = Manager.from_config(load_config(kubeconfig, context), options)
+        controllers.register_all(manager)
+        for target in extra_controllers or []:
+            module_name, _, function = target.partition(":")
+            getattr(importlib.import_module(module_name), function)(manager)
+        try:
+            await manager.run()
+        finally:
+            await manager.clients.close()
+
+    try:
+        asyncio.run(serve())
+    except LeadershipLost as err:
+        console.print(f"[red]{err}: exiting so that a fresh start waits as a standby")
+        raise typer.Exit(3) from err
 
 
 def main() -> None:

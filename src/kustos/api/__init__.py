@@ -1,0 +1,15 @@
+"""The kustos API: one module per kind, pydantic models from which the CRDs are generated.
+
+``RESOURCES`` lists every kind that gets a CRD in deploy/crds/; a new kind adds
+itself here (tests/unit/test_crds_current.py fails until deploy/crds/ follows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kustos.runtime.crd import CustomResource
+
+__all__ = ["RESOURCES"]
+
+RESOURCES: list[type[CustomResource[Any, Any]]] = []

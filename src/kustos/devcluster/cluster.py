@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import yaml
 from kustos.devcluster import binaries
 from kustos.devcluster.kwokconfig import (
     MANAGED_LABEL,
+    PORT_OPTIONS,
     Timings,
     kwok_source_dir,
     kwokctl_config,
@@ -124,7 +126,9 @@ class DevCluster:
         slot = self._claim_slot()
         config_file = self.state_dir / "kwokctl.yaml"
         config_file.write_text(
-            yaml.safe_dump_all(kwokctl_config(self.config.timings, kwok_source_dir(), slot), sort_keys=False)
+            yaml.safe_dump_all(
+                kwokctl_config(self.config.timings, kwok_source_dir(), slot, _free_ports()), sort_keys=False
+            )
         )
         started = time.monotonic()
         log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
@@ -358,6 +362,20 @@ class DevCluster:
         raise DevClusterError(
             f"timed out after {timeout:.0f}s waiting for {what}; logs: {self.cluster_dir / 'logs'}"
         )
+
+
+def _free_ports() -> dict[str, int]:
+    """Distinct ports the kernel has just handed out, one per control-plane listener."""
+    sockets = []
+    try:
+        for _ in PORT_OPTIONS:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return {name: s.getsockname()[1] for name, s in zip(PORT_OPTIONS, sockets, strict=True)}
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _shim_dir() -> Path:

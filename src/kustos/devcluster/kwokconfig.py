@@ -146,8 +146,24 @@ def stages(source: Path) -> list[dict[str, Any]]:
     return result
 
 
-def kwokctl_config(timings: Timings, source: Path, slot: int) -> list[dict[str, Any]]:
-    """The multi-document config handed to ``kwokctl create cluster -c``."""
+PORT_OPTIONS = (
+    "etcdPort",
+    "etcdPeerPort",
+    "kubeApiserverPort",
+    "kwokControllerPort",
+    "kubeControllerManagerPort",
+    "kubeSchedulerPort",
+)
+
+
+def kwokctl_config(
+    timings: Timings, source: Path, slot: int, ports: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """The multi-document config handed to ``kwokctl create cluster -c``.
+
+    ``ports`` pins the components' ports; kwokctl's own choice races when two clusters
+    start at the same moment (a test session beside ``dev up``).
+    """
     options: dict[str, Any] = {
         "runtime": "binary",
         "kubeVersion": binary_path("kube-apiserver").name.split("-")[-1],
@@ -162,6 +178,7 @@ def kwokctl_config(timings: Timings, source: Path, slot: int) -> list[dict[str, 
         "bindAddress": "127.0.0.1",
         "heartbeatFactor": 1,
         "enableCRDs": ["Logs", "ClusterLogs"],
+        **(ports or {}),
     }
     if timings.node_lease_seconds is not None:
         options["nodeLeaseDurationSeconds"] = timings.node_lease_seconds

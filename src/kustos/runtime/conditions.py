@@ -1,0 +1,50 @@
+"""Standard Conditions (metav1.Condition): set one without churning lastTransitionTime."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+Condition = dict[str, Any]
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: list[Condition] | None,
+    type_: str,
+    status: bool | str,
+    reason: str,
+    message: str = "",
+    observed_generation: int | None = None,
+    now: str | None = None,
+) -> list[Condition]:
+    """Return the list with ``type_`` set; lastTransitionTime moves only when status changes.
+
+    Reason, message and observedGeneration are always updated: they say why, now.
+    """
+    value = status if isinstance(status, str) else ("True" if status else "False")
+    result = [dict(c) for c in conditions or []]
+    existing = next((c for c in result if c.get("type") == type_), None)
+    stamp = now or now_rfc3339()
+    if existing is None:
+        existing = {"type": type_}
+        result.append(existing)
+        existing["lastTransitionTime"] = stamp
+    elif existing.get("status") != value:
+        existing["lastTransitionTime"] = stamp
+    existing.update(status=value, reason=reason, message=message)
+    if observed_generation is not None:
+        existing["observedGeneration"] = observed_generation
+    return result
+
+
+def get_condition(conditions: list[Condition] | None, type_: str) -> Condition | None:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+def is_true(conditions: list[Condition] | None, type_: str) -> bool:
+    condition = get_condition(conditions, type_)
+    return condition is not None and condition.get("status") == "True"

@@ -1,0 +1,259 @@
+"""Informers: list + watch one resource type into an in-memory cache, and tell handlers.
+
+Controllers read the cache instead of calling the API. The informer keeps it true:
+watch bookmarks keep the resourceVersion fresh, a closed watch resumes from it, a
+410 Gone (or any failure to resume) relists and reports objects that vanished
+meanwhile as deletions, and a watch that has been silent for longer than its
+inactivity timeout (bookmarks arrive every minute or so on a healthy one) is
+restarted, so an operator never stops reacting without noticing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+
+from kustos.runtime.kube import api_path, object_key
+from kustos.runtime.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+# (event type, new object, previous object or None)
+Handler = Callable[[str, Obj, Obj | None], Awaitable[None] | None]
+Transform = Callable[[Obj], Obj]
+
+
+@dataclass(frozen=True)
+class ResourceRef:
+    """A resource type by its REST coordinates."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+class ResourceExpired(Exception):
+    """The resourceVersion we would resume from is gone (410): relist."""
+
+
+def drop_managed_fields(obj: Obj) -> Obj:
+    """The default transform: managedFields are large and no controller of ours reads them."""
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
+
+
+@dataclass
+class InformerOptions:
+    namespace: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
+    page_size: int = 500
+    watch_timeout: int = 300
+    inactivity_timeout: float = 180.0
+    transform: Transform | None = drop_managed_fields
+
+
+class Informer:
+    """One list/watch loop and its cache; many handlers may listen."""
+
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        resource: ResourceRef,
+        options: InformerOptions | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.resource = resource
+        self.options = options or InformerOptions()
+        self._http = http
+        self._metrics = metrics
+        self._store: dict[str, Obj] = {}
+        self._handlers: list[Handler] = []
+        self._synced = asyncio.Event()
+        self._version = ""
+
+    # ---- reading -------------------------------------------------------------------
+
+    def get(self, key: str) -> Obj | None:
+        return self._store.get(key)
+
+    def list(self) -> Iterable[Obj]:
+        return self._store.values()
+
+    def keys(self) -> Iterable[str]:
+        return self._store.keys()
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    def add_handler(self, handler: Handler) -> None:
+        """Handlers get every change; those added after sync get the cache as ADDED first."""
+        self._handlers.append(handler)
+
+    # ---- running -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """List, then watch from there, forever; relist when resuming is not possible."""
+        backoff = 0.2
+        while True:
+            try:
+                await self._relist()
+                backoff = 0.2
+                while True:
+                    await self._watch()
+            except asyncio.CancelledError:
+                raise
+            except ResourceExpired:
+                self._restarted("expired")
+                continue
+            except Exception as err:
+                self._restarted("error")
+                log.warning("informer %s failed, relisting in %.1fs: %s", self.resource, backoff, err)
+                await asyncio.sleep(backoff * (1 + random.random()))
+                backoff = min(backoff * 2, 30.0)
+
+    def _restarted(self, reason: str) -> None:
+        if self._metrics is not None:
+            self._metrics.watch_restarts.labels(str(self.resource), reason).inc()
+
+    def _params(self) -> dict[str, str]:
+        params: dict[str, str] = {}
+        if self.options.label_selector:
+            params["labelSelector"] = self.options.label_selector
+        if self.options.field_selector:
+            params["fieldSelector"] = self.options.field_selector
+        return params
+
+    def _path(self) -> str:
+        r = self.resource
+        return api_path(r.group, r.version, r.plural, self.options.namespace if r.namespaced else None)
+
+    async def _relist(self) -> None:
+        fresh: dict[str, Obj] = {}
+        params = {**self._params(), "limit": str(self.options.page_size)}
+        while True:
+            response = await self._http.get(self._path(), params=params)
+            if response.status_code == 410:
+                params.pop("continue", None)  # a list page expired: start the list again
+                fresh.clear()
+                continue
+            response.raise_for_status()
+            body = response.json()
+            for item in body.get("items") or []:
+                item.setdefault("apiVersion", self.resource.api_version)
+                item.setdefault("kind", self.resource.kind)
+                obj = self._transform(item)
+                fresh[object_key(obj)] = obj
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                self._version = body["metadata"]["resourceVersion"]
+                break
+            params["continue"] = token
+        old, self._store = self._store, fresh
+        for key, obj in old.items():
+            if key not in fresh:
+                await self._notify("DELETED", obj, obj)
+        for key, obj in fresh.items():
+            previous = old.get(key)
+            if previous is None:
+                await self._notify("ADDED", obj, None)
+            elif previous["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
+                await self._notify("MODIFIED", obj, previous)
+        self._update_gauge()
+        self._synced.set()
+
+    async def _watch(self) -> None:
+        params = {
+            **self._params(),
+            "watch": "1",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": self._version,
+            "timeoutSeconds": str(self.options.watch_timeout),
+        }
+        async with self._http.stream("GET", self._path(), params=params) as response:
+            if response.status_code == 410:
+                raise ResourceExpired()
+            response.raise_for_status()
+            lines = response.aiter_lines()
+            while True:
+                try:
+                    line = await asyncio.wait_for(anext(lines), self.options.inactivity_timeout)
+                except StopAsyncIteration:
+                    self._restarted("closed")
+                    return
+                except TimeoutError:
+                    self._restarted("inactive")
+                    log.info("watch of %s silent for %.0fs: restarting it", self.resource,
+                             self.options.inactivity_timeout)  # fmt: skip
+                    with contextlib.suppress(Exception):
+                        await lines.aclose()  # type: ignore[attr-defined]
+                    return
+                if line:
+                    await self._handle_line(line)
+
+    async def _handle_line(self, line: str) -> None:
+        event = json.loads(line)
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise ResourceExpired()
+            raise RuntimeError(f"watch error: {obj.get('message')}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            self._version = version or self._version
+            return
+        obj.setdefault("apiVersion", self.resource.api_version)
+        obj.setdefault("kind", self.resource.kind)
+        obj = self._transform(obj)
+        key = object_key(obj)
+        previous = self._store.get(key)
+        if kind == "DELETED":
+            self._store.pop(key, None)
+        else:
+            self._store[key] = obj
+        if version:
+            self._version = version
+        self._update_gauge()
+        await self._notify(kind, obj, previous)
+
+    def _transform(self, obj: Obj) -> Obj:
+        return self.options.transform(obj) if self.options.transform else obj
+
+    def _update_gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.cached_objects.labels(str(self.resource)).set(len(self._store))
+
+    async def _notify(self, kind: str, obj: Obj, previous: Obj | None) -> None:
+        for handler in self._handlers:
+            try:
+                result = handler(kind, obj, previous)
+                if result is not None:
+                    await result
+            except Exception:
+                log.exception("handler of %s failed on %s", self.resource, object_key(obj))

@@ -1,0 +1,176 @@
+"""Lease-based leader election (coordination.k8s.io/v1), with client-go's timings and rules.
+
+A candidate takes the Lease when it is free or its holder has not renewed it for a
+whole lease duration, measured on the candidate's own clock from the moment it
+last saw the record change (so clock skew between nodes does not matter). The
+leader renews every ``retry_period``; if it cannot renew for ``renew_deadline`` it
+has lost, and says so at once so the process stands down before anyone else can
+take over. Releasing on shutdown empties the holder so a standby takes over
+immediately instead of after a lease duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+
+from kustos.runtime.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaderElectionConfig:
+    name: str
+    namespace: str
+    identity: str
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+class LeaderElector:
+    def __init__(self, client: AsyncClient, config: LeaderElectionConfig, metrics: Metrics | None = None):
+        self._client = client
+        self.config = config
+        self._metrics = metrics
+        self._observed: tuple[str | None, str | None] | None = None
+        self._observed_at = 0.0
+        self.is_leader = False
+
+    async def run(self, on_started_leading: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Acquire, then lead until the lease is lost; return (never raise) when it is.
+
+        ``on_started_leading`` runs as a task while we lead and is cancelled when we lose.
+        """
+        await self._acquire()
+        leading = asyncio.create_task(on_started_leading())
+        try:
+            await self._renew_until_lost(leading)
+        finally:
+            self._set_leader(False)
+            if not leading.done():
+                leading.cancel()
+
+    async def release(self) -> None:
+        """Give the lease up (on clean shutdown), so a standby need not wait for expiry.
+
+        Checked against the Lease itself, not our flag: ``run`` clears the flag when it
+        is cancelled, which is exactly when releasing matters.
+        """
+        try:
+            lease = await self._client.get(Lease, self.config.name, namespace=self.config.namespace)
+            if lease.spec and lease.spec.holderIdentity == self.config.identity:
+                lease.spec.holderIdentity = None
+                lease.spec.leaseDurationSeconds = 1
+                lease.spec.renewTime = _now()
+                await self._client.replace(lease)
+                log.info("released lease %s/%s", self.config.namespace, self.config.name)
+        except ApiError as err:
+            log.warning("could not release the lease: %s", err)
+        self._set_leader(False)
+
+    async def _acquire(self) -> None:
+        log.info("waiting to lead as %s (lease %s/%s)", self.config.identity, self.config.namespace,
+                 self.config.name)  # fmt: skip
+        while not await self._try_acquire_or_renew():  # noqa: ASYNC110 - polling the API, not a local flag
+            await asyncio.sleep(self.config.retry_period)
+        log.info("became the leader")
+        self._set_leader(True)
+
+    async def _renew_until_lost(self, leading: asyncio.Task[None]) -> None:
+        last_renewed = time.monotonic()
+        while True:
+            if leading.done():
+                return
+            await asyncio.sleep(self.config.retry_period)
+            try:
+                renewed = await asyncio.wait_for(self._try_acquire_or_renew(), self.config.renew_deadline)
+            except (TimeoutError, Exception) as err:
+                log.warning("renewing the lease failed: %s", err)
+                renewed = False
+            if renewed:
+                last_renewed = time.monotonic()
+            elif (
+                time.monotonic() - last_renewed >= self.config.renew_deadline or not await self._still_ours()
+            ):
+                log.error("lost the lease: standing down")
+                return
+
+    async def _still_ours(self) -> bool:
+        try:
+            lease = await self._client.get(Lease, self.config.name, namespace=self.config.namespace)
+        except Exception:
+            return True  # unknown: keep trying until the renew deadline
+        return bool(lease.spec and lease.spec.holderIdentity == self.config.identity)
+
+    async def _try_acquire_or_renew(self) -> bool:
+        now = _now()
+        cfg = self.config
+        try:
+            lease = await self._client.get(Lease, cfg.name, namespace=cfg.namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+            fresh = Lease(
+                metadata=ObjectMeta(name=cfg.name, namespace=cfg.namespace),
+                spec=LeaseSpec(
+                    holderIdentity=cfg.identity,
+                    leaseDurationSeconds=int(cfg.lease_duration),
+                    acquireTime=now,
+                    renewTime=now,
+                    leaseTransitions=0,
+                ),
+            )
+            try:
+                await self._client.create(fresh)
+            except ApiError as create_err:
+                if create_err.status.code == 409:
+                    return False
+                raise
+            return True
+        spec = lease.spec or LeaseSpec()
+        record = (spec.holderIdentity, str(spec.renewTime))
+        if record != self._observed:
+            self._observed, self._observed_at = record, time.monotonic()
+        holder = spec.holderIdentity
+        duration = float(spec.leaseDurationSeconds or cfg.lease_duration)
+        expired = time.monotonic() - self._observed_at > duration
+        if holder and holder != cfg.identity and not expired:
+            return False
+        if holder != cfg.identity:
+            spec.acquireTime = now
+            spec.leaseTransitions = (spec.leaseTransitions or 0) + 1
+        spec.holderIdentity = cfg.identity
+        spec.leaseDurationSeconds = int(cfg.lease_duration)
+        spec.renewTime = now
+        lease.spec = spec
+        try:
+            # replace carries the resourceVersion: a concurrent writer makes this fail with 409.
+            await self._client.replace(lease)
+        except ApiError as err:
+            if err.status.code == 409:
+                return False
+            raise
+        self._observed, self._observed_at = (cfg.identity, str(now)), time.monotonic()
+        return True
+
+    def _set_leader(self, value: bool) -> None:
+        self.is_leader = value
+        if self._metrics is not None:
+            self._metrics.leader.labels(self.config.name).set(1 if value else 0)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)

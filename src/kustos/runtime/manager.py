@@ -1,0 +1,238 @@
+"""The manager: shared informers, controllers, leader election, probes and webhooks.
+
+Informers start at once on every replica, so a standby has warm caches; the
+controllers (and the webhook configurations they own) run only on the leader.
+Losing the lease stops the controllers and ends ``run`` so that the process exits:
+two leaders never act at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from kustos.runtime.api import Api
+from kustos.runtime.controller import Controller, ControllerRunner
+from kustos.runtime.events import EventRecorder
+from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
+from kustos.runtime.kube import KubeClients, connect
+from kustos.runtime.leader import LeaderElectionConfig, LeaderElector
+from kustos.runtime.metrics import Metrics
+from kustos.runtime.server import ProbeServer, WebhookServer
+from kustos.runtime.webhook import ServingCertificate, Webhook, webhook_configurations
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ManagerOptions:
+    namespace: str | None = None  # None: every namespace
+    leader_election: bool = True
+    lease_name: str = "kustos-operator"
+    lease_namespace: str = "default"
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}")
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    metrics_address: str = ":8080"
+    webhook_address: str = ":9443"
+    webhook_url: str | None = None  # how the API server reaches us from outside the cluster
+    webhook_service: dict[str, Any] | None = None  # {namespace, name, port} inside the cluster
+    webhook_configuration_name: str = "kustos"
+    certificate: ServingCertificate | None = None
+    shutdown_timeout: float = 30.0
+
+
+class Manager:
+    def __init__(self, clients: KubeClients, options: ManagerOptions, metrics: Metrics | None = None) -> None:
+        self.clients = clients
+        self.options = options
+        self.metrics = metrics or Metrics()
+        self.api = Api(clients.raw)
+        self.events = EventRecorder(self.api)
+        self.probes = ProbeServer(self.metrics, options.metrics_address)
+        self._informers: dict[tuple[ResourceRef, str | None, str | None, str | None], Informer] = {}
+        self._controllers: list[ControllerRunner] = []
+        self._webhooks: list[Webhook] = []
+        self.webhook_server: WebhookServer | None = None
+        self._stop = asyncio.Event()
+        self.elector: LeaderElector | None = None
+        self.probes.add_readiness_check("informers", self._informers_synced)
+
+    @classmethod
+    def from_config(cls, config: Any, options: ManagerOptions) -> Manager:
+        metrics = Metrics()
+        return cls(connect(config, metrics), options, metrics)
+
+    # ---- wiring --------------------------------------------------------------------
+
+    def informer(self, resource: ResourceRef, options: InformerOptions | None = None) -> Informer:
+        """The shared informer for a resource (and selector); created on first use."""
+        options = options or InformerOptions()
+        if options.namespace is None and resource.namespaced:
+            options.namespace = self.options.namespace
+        key = (resource, options.namespace, options.label_selector, options.field_selector)
+        if key not in self._informers:
+            self._informers[key] = Informer(self.clients.raw, resource, options, self.metrics)
+        return self._informers[key]
+
+    def add_controller(self, controller: Controller) -> ControllerRunner:
+        runner = ControllerRunner(controller, self.metrics)
+        primary = self.informer(controller.primary, controller.primary_options)
+        primary.add_handler(lambda _kind, obj, _old: runner.enqueue(_key(obj)))
+        for watch in controller.watches:
+
+            def enqueue_mapped(
+                _kind: str, obj: dict[str, Any], old: dict[str, Any] | None, mapper: Any = watch.map_keys
+            ) -> None:
+                keys = set(mapper(obj))
+                if old is not None:
+                    keys |= set(mapper(old))  # e.g. a label moved from one owner to another
+                for key in keys:
+                    runner.enqueue(key)
+
+            self.informer(watch.resource, watch.options).add_handler(enqueue_mapped)
+        self._controllers.append(runner)
+        return runner
+
+    def add_webhook(self, webhook: Webhook) -> None:
+        self._webhooks.append(webhook)
+
+    def _informers_synced(self) -> tuple[bool, str]:
+        waiting = [str(i.resource) for i in self._informers.values() if not i.has_synced]
+        return (not waiting, "caches not synced: " + ", ".join(waiting)) if waiting else (True, "")
+
+    # ---- running -------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Serve until SIGTERM/SIGINT (or ``request_stop``), or until leadership is lost."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._stop.set)
+        await self.probes.start()
+        if self._webhooks:
+            await self._start_webhooks()
+        informer_tasks = [asyncio.create_task(i.run()) for i in self._informers.values()]
+        lost = False
+        try:
+            if self.options.leader_election:
+                lost = await self._run_with_election()
+            else:
+                await self._lead_until_stopped()
+        finally:
+            for task in informer_tasks:
+                task.cancel()
+            for task in informer_tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if self.webhook_server is not None:
+                await self.webhook_server.stop()
+            await self.probes.stop()
+        if lost:
+            raise LeadershipLost("the leader election lease was lost")
+
+    async def _run_with_election(self) -> bool:
+        o = self.options
+        self.elector = LeaderElector(
+            self.clients.api,
+            LeaderElectionConfig(
+                o.lease_name,
+                o.lease_namespace,
+                o.identity,
+                o.lease_duration,
+                o.renew_deadline,
+                o.retry_period,
+            ),
+            self.metrics,
+        )
+        election = asyncio.create_task(self.elector.run(self._lead_until_stopped))
+        stopped = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait([election, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if stopped in done:
+            election.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await election
+            await self.elector.release()
+            return False
+        stopped.cancel()
+        return True  # the elector returned: the lease is gone
+
+    async def _lead_until_stopped(self) -> None:
+        synced: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(*(i.wait_synced() for i in self._informers.values()))
+        )
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait([synced, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not synced.done():
+            synced.cancel()  # stopped before the caches ever synced: nothing to finish
+            return
+        stopped.cancel()
+        if self._webhooks:
+            await self._apply_webhook_configurations()
+        for runner in self._controllers:
+            runner.start()
+        log.info("controllers started: %s", ", ".join(r.controller.name for r in self._controllers))
+        try:
+            await self._stop.wait()
+        finally:
+            # Cancelled on lost leadership or stopped: finish in-flight work within the timeout.
+            await asyncio.shield(asyncio.gather(
+                *(r.stop(self.options.shutdown_timeout) for r in self._controllers)
+            ))  # fmt: skip
+
+    async def _start_webhooks(self) -> None:
+        certificate = self.options.certificate
+        if certificate is None:
+            host = self.options.webhook_url or "https://127.0.0.1"
+            hostname = host.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+            ips = [hostname] if hostname.replace(".", "").isdigit() else ["127.0.0.1"]
+            certificate = ServingCertificate.self_signed([n for n in (hostname, "localhost") if n], ips)
+        self.webhook_server = WebhookServer(self.options.webhook_address, certificate)
+        for webhook in self._webhooks:
+            self.webhook_server.register(webhook)
+        await self.webhook_server.start()
+        server = self.webhook_server
+        self.probes.add_readiness_check("webhooks", lambda: (server.serving, "webhook server not serving"))
+
+    async def _apply_webhook_configurations(self) -> None:
+        """Point the API server at our webhooks, with the CA that signed our certificate."""
+        assert self.webhook_server is not None
+        if self.options.namespace:
+            # A namespace-scoped operator admits only what it manages.
+            selector = {"matchLabels": {"kubernetes.io/metadata.name": self.options.namespace}}
+            for webhook in self._webhooks:
+                webhook.namespace_selector = webhook.namespace_selector or selector
+        configurations = webhook_configurations(
+            self.options.webhook_configuration_name,
+            self._webhooks,
+            self.webhook_server.certificate.ca_bundle,
+            base_url=self.options.webhook_url,
+            service=self.options.webhook_service,
+        )
+        for ref, obj in configurations:
+            await self.api.apply(ref, obj)
+
+
+class LeadershipLost(RuntimeError):
+    """Raised by ``Manager.run`` so that the process exits and restarts as a standby."""
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"

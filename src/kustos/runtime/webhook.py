@@ -1,0 +1,205 @@
+"""Admission webhooks: AdmissionReview v1 handlers, their serving certificate, and the
+webhook configurations that point the API server at them (caBundle kept current).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from kustos.runtime.informer import ResourceRef
+
+Obj = dict[str, Any]
+
+VALIDATING = ResourceRef(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration", namespaced=False,
+)  # fmt: skip
+MUTATING = ResourceRef(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+    "MutatingWebhookConfiguration", namespaced=False,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AdmissionResponse:
+    allowed: bool
+    message: str = ""
+    code: int = 200
+    patch: list[Obj] | None = None
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def allow(cls, *warnings: str) -> AdmissionResponse:
+        return cls(True, warnings=warnings)
+
+    @classmethod
+    def deny(cls, message: str, code: int = 403) -> AdmissionResponse:
+        return cls(False, message=message, code=code)
+
+    @classmethod
+    def mutate(cls, patch: list[Obj]) -> AdmissionResponse:
+        """Allow with a JSON patch (RFC 6902) applied to the object."""
+        return cls(True, patch=patch)
+
+    def review(self, uid: str) -> Obj:
+        response: Obj = {"uid": uid, "allowed": self.allowed}
+        if not self.allowed:
+            response["status"] = {"code": self.code, "message": self.message}
+        if self.patch:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(json.dumps(self.patch).encode()).decode()
+        if self.warnings:
+            response["warnings"] = list(self.warnings)
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+AdmissionHandler = Callable[[Obj], Awaitable[AdmissionResponse]]
+
+
+@dataclass
+class Webhook:
+    """One webhook: where it is served, what it intercepts, and its handler."""
+
+    name: str  # a DNS-style name, e.g. vexample.example.kustos.dev
+    path: str
+    kind: Literal["validating", "mutating"]
+    rules: list[Obj]
+    handler: AdmissionHandler
+    failure_policy: Literal["Fail", "Ignore"] = "Fail"
+    namespace_selector: Obj | None = None
+    object_selector: Obj | None = None
+    timeout_seconds: int = 10
+
+    def configuration_entry(self, client_config: Obj) -> Obj:
+        entry: Obj = {
+            "name": self.name,
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": self.failure_policy,
+            "timeoutSeconds": self.timeout_seconds,
+            "rules": self.rules,
+            "clientConfig": client_config,
+        }
+        if self.namespace_selector is not None:
+            entry["namespaceSelector"] = self.namespace_selector
+        if self.object_selector is not None:
+            entry["objectSelector"] = self.object_selector
+        if self.kind == "mutating":
+            entry["reinvocationPolicy"] = "IfNeeded"
+        return entry
+
+
+async def handle_review(webhook: Webhook, body: Obj) -> Obj:
+    """Answer one AdmissionReview; a handler's exception becomes a clear denial, not a 500."""
+    request = body.get("request") or {}
+    uid = str(request.get("uid", ""))
+    try:
+        result = await webhook.handler(request)
+    except Exception as err:
+        result = AdmissionResponse.deny(f"{webhook.name}: internal error: {err}", code=500)
+    return result.review(uid)
+
+
+@dataclass
+class ServingCertificate:
+    """PEM certificate and key the webhook server presents, and the CA bundle that trusts it."""
+
+    cert_pem: bytes
+    key_pem: bytes
+    ca_pem: bytes
+    not_after: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+
+    @classmethod
+    def from_files(cls, cert_file: Path, key_file: Path, ca_file: Path | None = None) -> ServingCertificate:
+        cert = cert_file.read_bytes()
+        parsed = x509.load_pem_x509_certificate(cert)
+        ca = ca_file.read_bytes() if ca_file else cert
+        return cls(cert, key_file.read_bytes(), ca, parsed.not_valid_after_utc)
+
+    @classmethod
+    def self_signed(cls, dns_names: list[str], ips: list[str], days: int = 365) -> ServingCertificate:
+        """A private CA and a serving certificate from it, for development and tests."""
+        now = dt.datetime.now(dt.UTC)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kustos-webhook-ca")])
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(ca_name).issuer_name(ca_name)
+            .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False), critical=True)
+            .sign(ca_key, hashes.SHA256())
+        )  # fmt: skip
+        key = ec.generate_private_key(ec.SECP256R1())
+        names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+        names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        not_after = now + dt.timedelta(days=days)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (dns_names or ips)[0])]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(not_after)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )  # fmt: skip
+        return cls(
+            cert_pem=cert.public_bytes(serialization.Encoding.PEM),
+            key_pem=key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
+            ca_pem=ca.public_bytes(serialization.Encoding.PEM),
+            not_after=not_after,
+        )
+
+    @property
+    def ca_bundle(self) -> str:
+        return base64.b64encode(self.ca_pem).decode()
+
+
+def webhook_configurations(
+    name: str, webhooks: list[Webhook], ca_bundle: str, base_url: str | None = None,
+    service: Obj | None = None,
+) -> list[tuple[ResourceRef, Obj]]:  # fmt: skip
+    """The Validating/MutatingWebhookConfiguration objects for ``webhooks``.
+
+    Either ``base_url`` (the operator outside the cluster, as in the dev cluster) or
+    ``service`` ({namespace, name, port}) says where the API server reaches us.
+    """
+    result: list[tuple[ResourceRef, Obj]] = []
+    for kind, ref in (("validating", VALIDATING), ("mutating", MUTATING)):
+        chosen = [w for w in webhooks if w.kind == kind]
+        if not chosen:
+            continue
+        entries = []
+        for webhook in chosen:
+            client_config: Obj = {"caBundle": ca_bundle}
+            if base_url:
+                client_config["url"] = base_url.rstrip("/") + webhook.path
+            elif service:
+                client_config["service"] = {**service, "path": webhook.path}
+            entries.append(webhook.configuration_entry(client_config))
+        obj = {
+            "apiVersion": ref.api_version,
+            "kind": ref.kind,
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kustos"}},
+            "webhooks": entries,
+        }
+        result.append((ref, obj))
+    return result

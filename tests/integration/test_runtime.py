@@ -1,0 +1,267 @@
+"""The controller runtime against the real API server, through a real ``kustos run`` process
+(issue: informers, queues, leader election, metrics, webhooks)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lightkube import AsyncClient
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.types import PatchType
+
+from kustos.devcluster.cluster import DevCluster, DevClusterError
+from kustos.runtime.crd import crd_for
+from tests.example.api import Example
+from tests.example.controller import FAIL_ANNOTATION
+from tests.integration.conftest import Kubectl
+from tests.integration.kube import wait_until
+from tests.integration.operator import OperatorProcess, start_operator
+
+ExampleResource = create_namespaced_resource("example.kustos.dev", "v1alpha1", "Example", "examples")
+RECONCILES = 'controller_runtime_reconcile_total{controller="example",result="success"}'
+ERRORS = 'controller_runtime_reconcile_total{controller="example",result="error"}'
+RETRIES = 'workqueue_retries_total{name="example"}'
+OVERLAPS = "example_concurrent_reconciles_total"
+WEBHOOKS = "kustos-runtime-tests"
+
+
+@pytest.fixture(scope="module")
+def example_crd(dev_cluster: DevCluster) -> Iterator[None]:
+    dev_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(crd_for(Example)))
+    dev_cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/examples.example.kustos.dev", "--timeout=30s"
+    )
+    return
+
+
+@pytest.fixture(scope="module")
+def operator(
+    dev_cluster: DevCluster, example_crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """One operator for the module: leader election on, in its own lease."""
+    process = start_operator(
+        dev_cluster, tmp_path_factory.mktemp("operator"),
+        "--lease-name", "runtime-tests",
+        "--lease-duration", "6", "--renew-deadline", "4", "--retry-period", "1",
+        "--webhook-configuration-name", WEBHOOKS,
+    )  # fmt: skip
+    yield process
+    assert process.stop() == 0
+    dev_cluster.kubectl("delete", "validatingwebhookconfiguration", WEBHOOKS, "--ignore-not-found")
+
+
+def example(name: str, message: str = "hello", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "example.kustos.dev/v1alpha1",
+        "kind": "Example",
+        "metadata": {"name": name},
+        "spec": {"message": message, **spec},
+    }
+
+
+async def mirror_says(kubectl: Kubectl, name: str, message: str) -> bool:
+    found = kubectl("get", "configmap", f"{name}-mirror", "-o", "jsonpath={.data.message}", check=False)
+    return found == message
+
+
+async def test_reacts_to_create_update_delete_of_its_resource_and_what_it_owns(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    await wait_until(lambda: _ready(operator), "operator ready", timeout=30)
+    kubectl.apply(example("first", "hello"))
+    await wait_until(lambda: mirror_says(kubectl, "first", "hello"), "mirror created", timeout=10)
+
+    async def ready_status() -> bool:
+        status = kubectl.get("example", "first").get("status") or {}
+        return status.get("phase") == "Ready" and status.get("observedGeneration") == 1
+
+    await wait_until(ready_status, "status Ready with observedGeneration", timeout=10)
+    columns = kubectl("get", "examples")
+    assert "READY" in columns and "1/1" in columns and "Ready" in columns
+
+    kubectl.apply(example("first", "changed", mode="upper"))
+    await wait_until(lambda: mirror_says(kubectl, "first", "CHANGED"), "mirror updated", timeout=10)
+
+    # Someone deletes what the controller owns: it comes back.
+    kubectl("delete", "configmap", "first-mirror")
+    await wait_until(lambda: mirror_says(kubectl, "first", "CHANGED"), "mirror recreated", timeout=10)
+    events = kubectl("get", "events", "--field-selector", "involvedObject.name=first")
+    assert "Synced" in events
+
+    kubectl("delete", "example", "first")
+
+    async def mirror_gone() -> bool:
+        return not kubectl("get", "configmap", "first-mirror", "--ignore-not-found", "-o", "name")
+
+    # The garbage collector learns a new CRD from discovery, which it refreshes every 30 s.
+    await wait_until(mirror_gone, "owned mirror garbage-collected", timeout=90)
+
+
+async def test_a_burst_of_updates_is_folded_and_never_reconciled_concurrently(
+    kubectl: Kubectl, operator: OperatorProcess, kube: AsyncClient
+) -> None:
+    kubectl.apply(example("bursty", "m-0"))
+    await wait_until(lambda: mirror_says(kubectl, "bursty", "m-0"), "first mirror", timeout=10)
+    before = operator.metric(RECONCILES)
+    updates = 1000
+
+    async def update(i: int) -> None:
+        await kube.patch(
+            ExampleResource, "bursty", {"spec": {"message": f"m-{i}"}},
+            namespace=kubectl.namespace, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+
+    for start in range(1, updates + 1, 50):
+        await asyncio.gather(*(update(i) for i in range(start, min(start + 50, updates + 1))))
+    await kube.patch(ExampleResource, "bursty", {"spec": {"message": "final"}}, namespace=kubectl.namespace,
+                     patch_type=PatchType.MERGE)  # fmt: skip
+    await wait_until(
+        lambda: mirror_says(kubectl, "bursty", "final"), "the last update reconciled", timeout=30
+    )
+    reconciles = operator.metric(RECONCILES) - before
+    assert 0 < reconciles < updates / 2, f"{reconciles} reconciles for {updates} updates"
+    assert operator.metric(OVERLAPS) == 0
+
+
+async def test_errors_back_off_exponentially_and_recover(kubectl: Kubectl, operator: OperatorProcess) -> None:
+    failing = example("failing")
+    failing["metadata"]["annotations"] = {FAIL_ANNOTATION: "true"}
+    retries_before = operator.metric(RETRIES)
+    kubectl.apply(failing)
+    await asyncio.sleep(4)
+    retries = operator.metric(RETRIES) - retries_before
+    # 5 ms doubling: about 10 retries fit in 4 s; without backoff there would be hundreds.
+    assert 3 <= retries <= 14, f"{retries} retries in 4 s"
+    assert operator.metric(ERRORS) >= retries
+    kubectl("annotate", "example", "failing", f"{FAIL_ANNOTATION}-")
+    await wait_until(
+        lambda: mirror_says(kubectl, "failing", "hello"), "recovery after the failure", timeout=30
+    )
+
+
+async def test_metrics_and_probes(operator: OperatorProcess) -> None:
+    metrics = operator.metrics()
+    names = {key.split("{", 1)[0] for key in metrics}
+    expected = {
+        "controller_runtime_reconcile_total", "controller_runtime_reconcile_errors_total",
+        "controller_runtime_reconcile_time_seconds_bucket", "controller_runtime_active_workers",
+        "workqueue_depth", "workqueue_adds_total", "workqueue_queue_duration_seconds_bucket",
+        "workqueue_work_duration_seconds_bucket", "workqueue_retries_total",
+        "workqueue_unfinished_work_seconds", "workqueue_longest_running_processor_seconds",
+        "rest_client_requests_total", "leader_election_master_status", "process_resident_memory_bytes",
+    }  # fmt: skip
+    assert expected <= names, f"missing: {expected - names}"
+    assert metrics['leader_election_master_status{name="runtime-tests"}'] == 1
+    assert metrics['controller_runtime_max_concurrent_reconciles{controller="example"}'] == 2
+    assert any(k.startswith('rest_client_requests_total{code="200"') for k in metrics)
+    assert operator.readyz()[0] == 200
+
+
+async def test_readyz_fails_until_caches_sync(
+    dev_cluster: DevCluster, example_crd: None, tmp_path: Path
+) -> None:
+    """An informer on a resource the API server does not serve never syncs: not ready."""
+    process = start_operator(dev_cluster, tmp_path, "--no-leader-elect",
+                             controllers="tests.example.controller:register_unsyncable")  # fmt: skip
+    try:
+        await asyncio.sleep(2)
+        code, text = process.readyz()
+        assert code == 503 and "ghosts.example.kustos.dev" in text
+    finally:
+        process.stop()
+
+
+async def test_webhook_denial_reaches_kubectl(kubectl: Kubectl, operator: OperatorProcess) -> None:
+    async def webhook_configured() -> bool:
+        return bool(kubectl.cluster.kubectl("get", "validatingwebhookconfiguration", WEBHOOKS, check=False))
+
+    await wait_until(webhook_configured, "the operator's webhook configuration", timeout=30)
+    with pytest.raises(DevClusterError, match="must not contain the word 'forbidden'"):
+        kubectl.apply(example("bad", "a forbidden word"))
+    assert not kubectl("get", "example", "bad", "--ignore-not-found", "-o", "name")
+    kubectl.apply(example("good", "a fine word"))
+
+
+async def _ready(operator: OperatorProcess) -> bool:
+    return operator.readyz()[0] == 200
+
+
+async def test_api_server_restart_loses_no_events(
+    kubectl: Kubectl, operator: OperatorProcess, dev_cluster: DevCluster
+) -> None:
+    kubectl.apply(example("steady", "before"))
+    await wait_until(
+        lambda: mirror_says(kubectl, "steady", "before"), "mirror before the restart", timeout=10
+    )
+    dev_cluster.restart_component("kube-apiserver", down_seconds=3)
+
+    async def answers() -> bool:
+        return dev_cluster.kubectl("get", "--raw", "/readyz", check=False).strip() == "ok"
+
+    await wait_until(answers, "API server back", timeout=60)
+    # Changes made right after the restart, while the operator's watches are reconnecting.
+    kubectl.apply(example("steady", "after"))
+    kubectl.apply(example("newcomer", "fresh"))
+    await wait_until(
+        lambda: mirror_says(kubectl, "steady", "after"), "update seen after the restart", timeout=60
+    )
+    await wait_until(
+        lambda: mirror_says(kubectl, "newcomer", "fresh"), "create seen after the restart", timeout=60
+    )
+    assert operator.alive()
+
+
+async def test_leader_election_one_active_failover_and_release(
+    kubectl: Kubectl, dev_cluster: DevCluster, example_crd: None, tmp_path: Path
+) -> None:
+    lease = ["--lease-name", f"le-{kubectl.namespace}", "--lease-duration", "6", "--renew-deadline", "4",
+             "--retry-period", "1", "--namespace", kubectl.namespace,
+             "--webhook-configuration-name", f"kustos-{kubectl.namespace}"]  # fmt: skip
+    first = start_operator(dev_cluster, tmp_path, *lease)
+    second = start_operator(dev_cluster, tmp_path, *lease)
+    gauge = f'leader_election_master_status{{name="le-{kubectl.namespace}"}}'
+    processes = [first, second]
+    try:
+
+        async def one_leader() -> OperatorProcess | None:
+            leaders = [p for p in processes if p.alive() and p.metric(gauge) == 1]
+            return leaders[0] if len(leaders) == 1 else None
+
+        leader = await wait_until(one_leader, "exactly one leader", timeout=30)
+        standby = second if leader is first else first
+        kubectl.apply(example("led", "one"))
+        await wait_until(lambda: mirror_says(kubectl, "led", "one"), "the leader reconciles", timeout=15)
+        assert standby.metric(RECONCILES) == 0, "the standby must not reconcile"
+
+        leader.kill(signal.SIGKILL)
+        killed_at = time.monotonic()
+        await wait_until(lambda: _leads(standby, gauge), "the standby takes over", timeout=20)
+        takeover = time.monotonic() - killed_at
+        assert takeover < 6 + 2 * 1 + 2, f"took {takeover:.1f}s, lease is 6s"
+        kubectl.apply(example("led", "two"))
+        await wait_until(lambda: mirror_says(kubectl, "led", "two"), "the new leader reconciles", timeout=15)
+
+        third = start_operator(dev_cluster, tmp_path, *lease)
+        processes.append(third)
+        standby.kill(signal.SIGTERM)
+        released_at = time.monotonic()
+        assert standby.wait(30) == 0
+        await wait_until(lambda: _leads(third, gauge), "a standby takes a released lease", timeout=20)
+        # Released, not expired: faster than a lease duration.
+        assert time.monotonic() - released_at < 6
+    finally:
+        for process in processes:
+            process.kill(signal.SIGKILL)
+        dev_cluster.kubectl("delete", "validatingwebhookconfiguration", f"kustos-{kubectl.namespace}",
+                            "--ignore-not-found")  # fmt: skip
+
+
+async def _leads(process: OperatorProcess, gauge: str) -> bool:
+    return process.alive() and process.metric(gauge) == 1
