@@ -127,7 +127,9 @@ def latency(cluster: DevCluster, count: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "latencies"
         out.touch()
-        operator = Operator(cluster, "benchmarks.bench_controllers:register_latency", {"KUSTOS_BENCH_OUT": str(out)})
+        operator = Operator(
+            cluster, "benchmarks.bench_controllers:register_latency", {"KUSTOS_BENCH_OUT": str(out)}
+        )
         operator.wait_ready()
 
         async def stamp_all() -> None:

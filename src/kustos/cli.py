@@ -7,8 +7,8 @@ import importlib
 import json
 import os
 import subprocess
+import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from kustos.devcluster import binaries, demo
+from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DEFAULT_NAME, DevCluster, DevClusterConfig, DevClusterError
 from kustos.devcluster.kwokconfig import Timings
 
@@ -62,80 +62,92 @@ def dev_up(
     name: NameOption = DEFAULT_NAME,
     workers: Annotated[int, typer.Option(help="Worker nodes to create.")] = 3,
     fast: Annotated[bool, typer.Option(help="Test timings: dead nodes are noticed in seconds.")] = False,
-    demo_workload: Annotated[bool, typer.Option("--demo/--no-demo", help="Run the etcd demo.")] = True,
+    sample: Annotated[
+        bool, typer.Option("--sample/--no-sample", help="Run the operator and a sample EtcdCluster.")
+    ] = True,
 ) -> None:
-    """Start the local control plane in the background, with a demo etcd cluster on it."""
+    """Start the local control plane in the background, the operator, and a sample EtcdCluster."""
     cluster = _cluster(name, workers, fast)
     try:
         cluster.start(log=console.print)
-        if demo_workload:
-            _run_demo(cluster)
+        if sample:
+            _run_sample(cluster)
     except (DevClusterError, binaries.BuildError) as err:
         console.print(f"[red]{err}")
         raise typer.Exit(1) from err
     console.print()
     console.print("The dev cluster runs in the background. Use it with:")
     console.print(f"  export KUBECONFIG={cluster.kubeconfig}")
-    console.print(f"  {cluster.kubectl_path} get nodes     (or: kustos dev kubectl get nodes)")
-    console.print(f"Stop it and remove its state with: kustos dev down{_name_flag(name)}")
+    console.print(f"  {cluster.kubectl_path} get etcdclusters     (or: kustos dev kubectl get etcdclusters)")
+    console.print(f"The operator's log: {cluster.state_dir / 'operator.log'}")
+    console.print(f"Stop it all and remove its state with: kustos dev down{_name_flag(name)}")
+
+
+SAMPLE = "example"
+
+
+def _ensure_operator(cluster: DevCluster) -> None:
+    """``kustos run`` in the background, beside the dev cluster (its pid file dies with it)."""
+    pid_file = cluster.state_dir / "operator.pid"
+    if pid_file.exists() and Path(f"/proc/{pid_file.read_text().strip()}").exists():
+        return
+    with (cluster.state_dir / "operator.log").open("ab") as sink:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+                "--metrics-address", "127.0.0.1:0", "--webhook-address", "127.0.0.1:0",
+            ],
+            stdout=sink, stderr=sink, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    pid_file.write_text(str(process.pid))
+
+
+def _run_sample(cluster: DevCluster) -> None:
+    """CRDs, the operator, and a three-member EtcdCluster shown converging until it is Ready."""
+    from kustos.api import RESOURCES
+    from kustos.runtime.crd import render_crds
+
+    cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
+    cluster.wait_established("etcdclusters.kustos.dev")
+    _ensure_operator(cluster)
+    sample = {
+        "apiVersion": "kustos.dev/v1alpha1",
+        "kind": "EtcdCluster",
+        "metadata": {"name": SAMPLE, "namespace": "default"},
+        "spec": {"size": 3, "addressing": "podIP"},
+    }
+    if not cluster.kubectl("get", "etcdcluster", SAMPLE, "--ignore-not-found", "-o", "name"):
+        console.print(f"creating EtcdCluster {SAMPLE} (3 members, real etcd processes) ...")
+        cluster.kubectl("apply", "-f", "-", input_text=json.dumps(sample))
+    started = time.monotonic()
+    deadline = started + 180
+    status: dict[str, object] = {}
+    with Live(console=console, refresh_per_second=4) as live:
+        while True:
+            found = cluster.kubectl("get", "etcdcluster", SAMPLE, "-o", "json", check=False)
+            status = json.loads(found).get("status", {}) if found else {}
+            table = Table(title=f"EtcdCluster {SAMPLE}  {time.monotonic() - started:.0f}s")
+            for column in ("member", "id", "client URL", "healthy", "leader", "learner"):
+                table.add_column(column)
+            for m in status.get("members", []) or []:  # type: ignore[union-attr]
+                table.add_row(m.get("name", ""), m.get("id", ""), m.get("clientUrl", ""),
+                              "yes" if m.get("healthy") else "no", "*" if m.get("leader") else "",
+                              "yes" if m.get("learner") else "")  # fmt: skip
+            table.caption = f"READY {status.get('ready', '0/3')}  PHASE {status.get('phase', '-')}"
+            live.update(table)
+            if status.get("ready") == "3/3" and status.get("phase") == "Running":
+                break
+            if time.monotonic() > deadline:
+                log = cluster.state_dir / "operator.log"
+                raise DevClusterError(f"EtcdCluster {SAMPLE} was not ready within 180s; see {log}")
+            time.sleep(0.5)
+    console.out(cluster.kubectl("get", "etcdclusters"))
+    urls = ",".join(m["clientUrl"] for m in status.get("members", []))  # type: ignore[union-attr]
+    console.print(f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints={urls} member list -w table")
 
 
 def _name_flag(name: str) -> str:
     return "" if name == DEFAULT_NAME else f" --name {name}"
-
-
-def _pod_ip_getter(cluster: DevCluster, timeout: float = 60) -> Callable[[str], str]:
-    def pod_ip(pod: str) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ip = cluster.kubectl("get", "pod", pod, "-o", "jsonpath={.status.podIP}", check=False)
-            if ip:
-                return ip
-            time.sleep(0.25)
-        raise DevClusterError(f"pod {pod} got no IP within {timeout:.0f}s")
-
-    return pod_ip
-
-
-def _run_demo(cluster: DevCluster) -> None:
-    """Deploy the demo etcd (once) and show it converging until every member is ready."""
-    existing = cluster.kubectl("get", "pods", "-l", demo.DEMO_LABEL, "-o", "name", check=False)
-    names = [f"etcd-demo-{i}" for i in range(3)]
-    if not existing.strip():
-        console.print("creating a three-member etcd cluster (hand-written pods, real etcd processes) ...")
-        names = demo.deploy(cluster.kubectl, _pod_ip_getter(cluster))
-    deadline = time.monotonic() + 120
-    with Live(console=console, refresh_per_second=4) as live:
-        while True:
-            pods = json.loads(cluster.kubectl("get", "pods", "-l", demo.DEMO_LABEL, "-o", "json"))
-            table = Table(title="demo etcd")
-            for column in ("pod", "node", "pod IP", "ready"):
-                table.add_column(column)
-            ready = 0
-            for pod in pods["items"]:
-                is_ready = any(
-                    c["type"] == "Ready" and c["status"] == "True"
-                    for c in pod.get("status", {}).get("conditions", [])
-                )
-                ready += is_ready and pod["metadata"]["name"] in names
-                table.add_row(
-                    pod["metadata"]["name"],
-                    pod["spec"].get("nodeName", ""),
-                    pod.get("status", {}).get("podIP", ""),
-                    "yes" if is_ready else "no",
-                )
-            table.caption = f"READY {ready}/{len(names)}"
-            live.update(table)
-            if ready == len(names):
-                break
-            if time.monotonic() > deadline:
-                raise DevClusterError("the demo etcd did not become ready within 120s")
-            time.sleep(0.5)
-    ip = _pod_ip_getter(cluster)(names[0])
-    console.out(demo.etcdctl(ip, "member", "list", "-w", "table"))
-    console.print(
-        f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints=http://{ip}:2379 member list"
-    )
 
 
 @dev.command("down")
@@ -223,6 +235,9 @@ def run(
     shutdown_timeout: Annotated[float, typer.Option(help="Seconds for in-flight reconciles.")] = 30.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     json_logs: Annotated[bool, typer.Option(help="One JSON object per log line.")] = False,
+    controllers_: Annotated[
+        str, typer.Option("--controllers", help="Comma-separated controllers to run, 'all' or 'none'.")
+    ] = "all",
     extra_controllers: Annotated[
         list[str] | None, typer.Option(hidden=True, help="module:function registering more controllers.")
     ] = None,
@@ -256,7 +271,8 @@ def run(
 
     async def serve() -> None:
         manager = Manager.from_config(load_config(kubeconfig, context), options)
-        controllers.register_all(manager)
+        names = None if controllers_ == "all" else [n for n in controllers_.split(",") if n and n != "none"]
+        controllers.register_all(manager, names)
         for target in extra_controllers or []:
             module_name, _, function = target.partition(":")
             getattr(importlib.import_module(module_name), function)(manager)

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from kustos.etcd import controller as etcd_controller
 from kustos.runtime.manager import Manager
 
+CONTROLLERS: dict[str, Callable[[Manager], None]] = {
+    "etcdcluster": etcd_controller.register,
+}
 
-def register_all(manager: Manager) -> None:
-    """Register kustos's controllers and webhooks (each kind's issue adds its own here)."""
-    del manager  # no resource kinds yet: the runtime comes first
+
+def register_all(manager: Manager, names: list[str] | None = None) -> None:
+    """Register the named controllers (all when None); an unknown name is an error."""
+    chosen = list(CONTROLLERS) if names is None else names
+    unknown = [n for n in chosen if n not in CONTROLLERS]
+    if unknown:
+        raise ValueError(f"unknown controllers {unknown}; known: {sorted(CONTROLLERS)}")
+    for name in chosen:
+        CONTROLLERS[name](manager)

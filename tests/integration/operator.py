@@ -82,7 +82,11 @@ class OperatorProcess:
 
 
 def start_operator(
-    cluster: DevCluster, log_dir: Path, *extra: str, controllers: str = "tests.example.controller:register"
+    cluster: DevCluster,
+    log_dir: Path,
+    *extra: str,
+    controllers: str | None = "tests.example.controller:register",
+    env: dict[str, str] | None = None,
 ) -> OperatorProcess:
     metrics_port, webhook_port = free_port(), free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -93,10 +97,11 @@ def start_operator(
         "--metrics-address", f"127.0.0.1:{metrics_port}",
         "--webhook-address", f"127.0.0.1:{webhook_port}",
         "--webhook-url", f"https://127.0.0.1:{webhook_port}",
-        "--extra-controllers", controllers,
+        # The runtime's tests run only the example controller; kustos's own need their CRDs.
+        *(["--controllers", "none", "--extra-controllers", controllers] if controllers else []),
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     with log_file.open("ab") as sink:
         process = subprocess.Popen(args, stdout=sink, stderr=sink, env=env, cwd=REPO)
     operator = OperatorProcess(process, metrics_port, webhook_port, log_file, args)

@@ -94,7 +94,8 @@ def crds(dev_cluster: DevCluster) -> list[str]:
     # The API server warns about what it accepts but ignores (unknown formats, ...): none of that.
     assert "Warning" not in result.stderr, result.stderr
     names = [m.crd.name for m in MODELS]
-    dev_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *[f"crd/{n}" for n in names])
+    for name in names:
+        dev_cluster.wait_established(name, timeout=60)
     return names
 
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kustos.devcluster import demo
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.devcluster.cluster import DevCluster
+from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import is_ready, wait_until
 

@@ -33,12 +33,9 @@ WEBHOOKS = "kustos-runtime-tests"
 
 
 @pytest.fixture(scope="module")
-def example_crd(dev_cluster: DevCluster) -> Iterator[None]:
+def example_crd(dev_cluster: DevCluster) -> None:
     dev_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(crd_for(Example)))
-    dev_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/examples.example.kustos.dev", "--timeout=30s"
-    )
-    return
+    dev_cluster.wait_established("examples.example.kustos.dev")
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kustos.api.etcd import EtcdCluster
 from kustos.runtime.crd import CustomResource
 
-__all__ = ["RESOURCES"]
+__all__ = ["RESOURCES", "EtcdCluster"]
 
-RESOURCES: list[type[CustomResource[Any, Any]]] = []
+RESOURCES: list[type[CustomResource[Any, Any]]] = [EtcdCluster]

@@ -172,6 +172,15 @@ class DevCluster:
             raise DevClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout
 
+    def wait_established(self, crd: str, timeout: float = 30) -> None:
+        """Until a just-applied CRD serves (``kubectl wait`` fails while it has no status yet)."""
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+
+        def established() -> bool:
+            return self.kubectl("get", "crd", crd, "-o", jsonpath, check=False).strip() == "True"
+
+        self._wait_for(established, timeout, f"CRD {crd} to be established")
+
     def take_node_down(self, node: str) -> None:
         """kwok stops heartbeating the node and the agent kills its processes."""
         self.kubectl("label", "node", node, f"{MANAGED_LABEL}-")

@@ -112,7 +112,7 @@ class Informer:
         await self._synced.wait()
 
     def add_handler(self, handler: Handler) -> None:
-        """Handlers get every change; those added after sync get the cache as ADDED first."""
+        """Handlers get every change from the next list on: add them before ``run``."""
         self._handlers.append(handler)
 
     # ---- running -------------------------------------------------------------------

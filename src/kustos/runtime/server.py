@@ -19,6 +19,7 @@ ReadinessCheck = Callable[[], tuple[bool, str]]
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` (``:8080`` means every interface)."""
     host, _, port = address.rpartition(":")
+    host = host.strip("[]")  # [::1]:8080
     return host or "0.0.0.0", int(port)
 
 

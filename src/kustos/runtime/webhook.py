@@ -140,6 +140,7 @@ class ServingCertificate:
             .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
             .add_extension(x509.KeyUsage(
                 digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
                 key_encipherment=False, data_encipherment=False, key_agreement=False,
@@ -157,6 +158,10 @@ class ServingCertificate:
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(not_after)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+            )
             .sign(ca_key, hashes.SHA256())
         )  # fmt: skip
         return cls(

@@ -52,6 +52,8 @@ class ExponentialBackoff:
     def when(self, key: str) -> float:
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
+        if failures >= 64:  # 2**failures would overflow a float long after reaching the cap
+            return self.cap
         return float(min(self.cap, self.base * 2**failures))
 
     def failures(self, key: str) -> int:
@@ -148,6 +150,10 @@ class WorkQueue:
             self._waiters.append(waiter)
             try:
                 await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # woken, but leaving without a key: wake the next waiter
+                raise
             finally:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)

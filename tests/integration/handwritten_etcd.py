@@ -1,5 +1,5 @@
-"""A hand-written three-member etcd cluster: the dev cluster's demo workload until the
-EtcdCluster controller exists, and the proof that real etcd members form a cluster here.
+"""Hand-written etcd pods, without the operator: the proof that real etcd members run
+and form a cluster on the dev cluster (F-DEV-2).
 
 Pod IPs are only known once kwok hands them out, so the members cannot list each
 other in ``--initial-cluster``; they bootstrap through etcd's v3 discovery instead,

@@ -1,0 +1,134 @@
+"""Figures of the EtcdCluster controller with real etcd members on the dev cluster.
+
+    .venv/bin/python benchmarks/etcd_bench.py [--runs 3] [--clusters 10 50]
+
+Prints: time from creating a 3-member cluster to all members healthy; time from a
+member's pod deletion to full healthy size again; operator resident memory with 0
+and N three-member clusters (N real etcd processes times three: 50 clusters are 150
+etcd processes, about 6 GiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kustos.api import RESOURCES
+from kustos.devcluster import binaries
+from kustos.devcluster.cluster import DevCluster, DevClusterConfig
+from kustos.devcluster.kwokconfig import Timings
+from kustos.runtime.crd import render_crds
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def status(cluster: DevCluster, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", "etcdcluster", name, "-o", "json", check=False)
+    return dict(json.loads(out).get("status") or {}) if out else {}
+
+
+def healthy(st: dict[str, Any], size: int) -> bool:
+    members = st.get("members") or []
+    return st.get("ready") == f"{size}/{size}" and st.get("phase") == "Running" and len(members) == size
+
+
+def create(cluster: DevCluster, name: str, size: int = 3) -> None:
+    body = {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster", "metadata": {"name": name},
+            "spec": {"size": size, "addressing": "podIP", "memberFailureTimeout": "5s"}}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body))
+
+
+def wait(cluster: DevCluster, name: str, check: Any, timeout: float = 180) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if check(status(cluster, name)):
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise RuntimeError(f"{name} did not converge in {timeout}s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--clusters", type=int, nargs="*", default=[10])
+    args = parser.parse_args()
+    binaries.build()
+    cluster = DevCluster(DevClusterConfig(name="bench-etcd", worker_nodes=4, timings=Timings.fast(),
+                                          restart_backoff=(0.5, 4.0)))  # fmt: skip
+    cluster.stop()
+    cluster.start()
+    operator = None
+    try:
+        cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
+        cluster.wait_established("etcdclusters.kustos.dev")
+        port = 18080
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+             "--no-leader-elect", "--metrics-address", f"127.0.0.1:{port}",
+             "--webhook-address", "127.0.0.1:0",
+             "--log-level", "warning"],
+            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        time.sleep(3)
+        print(f"operator resident memory with 0 clusters: {rss_mib(operator.pid):.1f} MiB")
+
+        creates, replacements = [], []
+        for run in range(args.runs):
+            name = f"speed-{run}"
+            create(cluster, name)
+            creates.append(wait(cluster, name, lambda st: healthy(st, 3)))
+            victim = f"{name}-1"
+            cluster.kubectl("delete", "pod", victim, "--wait=false")
+            replacements.append(wait(
+                cluster, name,
+                lambda st, v=victim: healthy(st, 3) and v not in {m["name"] for m in st.get("members", [])},
+            ))  # fmt: skip
+            cluster.kubectl("delete", "etcdcluster", name, "--wait=false")
+        print(f"create 3 members until all healthy: median {statistics.median(creates):.1f} s, "
+              f"runs {', '.join(f'{c:.1f}' for c in creates)}")  # fmt: skip
+        print(f"pod deleted until back to 3 healthy members: median {statistics.median(replacements):.1f} s, "
+              f"runs {', '.join(f'{r:.1f}' for r in replacements)}")  # fmt: skip
+        time.sleep(10)  # let the deleted clusters' pods go
+        made = 0
+        for target in sorted(args.clusters):
+            for i in range(made, target):
+                create(cluster, f"load-{i}")
+            for i in range(made, target):
+                wait(cluster, f"load-{i}", lambda st: healthy(st, 3), timeout=600)
+            made = target
+            time.sleep(10)
+            rss = rss_mib(operator.pid)
+            print(f"operator resident memory with {target} three-member clusters: {rss:.1f} MiB")
+    finally:
+        if operator is not None:
+            operator.send_signal(signal.SIGTERM)
+            operator.wait(60)
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

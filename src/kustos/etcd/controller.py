@@ -1,0 +1,525 @@
+"""The EtcdCluster controller: observe (caches and etcd), plan (planner.plan), act one step, record.
+
+Nothing lives in memory between passes: the pods (with the member ID each became),
+the claims, the etcd membership and the status (next member index, when each
+member was first seen unhealthy) are all the controller knows, so a restarted
+operator plans the same next step as the one that stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus
+from kustos.etcd import planner
+from kustos.etcd.client import EtcdClient, EtcdError, LearnerNotReady, MemberList, Status
+from kustos.etcd.planner import MemberView, Observed, PodView, Step
+from kustos.etcd.pods import (
+    CLUSTER_LABEL,
+    MEMBER_ID_ANNOTATION,
+    claim_name,
+    member_claim,
+    member_pod,
+    member_urls,
+    services,
+)
+from kustos.runtime import faults
+from kustos.runtime.api import ApiStatusError
+from kustos.runtime.conditions import get_condition, set_condition
+from kustos.runtime.controller import Controller, Result, label_keys
+from kustos.runtime.events import NORMAL, WARNING
+from kustos.runtime.informer import InformerOptions, ResourceRef
+from kustos.runtime.manager import Manager
+
+log = logging.getLogger(__name__)
+
+ETCDCLUSTERS = ResourceRef(EtcdCluster.crd.group, EtcdCluster.crd.version, "etcdclusters", "EtcdCluster")
+PODS = ResourceRef("", "v1", "pods", "Pod")
+SERVICES = ResourceRef("", "v1", "services", "Service")
+CLAIMS = ResourceRef("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+NODES = ResourceRef("", "v1", "nodes", "Node", namespaced=False)
+
+Phase = Literal["Creating", "Running", "Scaling", "Recovering", "QuorumLost", "Failed"]
+
+STEADY_RESYNC = 10.0
+# A member that is merely slow to answer must not make a healthy cluster look lost:
+# quorum loss is reported once it has been observed for this long.
+QUORUM_LOSS_GRACE = timedelta(seconds=5)
+AFTER_STEP = 0.2
+STATUS_TIMEOUT = 2.0
+
+
+def parse_duration(text: str) -> timedelta:
+    """Go-style durations as the spec takes them: 90s, 5m, 1h30m, 500ms."""
+    total, number = 0.0, ""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else ch
+        total += float(number) * units[unit]
+        number = ""
+        i += len(unit)
+    return timedelta(seconds=total)
+
+
+@dataclass
+class EtcdView:
+    """What etcd itself said this pass."""
+
+    members: MemberList | None
+    statuses: dict[str, Status]  # by client URL
+
+
+def _pod_running(pod: dict[str, Any]) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any("running" in (s.get("state") or {}) for s in statuses)
+
+
+def _pod_ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def _node_lost(node: dict[str, Any] | None) -> bool:
+    if node is None:
+        return True
+    ready = next(
+        (c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"), None
+    )
+    return ready is None or ready.get("status") != "True"
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EtcdClusterReconciler:
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+        self.api = manager.api
+        self.clusters = manager.informer(ETCDCLUSTERS)
+        self.pods = manager.informer(PODS, InformerOptions(label_selector=CLUSTER_LABEL))
+        self.nodes = manager.informer(NODES)
+        self.services = manager.informer(SERVICES)
+
+    # ---- observe -----------------------------------------------------------------------
+
+    def _pods_of(self, cluster: EtcdCluster) -> list[dict[str, Any]]:
+        namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
+        return [
+            p for p in self.pods.list()
+            if p["metadata"].get("namespace") == namespace
+            and (p["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name
+        ]  # fmt: skip
+
+    def _pod_view(self, cluster: EtcdCluster, pod: dict[str, Any]) -> PodView | None:
+        meta = pod["metadata"]
+        index = planner.pod_index(cluster.metadata["name"], meta["name"])
+        if index is None:
+            return None
+        member_id = (meta.get("annotations") or {}).get(MEMBER_ID_ANNOTATION)
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        return PodView(
+            name=meta["name"],
+            index=index,
+            uid=meta.get("uid", ""),
+            ip=(pod.get("status") or {}).get("podIP"),
+            deleting=bool(meta.get("deletionTimestamp")),
+            running=_pod_running(pod),
+            ready=_pod_ready(pod),
+            member_id=int(member_id, 16) if member_id else None,
+            node_lost=bool(node_name) and _node_lost(self.nodes.get(str(node_name))),
+        )
+
+    async def _ask_etcd(self, urls: list[str]) -> EtcdView:
+        """Status of every member that answers, and the membership from one that can say."""
+
+        async def status(url: str) -> tuple[str, Status | None]:
+            try:
+                async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
+                    return url, await client.status()
+            except (EtcdError, OSError, TimeoutError):
+                return url, None
+
+        answers = await asyncio.gather(*(status(u) for u in urls))
+        statuses = {url: s for url, s in answers if s is not None and not s.errors}
+        members: MemberList | None = None
+        for url in sorted(statuses, key=lambda u: statuses[u].is_learner):
+            try:
+                async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
+                    members = await client.member_list()
+                break
+            except (EtcdError, OSError, TimeoutError):
+                continue
+        return EtcdView(members, statuses)
+
+    async def observe(self, cluster: EtcdCluster, now: datetime) -> tuple[Observed, EtcdView, dict[str, str]]:
+        """The planner's input, what etcd said, and each pod's client URL."""
+        status = cluster.status or EtcdClusterStatus()
+        spec = cluster.spec
+        pod_objects = self._pods_of(cluster)
+        views = [v for p in pod_objects if (v := self._pod_view(cluster, p)) is not None]
+        skeleton = Observed(
+            cluster=cluster.metadata["name"], namespace=cluster.metadata["namespace"], size=spec.size,
+            addressing=spec.addressing, storage=status.storage_type or spec.storage.type,
+            failure_timeout=parse_duration(spec.member_failure_timeout), now=now,
+        )  # fmt: skip
+        client_urls = {
+            v.name: url
+            for v in views
+            if not v.deleting and (url := planner.client_url(skeleton, v)) is not None
+        }
+        etcd = await self._ask_etcd(list(client_urls.values()))
+        members: tuple[MemberView, ...] | None = None
+        if etcd.members is not None:
+            leader_ids = {s.leader_id for s in etcd.statuses.values()}
+            healthy_ids = {s.member_id for s in etcd.statuses.values()}
+            members = tuple(
+                MemberView(
+                    id=m.id,
+                    name=m.name,
+                    peer_url=m.peer_urls[0] if m.peer_urls else "",
+                    learner=m.is_learner,
+                    healthy=m.id in healthy_ids,
+                    leader=m.id in leader_ids and len(leader_ids) == 1,
+                )
+                for m in etcd.members.members
+            )
+        previous = {m.name: _parse_time(m.unhealthy_since) for m in status.members}
+        unhealthy_since: dict[str, datetime] = {}
+        for m in members or ():
+            key = m.name or m.peer_url
+            if not m.healthy:
+                unhealthy_since[key] = previous.get(key) or now
+        observed = Observed(
+            cluster=skeleton.cluster, namespace=skeleton.namespace, size=spec.size,
+            addressing=spec.addressing, storage=skeleton.storage, failure_timeout=skeleton.failure_timeout,
+            now=now, pods=tuple(views), members=members, next_index=status.next_member_index,
+            ever_formed=bool(status.cluster_id), unhealthy_since=unhealthy_since,
+        )  # fmt: skip
+        return observed, etcd, client_urls
+
+    # ---- reconcile ---------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> Result | None:
+        raw = self.clusters.get(key)
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
+            return None  # owner references take everything it owned along
+        try:
+            cluster = EtcdCluster.model_validate(raw)
+        except ValidationError as err:
+            await self._reject(raw, f"invalid spec: {err}")
+            return None
+        await self._ensure_services(cluster)
+        now = datetime.now(UTC)
+        observed, etcd, client_urls = await self.observe(cluster, now)
+        step = planner.plan(observed)
+        log.debug("planned %s", step)
+        requeue = await self.act(cluster, observed, etcd, step)
+        faults.exit_after(type(step).__name__)
+        await self._record(raw, cluster, observed, etcd, client_urls, step, now)
+        return Result(requeue_after=requeue)
+
+    async def _reject(self, raw: dict[str, Any], message: str) -> None:
+        status = dict(raw.get("status") or {})
+        status["conditions"] = set_condition(
+            status.get("conditions"),
+            "Degraded",
+            True,
+            "InvalidSpec",
+            message[:1000],
+            raw["metadata"].get("generation"),
+        )
+        await self.api.update_status(ETCDCLUSTERS, raw, status)
+        await self.manager.events.record(raw, WARNING, "InvalidSpec", message[:500])
+
+    async def _ensure_services(self, cluster: EtcdCluster) -> None:
+        """Apply the Services only when missing or different: most passes write nothing."""
+        for service in services(cluster):
+            meta = service["metadata"]
+            current = self.services.get(f"{meta['namespace']}/{meta['name']}")
+            if current is None or not _service_matches(current, service):
+                await self.api.apply(SERVICES, service)
+
+    async def _event(self, cluster: EtcdCluster, reason: str, message: str, warning: bool = False) -> None:
+        await self.manager.events.record(
+            cluster.model_dump(by_alias=True), WARNING if warning else NORMAL, reason, message
+        )
+
+    async def act(self, cluster: EtcdCluster, o: Observed, etcd: EtcdView, step: Step) -> float:
+        """Carry out one step; return when to look again."""
+        name = cluster.metadata["name"]
+        match step:
+            case planner.Done():
+                return STEADY_RESYNC
+            case planner.Wait(reason=reason, seconds=seconds):
+                log.debug("waiting: %s", reason)
+                return seconds
+            case planner.QuorumLost():
+                return 2.0  # _record reports it once it has lasted QUORUM_LOSS_GRACE
+            case planner.CreateSeed(index=index):
+                await self._reserve_index(cluster, index)
+                pod = planner.pod_name(name, index)
+                peer, _ = member_urls(cluster, pod)
+                await self._create_pod(cluster, index, "new", [(pod, peer)])
+                await self._event(cluster, "SeedMemberCreated", f"created seed member {pod}")
+            case planner.CreatePod(index=index):
+                await self._reserve_index(cluster, index)
+                pod = planner.pod_name(name, index)
+                await self._create_pod(
+                    cluster, index, "existing", self._initial_cluster(cluster, o, etcd, pod)
+                )
+                await self._event(cluster, "MemberPodCreated", f"created pod {pod} to join the cluster")
+            case planner.RecreatePod(name=pod):
+                index = planner.pod_index(name, pod)
+                assert index is not None
+                await self._create_pod(
+                    cluster, index, "existing", self._initial_cluster(cluster, o, etcd, pod)
+                )
+                await self._event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
+            case planner.AddMember(pod=pod, peer_url=url, learner=learner, index=index):
+                if index is not None:
+                    await self._reserve_index(cluster, index)
+                added = await self._leader_call(etcd, lambda c: c.member_add([url], is_learner=learner))
+                if added is None:
+                    return 1.0
+                await self._event(
+                    cluster, "MemberAdded", f"added {pod} ({url}) as a {'learner' if learner else 'voter'}"
+                )
+            case planner.PromoteMember(member_id=member_id, name=member):
+                try:
+                    done = await self._leader_call(
+                        etcd, lambda c: c.member_promote(member_id), raise_for=LearnerNotReady
+                    )
+                except LearnerNotReady:
+                    return 1.0
+                if done is None:
+                    return 1.0
+                await self._event(cluster, "MemberPromoted", f"promoted {member} to a voting member")
+            case planner.UpdatePeerURL(member_id=member_id, peer_url=url):
+                await self._leader_call(etcd, lambda c: c.member_update(member_id, [url]))
+            case planner.RemoveMember(member_id=member_id, name=member, reason=reason):
+                removed = await self._leader_call(etcd, lambda c: c.member_remove(member_id))
+                if removed is None:
+                    return 1.0
+                await self._event(cluster, "MemberRemoved", f"removed {member} from etcd: {reason}")
+            case planner.DeletePod(name=pod, uid=uid, reason=reason, force=force):
+                await self.api.delete(PODS, o.namespace, pod, uid=uid, grace_seconds=0 if force else None)
+                await self._event(cluster, "MemberPodDeleted", f"deleted pod {pod}: {reason}")
+            case planner.AnnotatePod(name=pod, member_id=member_id):
+                patch = {"metadata": {"annotations": {MEMBER_ID_ANNOTATION: f"{member_id:x}"}}}
+                await self.api.patch(PODS, o.namespace, pod, patch)
+            case planner.MoveLeader(from_id=from_id, to_id=to_id):
+                moved = await self._leader_call(etcd, lambda c: c.move_leader(to_id))
+                if moved is not None:
+                    await self._event(
+                        cluster, "LeaderMoved", f"moved leadership from {from_id:x} to {to_id:x}"
+                    )
+        return AFTER_STEP
+
+    def _initial_cluster(
+        self, cluster: EtcdCluster, o: Observed, etcd: EtcdView, pod: str
+    ) -> list[tuple[str, str]]:
+        """The started members, and the new one under the URL it will advertise."""
+        peer, _ = member_urls(cluster, pod)
+        entries = [(pod, peer)]
+        for m in o.members or ():
+            if m.name and m.name != pod:
+                entries.append((m.name, m.peer_url))
+        return entries
+
+    async def _reserve_index(self, cluster: EtcdCluster, index: int) -> None:
+        """Record the next index before using this one: a name is never used twice."""
+        current = cluster.status.next_member_index if cluster.status else 0
+        if current > index:
+            return
+        raw = self.clusters.get(f"{cluster.metadata['namespace']}/{cluster.metadata['name']}")
+        assert raw is not None
+        status = dict(raw.get("status") or {})
+        status["nextMemberIndex"] = index + 1
+        status.setdefault("storageType", cluster.spec.storage.type)
+        updated = await self.api.update_status(ETCDCLUSTERS, raw, status)
+        cluster.status = EtcdClusterStatus.model_validate(updated.get("status") or {})
+        cluster.metadata["resourceVersion"] = updated["metadata"]["resourceVersion"]
+
+    async def _create_pod(
+        self, cluster: EtcdCluster, index: int, state: str, initial_cluster: list[tuple[str, str]]
+    ) -> None:
+        version = (cluster.status.current_version if cluster.status else None) or cluster.spec.version
+        manifest = member_pod(cluster, index, state, initial_cluster, version)
+        if cluster.spec.storage.type == "pvc":
+            await self.api.apply(CLAIMS, member_claim(cluster, manifest["metadata"]["name"]))
+        try:
+            await self.api.create(PODS, manifest)
+        except ApiStatusError as err:
+            if not err.conflict:
+                raise
+
+    async def _leader_call(self, etcd: EtcdView, call: Any, raise_for: type[Exception] | None = None) -> Any:
+        """Send a membership call to the leader (or any healthy member), with a result or None."""
+        urls = sorted(etcd.statuses, key=lambda u: etcd.statuses[u].member_id != etcd.statuses[u].leader_id)
+        for url in urls:
+            if etcd.statuses[url].is_learner:
+                continue
+            try:
+                async with EtcdClient(url, timeout=5.0) as client:
+                    result = await call(client)
+                    return result if result is not None else True
+            except EtcdError as err:
+                if raise_for is not None and isinstance(err, raise_for):
+                    raise
+                log.warning("etcd call through %s failed: %s", url, err)
+        return None
+
+    # ---- record ------------------------------------------------------------------------
+
+    async def _record(
+        self, raw: dict[str, Any], cluster: EtcdCluster, o: Observed, etcd: EtcdView,
+        client_urls: dict[str, str], step: Step, now: datetime,
+    ) -> None:  # fmt: skip
+        fresh = self.clusters.get(f"{o.namespace}/{o.cluster}") or raw
+        old = dict(fresh.get("status") or {})
+        status = EtcdClusterStatus.model_validate(old) if old else EtcdClusterStatus()
+        status.next_member_index = max(
+            status.next_member_index, (cluster.status.next_member_index if cluster.status else 0)
+        )
+        status.storage_type = status.storage_type or cluster.spec.storage.type
+        pods_by_name = {p.name: p for p in o.pods}
+        members: list[MemberStatus] = []
+        for m in o.members or ():
+            name = m.name or next(
+                (p.name for p in o.pods if planner.peer_url(o, p) == m.peer_url), m.peer_url
+            )
+            url = client_urls.get(name, "")
+            st = etcd.statuses.get(url)
+            since = o.unhealthy_since.get(m.name or m.peer_url)
+            members.append(MemberStatus(
+                name=name, id=f"{m.id:x}", pod=name if name in pods_by_name else "", peer_url=m.peer_url,
+                client_url=url, healthy=m.healthy, leader=m.leader, learner=m.learner,
+                version=st.version if st else "", unhealthy_since=_rfc3339(since) if since else None,
+            ))  # fmt: skip
+        if o.members is not None:
+            status.members = members
+            status.size = len(members)
+        if etcd.members is not None:
+            status.cluster_id = f"{etcd.members.cluster_id:x}"
+        versions = {m.version for m in members if m.version}
+        if len(versions) == 1:
+            status.current_version = versions.pop()
+        healthy_voters = sum(1 for m in members if m.healthy and not m.learner)
+        status.ready = f"{healthy_voters}/{cluster.spec.size}"
+        generation = fresh["metadata"].get("generation")
+        conditions = [c.model_dump(by_alias=True, exclude_none=True) for c in status.conditions]
+        lost = isinstance(step, planner.QuorumLost)
+        previous = get_condition(conditions, "Available")
+        since = _parse_time(previous.get("lastTransitionTime")) if previous else None
+        confirmed = (
+            lost and previous is not None and previous.get("reason") == "QuorumLost"
+            and previous.get("status") == "False" and since is not None and now - since >= QUORUM_LOSS_GRACE
+        )  # fmt: skip
+        if confirmed:
+            status.phase = "QuorumLost"
+            await self._event(cluster, "QuorumLost", _describe(step), warning=True)
+        elif not lost:
+            status.phase = self._phase(cluster, o, step, healthy_voters)
+        available = o.members is not None and not lost
+        conditions = set_condition(conditions, "Available", available,
+                                   "QuorumHealthy" if available else "QuorumLost",
+                                   f"{healthy_voters} healthy voting members", generation)  # fmt: skip
+        progressing = not isinstance(step, planner.Done | planner.QuorumLost)
+        conditions = set_condition(conditions, "Progressing", progressing,
+                                   type(step).__name__, _describe(step), generation)  # fmt: skip
+        degraded = confirmed or any(not m.healthy for m in members)
+        reason = "QuorumLost" if confirmed else ("MemberUnhealthy" if degraded else "AllHealthy")
+        conditions = set_condition(
+            conditions, "Degraded", degraded, reason, _describe(step) if degraded else "", generation
+        )
+        payload = status.model_dump(by_alias=True, exclude_none=True)
+        payload["conditions"] = conditions
+        payload["observedGeneration"] = generation
+        if payload != old:
+            with contextlib.suppress(ApiStatusError):  # a conflict: the next pass writes it
+                await self.api.update_status(ETCDCLUSTERS, fresh, payload)
+
+    @staticmethod
+    def _phase(cluster: EtcdCluster, o: Observed, step: Step, healthy_voters: int) -> Phase:
+        if not o.ever_formed or (
+            cluster.status and cluster.status.phase == "Creating" and healthy_voters < o.size
+        ):
+            return "Creating"
+        if isinstance(step, planner.Done):
+            return "Running"
+        if (o.members is not None and any(not m.healthy for m in o.members)) or isinstance(
+            step, planner.RecreatePod
+        ):
+            return "Recovering"
+        return "Scaling" if o.members is not None and len(o.members) != o.size else "Running"
+
+
+def _service_matches(current: dict[str, Any], desired: dict[str, Any]) -> bool:
+    spec, want = current.get("spec") or {}, desired["spec"]
+    ports = [(p.get("name"), p.get("port")) for p in spec.get("ports") or []]
+    annotations = current["metadata"].get("annotations") or {}
+    return (
+        spec.get("type", "ClusterIP") == want.get("type", "ClusterIP")
+        and spec.get("selector") == want["selector"]
+        and ports == [(p["name"], p["port"]) for p in want["ports"]]
+        and all(annotations.get(k) == v for k, v in (desired["metadata"].get("annotations") or {}).items())
+    )
+
+
+def _describe(step: Step) -> str:
+    match step:
+        case planner.Wait(reason=reason):
+            return reason
+        case planner.QuorumLost(message=message):
+            return message
+        case planner.Done():
+            return "the cluster matches its spec"
+    return str(step)
+
+
+def _clusters_on_node(reconciler: EtcdClusterReconciler) -> Any:
+    """A Node change wakes every cluster with a member on that node."""
+
+    def keys(node: dict[str, Any]) -> list[str]:
+        name = node["metadata"]["name"]
+        return sorted({
+            f"{p['metadata']['namespace']}/{(p['metadata'].get('labels') or {})[CLUSTER_LABEL]}"
+            for p in reconciler.pods.list() if (p.get("spec") or {}).get("nodeName") == name
+        })  # fmt: skip
+
+    return keys
+
+
+def register(manager: Manager) -> None:
+    reconciler = EtcdClusterReconciler(manager)
+    controller = Controller("etcdcluster", ETCDCLUSTERS, reconciler.reconcile, workers=4)
+    controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
+    controller.owns(SERVICES)
+    controller.owns(CLAIMS)
+    controller.watch(NODES, _clusters_on_node(reconciler))
+    manager.add_controller(controller)
+
+
+__all__ = ["EtcdClusterReconciler", "claim_name", "parse_duration", "register"]

@@ -1,0 +1,367 @@
+"""The EtcdCluster planner: from what is observed, the one next safe step (pure, no I/O).
+
+Everything the planner needs is in ``Observed``; everything it decides is a ``Step``.
+The rules, in the order they are tried:
+
+1. Without a readable membership: bootstrap a seed when nothing exists yet, wait
+   for a seed that is starting, otherwise report quorum lost and touch nothing.
+2. Record on each pod the member ID it became (so a removed member's pod is known).
+3. Quorum lost (fewer healthy voters than a majority): touch nothing.
+4. A member without a pod: create the pod a just-added member was waiting for
+   (DNS addressing), bring a PVC-backed member back on its own volume, or remove
+   the member from etcd when that keeps quorum.
+5. A pod without a member: delete it when its member was removed; add it as a
+   learner when it is a new member waiting to join (pod-IP addressing).
+6. Promote a learner whose process runs.
+7. A member unhealthy past the failure timeout (or on a lost node): remove it,
+   if that keeps quorum; its pod goes at the next pass, a replacement after.
+8. Grow by one member (never while another change is in flight, never while a
+   member is unhealthy), or shrink by one: an unhealthy member first, else the
+   newest follower; the leader only after moving leadership away.
+
+Each step changes the membership by at most one member, and a removal is only
+planned when the healthy voters that remain are still a majority of the smaller
+cluster, so no step ever costs quorum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+
+def quorum(voters: int) -> int:
+    return voters // 2 + 1
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    index: int
+    uid: str = ""
+    ip: str | None = None
+    deleting: bool = False
+    running: bool = False
+    ready: bool = False
+    member_id: int | None = None  # from the pod's annotation, once it became a member
+    node_lost: bool = False
+
+
+@dataclass(frozen=True)
+class MemberView:
+    id: int
+    name: str  # empty until the member has started
+    peer_url: str
+    learner: bool = False
+    healthy: bool = False
+    leader: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    cluster: str
+    namespace: str
+    size: int
+    addressing: str  # "dns" or "podIP"
+    storage: str  # "emptyDir" or "pvc"
+    failure_timeout: timedelta
+    now: datetime
+    pods: tuple[PodView, ...] = ()
+    members: tuple[MemberView, ...] | None = None  # None: no member answered
+    next_index: int = 0
+    ever_formed: bool = False  # the cluster had a membership once (status.clusterID set)
+    unhealthy_since: dict[str, datetime] = field(default_factory=dict)  # by member name
+
+
+# ---- steps --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateSeed:
+    index: int
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    """Create member pod ``index`` to join the existing cluster."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class RecreatePod:
+    """Bring a PVC-backed member back on its own volume under its own name."""
+
+    name: str
+    member_id: int
+
+
+@dataclass(frozen=True)
+class AddMember:
+    pod: str
+    peer_url: str
+    learner: bool = True
+    index: int | None = None  # DNS addressing: the pod is created after the add
+
+
+@dataclass(frozen=True)
+class PromoteMember:
+    member_id: int
+    name: str
+
+
+@dataclass(frozen=True)
+class UpdatePeerURL:
+    member_id: int
+    peer_url: str
+
+
+@dataclass(frozen=True)
+class RemoveMember:
+    member_id: int
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    uid: str
+    reason: str
+    force: bool = False  # the pod's node is gone: nobody else will finish the deletion
+
+
+@dataclass(frozen=True)
+class AnnotatePod:
+    name: str
+    member_id: int
+
+
+@dataclass(frozen=True)
+class MoveLeader:
+    from_id: int
+    to_id: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    reason: str
+    seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class QuorumLost:
+    message: str
+
+
+@dataclass(frozen=True)
+class Done:
+    pass
+
+
+Step = (
+    CreateSeed | CreatePod | RecreatePod | AddMember | PromoteMember | UpdatePeerURL | RemoveMember
+    | DeletePod | AnnotatePod | MoveLeader | Wait | QuorumLost | Done
+)  # fmt: skip
+
+
+# ---- naming -------------------------------------------------------------------------------
+
+
+def pod_name(cluster: str, index: int) -> str:
+    return f"{cluster}-{index}"
+
+
+def pod_index(cluster: str, name: str) -> int | None:
+    prefix = f"{cluster}-"
+    if not name.startswith(prefix) or not name[len(prefix) :].isdigit():
+        return None
+    return int(name[len(prefix) :])
+
+
+def peer_service(cluster: str) -> str:
+    return f"{cluster}-peer"
+
+
+def dns_name(cluster: str, namespace: str, pod: str) -> str:
+    return f"{pod}.{peer_service(cluster)}.{namespace}.svc"
+
+
+def peer_url(o: Observed, pod: PodView | str) -> str | None:
+    """The peer URL a member pod has (or will have, for DNS addressing)."""
+    name = pod if isinstance(pod, str) else pod.name
+    if o.addressing == "dns":
+        return f"http://{dns_name(o.cluster, o.namespace, name)}:2380"
+    if isinstance(pod, str) or not pod.ip:
+        return None
+    return f"http://{pod.ip}:2380"
+
+
+def client_url(o: Observed, pod: PodView) -> str | None:
+    if o.addressing == "dns":
+        return f"http://{dns_name(o.cluster, o.namespace, pod.name)}:2379"
+    return f"http://{pod.ip}:2379" if pod.ip else None
+
+
+# ---- planning -----------------------------------------------------------------------------
+
+
+def match_pods(o: Observed, members: tuple[MemberView, ...]) -> dict[int, PodView]:
+    """member ID -> its pod: by name once started, by peer URL before, by annotation after."""
+    by_name = {p.name: p for p in o.pods}
+    by_url = {url: p for p in o.pods if (url := peer_url(o, p))}
+    by_id = {p.member_id: p for p in o.pods if p.member_id is not None}
+    matched: dict[int, PodView] = {}
+    for m in members:
+        pod = by_name.get(m.name) if m.name else None
+        pod = pod or by_url.get(m.peer_url) or by_id.get(m.id)
+        if pod is not None:
+            matched[m.id] = pod
+    return matched
+
+
+def removal_keeps_quorum(members: tuple[MemberView, ...], victim: MemberView) -> bool:
+    """Would the healthy voters left still be a majority of the voters left?"""
+    if victim.learner:
+        return True
+    voters = [m for m in members if not m.learner]
+    healthy_after = sum(1 for m in voters if m.healthy and m.id != victim.id)
+    return len(voters) > 1 and healthy_after >= quorum(len(voters) - 1)
+
+
+def is_dead(o: Observed, member: MemberView, pod: PodView | None) -> bool:
+    """Unhealthy (or on a lost node) for longer than the failure timeout."""
+    if member.healthy and not (pod and pod.node_lost):
+        return False
+    since = o.unhealthy_since.get(member.name or member.peer_url)
+    return since is not None and o.now - since >= o.failure_timeout
+
+
+def plan(o: Observed) -> Step:
+    if o.members is None:
+        return _plan_without_membership(o)
+    members = o.members
+    pods = match_pods(o, members)
+
+    # 2. Record membership on pods.
+    for m in members:
+        pod = pods.get(m.id)
+        if pod is not None and pod.member_id != m.id and not pod.deleting:
+            return AnnotatePod(pod.name, m.id)
+
+    # 3. Quorum.
+    voters = [m for m in members if not m.learner]
+    healthy_voters = [m for m in voters if m.healthy]
+    if len(healthy_voters) < quorum(len(voters)):
+        return QuorumLost(
+            f"{len(healthy_voters)} of {len(voters)} voting members are healthy; "
+            f"{quorum(len(voters))} are needed for quorum"
+        )
+
+    # 4. Members without a pod.
+    existing = {p.name for p in o.pods}
+    for m in members:
+        if m.id in pods:
+            continue
+        expected = _expected_pod(o, m)
+        if o.addressing == "dns" and not m.name and expected is not None and expected not in existing:
+            index = pod_index(o.cluster, expected)
+            if index is not None:
+                return CreatePod(index)
+        if o.storage == "pvc" and m.name and m.name not in existing and not is_dead(o, m, None):
+            return RecreatePod(m.name, m.id)
+        if removal_keeps_quorum(members, m):
+            return RemoveMember(m.id, m.name or m.peer_url, "its pod is gone")
+        return Wait(f"member {m.name or format(m.id, 'x')} has no pod, but removing it would cost quorum")
+
+    # 5. Pods without a member.
+    member_ids = {m.id for m in members}
+    matched_pods = {p.name for p in pods.values()}
+    for pod in o.pods:
+        if pod.name in matched_pods:
+            continue
+        if pod.deleting:
+            if pod.node_lost:
+                return DeletePod(pod.name, pod.uid, "its node is lost", force=True)
+            return Wait(f"pod {pod.name} is terminating", 1.0)
+        if pod.member_id is not None and pod.member_id not in member_ids:
+            return DeletePod(pod.name, pod.uid, "its member was removed", force=pod.node_lost)
+        if o.addressing == "podIP" and pod.member_id is None:
+            url = peer_url(o, pod)
+            if url is None:
+                return Wait(f"pod {pod.name} has no IP yet", 0.5)
+            if any(m.learner or not m.name for m in members):
+                return Wait("another member is still joining", 1.0)
+            return AddMember(pod.name, url)
+        return DeletePod(pod.name, pod.uid, "it belongs to no member", force=pod.node_lost)
+
+    # 6. Learners.
+    for m in members:
+        if m.learner and pods[m.id].running:
+            return PromoteMember(m.id, m.name or pods[m.id].name)
+
+    # 7. Dead members.
+    for m in members:
+        if is_dead(o, m, pods.get(m.id)):
+            if removal_keeps_quorum(members, m):
+                return RemoveMember(m.id, m.name, "it has been unhealthy longer than the failure timeout")
+            return Wait(f"member {m.name} is dead, but removing it would cost quorum")
+
+    # 8. Size.
+    joining = [m for m in members if m.learner or not m.name]
+    if joining:
+        return Wait("a member is joining", 1.0)
+    if len(members) < o.size:
+        if any(not m.healthy for m in members):
+            return Wait("not growing while a member is unhealthy")
+        index = max(o.next_index, *(p.index + 1 for p in o.pods)) if o.pods else o.next_index
+        if o.addressing == "dns":
+            name = pod_name(o.cluster, index)
+            url = peer_url(o, name)
+            assert url is not None
+            return AddMember(name, url, learner=True, index=index)
+        return CreatePod(index)
+    if len(members) > o.size:
+        victim = _scale_down_victim(o, members, pods)
+        if victim.leader:
+            target = next((m for m in members if m.healthy and not m.leader and not m.learner), None)
+            if target is not None:
+                return MoveLeader(victim.id, target.id)
+        if removal_keeps_quorum(members, victim):
+            return RemoveMember(victim.id, victim.name, "the cluster is larger than its size")
+        return Wait("not shrinking: removing a member now would cost quorum")
+    if any(not m.healthy for m in members):
+        return Wait("a member is unhealthy", 2.0)
+    return Done()
+
+
+def _plan_without_membership(o: Observed) -> Step:
+    live = [p for p in o.pods if not p.deleting]
+    if not o.ever_formed:
+        if not o.pods:
+            return CreateSeed(o.next_index)
+        if len(live) == 1:
+            return Wait(f"seed member {live[0].name} is starting", 1.0)
+        return Wait("waiting for the first member to answer", 1.0)
+    return QuorumLost("no member of the cluster answers")
+
+
+def _expected_pod(o: Observed, member: MemberView) -> str | None:
+    """The pod name a DNS-addressed member's peer URL names."""
+    if o.addressing != "dns":
+        return None
+    host = member.peer_url.split("://", 1)[-1].split(":", 1)[0]
+    name = host.split(".", 1)[0]
+    return name if pod_index(o.cluster, name) is not None else None
+
+
+def _scale_down_victim(o: Observed, members: tuple[MemberView, ...], pods: dict[int, PodView]) -> MemberView:
+    unhealthy = [m for m in members if not m.healthy]
+    if unhealthy:
+        return unhealthy[0]
+
+    def newest_first(m: MemberView) -> tuple[bool, int]:
+        pod = pods.get(m.id)
+        return (not m.leader, pod.index if pod else -1)
+
+    return max(members, key=newest_first)

@@ -1,0 +1,201 @@
+"""Manifests of what an EtcdCluster owns: member pods, their claims, and the two Services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kustos.api.etcd import EtcdCluster
+from kustos.etcd.planner import dns_name, peer_service, pod_name
+
+Obj = dict[str, Any]
+
+CLUSTER_LABEL = "kustos.dev/cluster"
+MEMBER_LABEL = "kustos.dev/member"
+MEMBER_ID_ANNOTATION = "kustos.dev/member-id"
+DATA_DIR = "/var/lib/etcd"
+
+
+def labels(cluster: EtcdCluster) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "etcd",
+        "app.kubernetes.io/instance": cluster.metadata["name"],
+        "app.kubernetes.io/managed-by": "kustos",
+        CLUSTER_LABEL: cluster.metadata["name"],
+    }
+
+
+def owner_reference(cluster: EtcdCluster) -> Obj:
+    return {
+        "apiVersion": EtcdCluster.crd.api_version,
+        "kind": EtcdCluster.crd.kind,
+        "name": cluster.metadata["name"],
+        "uid": cluster.metadata["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def image(cluster: EtcdCluster, version: str) -> str:
+    """registry.k8s.io tags are ``3.6.16-0``; other repositories use ``v3.6.16``."""
+    repository = cluster.spec.repository
+    tag = f"{version}-0" if repository.endswith("registry.k8s.io/etcd") else f"v{version}"
+    return f"{repository}:{tag}"
+
+
+def member_urls(cluster: EtcdCluster, name: str) -> tuple[str, str]:
+    """(peer URL, client URL) a member advertises; ``$(POD_IP)`` expands in the container."""
+    if cluster.spec.addressing == "dns":
+        host = dns_name(cluster.metadata["name"], cluster.metadata["namespace"], name)
+    else:
+        host = "$(POD_IP)"
+    return f"http://{host}:2380", f"http://{host}:2379"
+
+
+def claim_name(pod: str) -> str:
+    return f"{pod}-data"
+
+
+def member_pod(
+    cluster: EtcdCluster, index: int, state: str, initial_cluster: list[tuple[str, str]], version: str
+) -> Obj:
+    """Member pod ``<cluster>-<index>``; ``initial_cluster`` lists (name, peer URL) of the
+    members it starts with, itself included (its own URL from ``member_urls``)."""
+    name = pod_name(cluster.metadata["name"], index)
+    peer, client = member_urls(cluster, name)
+    spec = cluster.spec
+    args = [
+        f"--name={name}",
+        f"--data-dir={DATA_DIR}",
+        "--listen-client-urls=http://0.0.0.0:2379",
+        "--listen-peer-urls=http://0.0.0.0:2380",
+        f"--advertise-client-urls={client}",
+        f"--initial-advertise-peer-urls={peer}",
+        "--initial-cluster=" + ",".join(f"{n}={url}" for n, url in initial_cluster),
+        f"--initial-cluster-state={state}",
+        f"--initial-cluster-token={cluster.metadata['uid']}",
+        *spec.extra_args,
+    ]
+    container: Obj = {
+        "name": "etcd",
+        "image": image(cluster, version),
+        "command": ["etcd"],
+        "args": args,
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [
+            {"name": "client", "containerPort": 2379},
+            {"name": "peer", "containerPort": 2380},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": 2379},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+    }
+    if spec.pod.resources:
+        container["resources"] = spec.pod.resources
+    if spec.storage.type == "pvc":
+        volume: Obj = {"name": "data", "persistentVolumeClaim": {"claimName": claim_name(name)}}
+    else:
+        volume = {"name": "data", "emptyDir": {}}
+    pod_spec: Obj = {
+        "hostname": name,
+        "subdomain": peer_service(cluster.metadata["name"]),
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 30,
+        "containers": [container],
+        "volumes": [volume],
+    }
+    if spec.pod.node_selector:
+        pod_spec["nodeSelector"] = spec.pod.node_selector
+    if spec.pod.tolerations:
+        pod_spec["tolerations"] = spec.pod.tolerations
+    affinity = spec.pod.affinity or _anti_affinity(cluster)
+    if affinity:
+        pod_spec["affinity"] = affinity
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": cluster.metadata["namespace"],
+            "labels": {**spec.pod.labels, **labels(cluster), MEMBER_LABEL: name},
+            "annotations": dict(spec.pod.annotations),
+            "ownerReferences": [owner_reference(cluster)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def _anti_affinity(cluster: EtcdCluster) -> Obj | None:
+    mode = cluster.spec.pod.anti_affinity
+    if mode == "none":
+        return None
+    term = {
+        "labelSelector": {"matchLabels": {CLUSTER_LABEL: cluster.metadata["name"]}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    if mode == "required":
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+        }
+    }
+
+
+def member_claim(cluster: EtcdCluster, pod: str) -> Obj:
+    """A member's volume; owned by the cluster so it outlives pods but not the cluster."""
+    storage = cluster.spec.storage
+    spec: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage.size}}}
+    if storage.storage_class_name:
+        spec["storageClassName"] = storage.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": claim_name(pod),
+            "namespace": cluster.metadata["namespace"],
+            "labels": {**labels(cluster), MEMBER_LABEL: pod},
+            "ownerReferences": [owner_reference(cluster)],
+        },
+        "spec": spec,
+    }
+
+
+def services(cluster: EtcdCluster) -> list[Obj]:
+    """The client Service and the headless peer Service that gives members DNS names."""
+    name = cluster.metadata["name"]
+    meta = {"namespace": cluster.metadata["namespace"], "labels": labels(cluster),
+            "ownerReferences": [owner_reference(cluster)]}  # fmt: skip
+    selector = {CLUSTER_LABEL: name}
+    client: Obj = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            **meta,
+            "name": f"{name}-client",
+            "annotations": cluster.spec.client_service.annotations,
+        },
+        "spec": {
+            "type": cluster.spec.client_service.type,
+            "selector": selector,
+            "ports": [{"name": "client", "port": 2379, "targetPort": 2379}],
+        },
+    }
+    peer: Obj = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {**meta, "name": peer_service(name)},
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # members must find each other before they are ready
+            "selector": selector,
+            "ports": [
+                {"name": "client", "port": 2379, "targetPort": 2379},
+                {"name": "peer", "port": 2380, "targetPort": 2380},
+            ],
+        },
+    }
+    return [client, peer]

@@ -1,0 +1,162 @@
+"""Helpers for EtcdCluster tests: create, wait, ask the real members, write and check keys."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kustos.api import RESOURCES
+from kustos.devcluster.binaries import binary_path
+from kustos.devcluster.cluster import DevCluster
+from kustos.etcd.client import EtcdClient, EtcdError
+from kustos.runtime.crd import render_crds
+from tests.integration.conftest import Kubectl
+from tests.integration.kube import wait_until
+from tests.integration.operator import OperatorProcess, start_operator
+
+
+def install_crds(cluster: DevCluster) -> None:
+    cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
+    cluster.wait_established("etcdclusters.kustos.dev")
+
+
+@contextmanager
+def running_operator(
+    kubectl: Kubectl, log_dir: Path, env: dict[str, str] | None = None
+) -> Iterator[OperatorProcess]:
+    """``kustos run`` with every kustos controller, scoped to the test's namespace."""
+    process = start_operator(
+        kubectl.cluster, log_dir, "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
+        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
+        "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
+        controllers=None, env=env,
+    )  # fmt: skip
+    try:
+        yield process
+    finally:
+        if process.alive():
+            process.stop()
+
+
+def etcd_cluster(name: str, size: int, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "kustos.dev/v1alpha1",
+        "kind": "EtcdCluster",
+        "metadata": {"name": name},
+        "spec": {"size": size, "addressing": "podIP", "memberFailureTimeout": "5s", **spec},
+    }
+
+
+def status_of(kubectl: Kubectl, name: str) -> dict[str, Any]:
+    return dict(kubectl.get("etcdcluster", name).get("status") or {})
+
+
+async def wait_healthy(kubectl: Kubectl, name: str, size: int, timeout: float = 120) -> dict[str, Any]:
+    """Until the cluster reports ``size`` healthy voting members and each one agrees."""
+
+    async def healthy() -> dict[str, Any] | None:
+        status = status_of(kubectl, name)
+        members = status.get("members") or []
+        ok = (
+            status.get("ready") == f"{size}/{size}"
+            and status.get("phase") == "Running"
+            and len(members) == size
+            and all(m.get("healthy") and not m.get("learner") for m in members)
+        )
+        return status if ok else None
+
+    return await wait_until(healthy, f"{name} with {size} healthy members", timeout=timeout,
+                            cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+
+
+def endpoint_status(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """``etcdctl endpoint status`` from every member the status lists: the real etcd view."""
+    endpoints = ",".join(m["clientUrl"] for m in status["members"])
+    result = subprocess.run(
+        [str(binary_path("etcdctl")), f"--endpoints={endpoints}", "endpoint", "status", "-w", "json"],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    return list(json.loads(result.stdout))
+
+
+def member_list(endpoint: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [str(binary_path("etcdctl")), f"--endpoints={endpoint}", "member", "list", "-w", "json"],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    return list(json.loads(result.stdout)["members"])
+
+
+def assert_consistent(kubectl: Kubectl, name: str, size: int, status: dict[str, Any]) -> None:
+    """One cluster ID, one leader, members == pods, no orphan or duplicate member."""
+    statuses = endpoint_status(status)
+    assert len({s["Status"]["header"]["cluster_id"] for s in statuses}) == 1
+    assert len({s["Status"]["leader"] for s in statuses}) == 1
+    members = member_list(status["members"][0]["clientUrl"])
+    pods = kubectl.get("pods", None, "-l", f"kustos.dev/cluster={name}")["items"]
+    pod_names = sorted(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
+    member_names = sorted(m.get("name", "") for m in members)
+    assert member_names == pod_names, f"members {member_names} != pods {pod_names}"
+    assert len(members) == size and not any(m.get("isLearner") for m in members)
+
+
+@dataclass
+class Writer:
+    """Puts sequential keys through any member that answers; remembers what was acknowledged."""
+
+    endpoints: list[str]
+    acknowledged: list[str] = field(default_factory=list)
+    failures: int = 0
+    _task: asyncio.Task[None] | None = None
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    def update(self, status: dict[str, Any]) -> None:
+        self.endpoints = [m["clientUrl"] for m in status.get("members") or [] if m.get("clientUrl")]
+
+    async def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            key = f"/writer/{i:06d}"
+            for endpoint in list(self.endpoints):
+                try:
+                    async with EtcdClient(endpoint, timeout=2.0) as client:
+                        await client.put(key, str(i))
+                    self.acknowledged.append(key)
+                    i += 1
+                    break
+                except (EtcdError, OSError):
+                    self.failures += 1
+            await asyncio.sleep(0.02)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def missing(self, endpoint: str) -> list[str]:
+        async with EtcdClient(endpoint, timeout=10.0) as client:
+            found = await client.range("/writer/", prefix=True, keys_only=True)
+        present = {kv.key.decode() for kv in found.kvs}
+        return [k for k in self.acknowledged if k not in present]
+
+
+def assert_rejected(kubectl: Kubectl, obj: dict[str, Any], *fragments: str) -> None:
+    result = subprocess.run(
+        [str(kubectl.cluster.kubectl_path), "--kubeconfig", str(kubectl.cluster.kubeconfig),
+         "-n", kubectl.namespace, "apply", "--validate=strict", "-f", "-"],
+        input=yaml.safe_dump(obj), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0, f"accepted: {obj}"
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr

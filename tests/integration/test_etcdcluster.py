@@ -1,0 +1,224 @@
+"""EtcdCluster against the real control plane with real etcd members (SPEC F-ETCD-1..6, 11, 12, 14)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kustos.devcluster.cluster import DevCluster
+from kustos.etcd.client import EtcdClient
+from tests.integration.conftest import WORKERS, Kubectl
+from tests.integration.etcd_support import (
+    Writer,
+    assert_consistent,
+    assert_rejected,
+    etcd_cluster,
+    install_crds,
+    running_operator,
+    status_of,
+    wait_healthy,
+)
+from tests.integration.kube import wait_until
+from tests.integration.operator import OperatorProcess
+
+
+@pytest.fixture(scope="module")
+def crds(dev_cluster: DevCluster) -> None:
+    install_crds(dev_cluster)
+
+
+@pytest.fixture
+def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with running_operator(kubectl, tmp_path) as process:
+        yield process
+
+
+@pytest.mark.parametrize("size", [1, 3, 5])
+async def test_create(size: int, kubectl: Kubectl, operator: OperatorProcess) -> None:
+    kubectl.apply(etcd_cluster("c", size))
+    status = await wait_healthy(kubectl, "c", size)
+    assert_consistent(kubectl, "c", size, status)
+    assert sorted(m["name"] for m in status["members"]) == [f"c-{i}" for i in range(size)]
+    assert status["currentVersion"] == "3.6.16" and status["clusterId"]
+    table = kubectl("get", "etcdclusters")
+    assert table.split("\n")[0].split() == ["NAME", "READY", "VERSION", "PHASE", "AGE"]
+    assert f"{size}/{size}" in table and "Running" in table
+    services = {s["metadata"]["name"]: s for s in kubectl.get("services")["items"]}
+    assert services["c-client"]["spec"]["type"] == "ClusterIP"
+    assert services["c-peer"]["spec"]["clusterIP"] == "None"
+    events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
+    assert "SeedMemberCreated" in events and (size == 1 or "MemberPromoted" in events)
+
+
+async def test_resize_keeps_every_acknowledged_write(kubectl: Kubectl, operator: OperatorProcess) -> None:
+    kubectl.apply(etcd_cluster("r", 3))
+    status = await wait_healthy(kubectl, "r", 3)
+    writer = Writer([m["clientUrl"] for m in status["members"]])
+    writer.start()
+    phases: set[str] = set()
+    try:
+        for size in (5, 3, 1, 3):
+            kubectl("patch", "etcdcluster", "r", "--type=merge", "-p", f'{{"spec":{{"size":{size}}}}}')
+
+            async def resized(size: int = size) -> bool:
+                current = status_of(kubectl, "r")
+                writer.update(current)
+                phases.add(str(current.get("phase")))
+                return current.get("ready") == f"{size}/{size}" and len(current.get("members") or []) == size
+
+            await wait_until(resized, f"resize to {size}", timeout=120, cluster=kubectl.cluster,
+                             namespace=kubectl.namespace)  # fmt: skip
+            assert "QuorumLost" not in phases
+            status = await wait_healthy(kubectl, "r", size)
+            writer.update(status)
+    finally:
+        await writer.stop()
+    assert_consistent(kubectl, "r", 3, status)
+    assert len(writer.acknowledged) > 50
+    assert await writer.missing(status["members"][0]["clientUrl"]) == []
+
+
+async def test_deleted_pod_is_replaced(kubectl: Kubectl, operator: OperatorProcess) -> None:
+    kubectl.apply(etcd_cluster("d", 3))
+    await wait_healthy(kubectl, "d", 3)
+    kubectl("delete", "pod", "d-1", "--wait=false")
+
+    async def replaced() -> bool:
+        names = {m["name"] for m in status_of(kubectl, "d").get("members") or []}
+        return "d-1" not in names and "d-3" in names
+
+    await wait_until(replaced, "d-1 replaced by d-3", timeout=90, cluster=kubectl.cluster,
+                     namespace=kubectl.namespace)  # fmt: skip
+    status = await wait_healthy(kubectl, "d", 3)
+    assert_consistent(kubectl, "d", 3, status)
+
+
+async def test_crashed_process_is_replaced_after_the_failure_timeout(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    kubectl.apply(etcd_cluster("k", 3))
+    await wait_healthy(kubectl, "k", 3)
+    kubectl.cluster.crash_container(kubectl.namespace, "k-2", "etcd", stay_down=True)
+
+    async def replaced() -> bool:
+        names = {m["name"] for m in status_of(kubectl, "k").get("members") or []}
+        return "k-2" not in names and len(names) == 3
+
+    await wait_until(replaced, "crashed k-2 replaced", timeout=90, cluster=kubectl.cluster,
+                     namespace=kubectl.namespace)  # fmt: skip
+    status = await wait_healthy(kubectl, "k", 3)
+    assert_consistent(kubectl, "k", 3, status)
+    events = kubectl("get", "events", "--field-selector", "involvedObject.name=k")
+    assert "MemberRemoved" in events and "unhealthy longer than the failure timeout" in events
+
+
+async def test_member_on_a_dead_node_is_replaced(kubectl: Kubectl, operator: OperatorProcess) -> None:
+    kubectl.apply(etcd_cluster("dn", 3, pod={"antiAffinity": "required"}))
+    status = await wait_healthy(kubectl, "dn", 3)
+    victim = status["members"][0]["name"]
+    node = kubectl.get("pod", victim)["spec"]["nodeName"]
+    kubectl.cluster.take_node_down(node)
+    try:
+
+        async def replaced() -> bool:
+            names = {m["name"] for m in status_of(kubectl, "dn").get("members") or []}
+            return victim not in names and len(names) == 3
+
+        await wait_until(replaced, f"{victim} on dead node {node} replaced", timeout=120,
+                         cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+        status = await wait_healthy(kubectl, "dn", 3)
+        nodes = {kubectl.get("pod", m["name"])["spec"]["nodeName"] for m in status["members"]}
+        assert node not in nodes and len(nodes) == 3
+    finally:
+        kubectl.cluster.bring_node_up(node)
+    assert_consistent(kubectl, "dn", 3, status)
+
+
+async def test_majority_loss_is_reported_and_nothing_is_destroyed(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    kubectl.apply(etcd_cluster("q", 3))
+    status = await wait_healthy(kubectl, "q", 3)
+    ids_before = sorted(m["id"] for m in status["members"])
+    for member in ("q-0", "q-1"):
+        kubectl.cluster.crash_container(kubectl.namespace, member, "etcd", stay_down=True)
+
+    async def quorum_lost() -> dict[str, object] | None:
+        current = status_of(kubectl, "q")
+        return current if current.get("phase") == "QuorumLost" else None
+
+    current = await wait_until(quorum_lost, "phase QuorumLost", timeout=60, cluster=kubectl.cluster,
+                               namespace=kubectl.namespace)  # fmt: skip
+    degraded = next(c for c in current["conditions"] if c["type"] == "Degraded")  # type: ignore[attr-defined]
+    assert degraded["status"] == "True" and degraded["reason"] == "QuorumLost"
+    await asyncio.sleep(12)  # well past the failure timeout: still nothing removed
+    pods = sorted(p["metadata"]["name"] for p in kubectl.get("pods")["items"])
+    assert pods == ["q-0", "q-1", "q-2"]
+    survivor = next(m["clientUrl"] for m in status["members"] if m["name"] == "q-2")
+    async with EtcdClient(survivor) as client:  # without quorum only a serializable read answers
+        members = await client.member_list(linearizable=False)
+    assert sorted(format(m.id, "x") for m in members.members) == ids_before
+    assert "QuorumLost" in kubectl("get", "events", "--field-selector", "involvedObject.name=q")
+    for member in ("q-0", "q-1"):
+        kubectl.cluster.release_container(kubectl.namespace, member, "etcd")
+    await wait_healthy(kubectl, "q", 3)
+
+
+@pytest.mark.parametrize("step", ["CreatePod", "AddMember", "AnnotatePod", "PromoteMember", "RemoveMember",
+                                  "DeletePod"])  # fmt: skip
+async def test_operator_killed_after_a_step_resumes_without_orphans(
+    step: str, crds: None, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    marker = tmp_path / "fault"
+    grow_then_shrink = step in ("RemoveMember", "DeletePod")
+    with running_operator(kubectl, tmp_path / "a") as first:
+        kubectl.apply(etcd_cluster("f", 3))
+        if grow_then_shrink:
+            await wait_healthy(kubectl, "f", 3)
+            first.stop()
+    faulty_env = {"KUSTOS_FAULT_EXIT_AFTER": step, "KUSTOS_FAULT_MARKER": str(marker)}
+    if grow_then_shrink:
+        kubectl("patch", "etcdcluster", "f", "--type=merge", "-p", '{"spec":{"size":1}}')
+    with running_operator(kubectl, tmp_path / "b", env=faulty_env) as faulty:
+
+        async def crashed() -> bool:
+            return not faulty.alive()
+
+        await wait_until(crashed, f"the operator to exit after {step}", timeout=90)
+        assert faulty.process.returncode == 137 and marker.exists()
+    size = 1 if grow_then_shrink else 3
+    with running_operator(kubectl, tmp_path / "c"):
+        status = await wait_healthy(kubectl, "f", size)
+        assert_consistent(kubectl, "f", size, status)
+        indices = sorted(int(m["name"].rsplit("-", 1)[1]) for m in status["members"])
+        assert len(set(indices)) == len(indices)
+
+
+async def test_deleting_the_cluster_removes_what_it_owns(kubectl: Kubectl, operator: OperatorProcess) -> None:
+    kubectl.apply(etcd_cluster("gone", 1, storage={"type": "pvc", "size": "1Gi"}))
+    await wait_healthy(kubectl, "gone", 1)
+    assert kubectl.get("pvc", "gone-0-data")
+    kubectl("delete", "etcdcluster", "gone")
+
+    async def all_gone() -> bool:
+        left = kubectl("get", "pods,services,pvc", "-l", "kustos.dev/cluster=gone", "-o", "name")
+        return not left.strip()
+
+    await wait_until(all_gone, "pods, services and claims collected", timeout=120)
+
+
+def test_bad_specs_are_rejected_naming_the_field(crds: None, kubectl: Kubectl) -> None:
+    assert_rejected(kubectl, etcd_cluster("bad", 0), "spec.size")
+    assert_rejected(kubectl, etcd_cluster("bad", 10), "spec.size")
+    assert_rejected(kubectl, etcd_cluster("bad", 3, version="banana"), "spec.version")
+    assert_rejected(kubectl, etcd_cluster("bad", 3, sizee=3), "sizee")
+    kubectl.apply(etcd_cluster("keep", 1))
+    changed = etcd_cluster("keep", 1, storage={"type": "pvc"})
+    assert_rejected(kubectl, changed, "storage.type cannot change on a live cluster")
+
+
+def test_workers_enough_for_five_members() -> None:
+    assert WORKERS >= 4
