@@ -99,6 +99,14 @@ def test_a_pvc_member_whose_pod_is_gone_comes_back_on_its_volume() -> None:
     assert step == planner.RecreatePod("e-2", 102)
 
 
+def test_a_member_back_in_a_new_pod_gets_its_new_peer_url() -> None:
+    members, pods = healthy_cluster(3)
+    pods[2] = dataclasses.replace(pods[2], ip="127.1.9.9")
+    assert plan(observed(members, pods, 3, storage="pvc")) == planner.UpdatePeerURL(
+        102, "http://127.1.9.9:2380"
+    )
+
+
 def test_a_removed_members_pod_is_deleted() -> None:
     members, pods = healthy_cluster(3)
     step = plan(observed(members[:2], pods, 2))

@@ -231,6 +231,12 @@ class EtcdClusterReconciler:
             await self._reject(raw, f"invalid spec: {err}")
             return None
         await self._ensure_services(cluster)
+        if cluster.spec.size % 2 == 0:
+            await self._event(
+                cluster, "EvenSize",
+                f"size {cluster.spec.size} tolerates no more failures than size {cluster.spec.size - 1}",
+                warning=True,
+            )  # fmt: skip
         now = datetime.now(UTC)
         observed, etcd, client_urls = await self.observe(cluster, now)
         step = planner.plan(observed)
@@ -317,7 +323,10 @@ class EtcdClusterReconciler:
                     return 1.0
                 await self._event(cluster, "MemberPromoted", f"promoted {member} to a voting member")
             case planner.UpdatePeerURL(member_id=member_id, peer_url=url):
-                await self._leader_call(etcd, lambda c: c.member_update(member_id, [url]))
+                updated = await self._leader_call(etcd, lambda c: c.member_update(member_id, [url]))
+                if updated is None:
+                    return 1.0
+                await self._event(cluster, "MemberPeerURLUpdated", f"member {member_id:x} now at {url}")
             case planner.RemoveMember(member_id=member_id, name=member, reason=reason):
                 removed = await self._leader_call(etcd, lambda c: c.member_remove(member_id))
                 if removed is None:

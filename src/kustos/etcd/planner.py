@@ -5,7 +5,8 @@ The rules, in the order they are tried:
 
 1. Without a readable membership: bootstrap a seed when nothing exists yet, wait
    for a seed that is starting, otherwise report quorum lost and touch nothing.
-2. Record on each pod the member ID it became (so a removed member's pod is known).
+2. Record on each pod the member ID it became (so a removed member's pod is known),
+   and give a member that came back in a new pod (pod-IP addressing) its new peer URL.
 3. Quorum lost (fewer healthy voters than a majority): touch nothing.
 4. A member without a pod: create the pod a just-added member was waiting for
    (DNS addressing), bring a PVC-backed member back on its own volume, or remove
@@ -248,6 +249,15 @@ def plan(o: Observed) -> Step:
         pod = pods.get(m.id)
         if pod is not None and pod.member_id != m.id and not pod.deleting:
             return AnnotatePod(pod.name, m.id)
+
+    # 2b. A member back on its volume in a new pod (pod-IP addressing) has a new peer URL.
+    for m in members:
+        pod = pods.get(m.id)
+        if pod is None or pod.deleting or not m.name:
+            continue
+        url = peer_url(o, pod)
+        if url is not None and url != m.peer_url:
+            return UpdatePeerURL(m.id, url)
 
     # 3. Quorum.
     voters = [m for m in members if not m.learner]

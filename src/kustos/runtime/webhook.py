@@ -13,11 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
 from kustos.runtime.informer import ResourceRef
 
 Obj = dict[str, Any]
@@ -123,6 +118,8 @@ class ServingCertificate:
 
     @classmethod
     def from_files(cls, cert_file: Path, key_file: Path, ca_file: Path | None = None) -> ServingCertificate:
+        from cryptography import x509  # on demand: cryptography costs ~9 MiB resident
+
         cert = cert_file.read_bytes()
         parsed = x509.load_pem_x509_certificate(cert)
         ca = ca_file.read_bytes() if ca_file else cert
@@ -131,6 +128,12 @@ class ServingCertificate:
     @classmethod
     def self_signed(cls, dns_names: list[str], ips: list[str], days: int = 365) -> ServingCertificate:
         """A private CA and a serving certificate from it, for development and tests."""
+        # On demand: an operator with certificates from files never loads the generator.
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
         now = dt.datetime.now(dt.UTC)
         ca_key = ec.generate_private_key(ec.SECP256R1())
         ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kustos-webhook-ca")])
