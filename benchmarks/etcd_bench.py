@@ -101,6 +101,9 @@ def main() -> None:
             name = f"speed-{run}"
             create(cluster, name)
             creates.append(wait(cluster, name, lambda st: healthy(st, 3)))
+            # etcd refuses membership changes until its leader has been connected to the
+            # new members for 5 s: measure recovery of a settled cluster, not of a new one.
+            time.sleep(8)
             victim = f"{name}-1"
             cluster.kubectl("delete", "pod", victim, "--wait=false")
             replacements.append(wait(

@@ -141,6 +141,7 @@ def _run_sample(cluster: DevCluster) -> None:
                 log = cluster.state_dir / "operator.log"
                 raise DevClusterError(f"EtcdCluster {SAMPLE} was not ready within 180s; see {log}")
             time.sleep(0.5)
+    console.print()
     console.out(cluster.kubectl("get", "etcdclusters"))
     urls = ",".join(m["clientUrl"] for m in status.get("members", []))  # type: ignore[union-attr]
     console.print(f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints={urls} member list -w table")

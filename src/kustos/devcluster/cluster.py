@@ -235,6 +235,11 @@ class DevCluster:
             components.append({"name": spec["name"], "pid": pid, "running": _alive(pid)})
         agent_pid = _read_pid(self.agent_pid_file)
         components.append({"name": "kustos-agent", "pid": agent_pid, "running": _alive(agent_pid)})
+        operator_pid = _read_pid(self.state_dir / "operator.pid")  # started by `kustos dev up`
+        if operator_pid is not None:
+            components.append(
+                {"name": "kustos-operator", "pid": operator_pid, "running": _alive(operator_pid)}
+            )
         nodes: list[dict[str, Any]] = []
         if self.is_running():
             listing = json.loads(self.kubectl("get", "nodes", "-o", "json"))

@@ -240,7 +240,10 @@ class EtcdClusterReconciler:
         now = datetime.now(UTC)
         observed, etcd, client_urls = await self.observe(cluster, now)
         step = planner.plan(observed)
-        log.debug("planned %s", step)
+        if isinstance(step, planner.Wait | planner.Done):
+            log.debug("planned %s", step)
+        else:
+            log.info("step: %s", step)
         requeue = await self.act(cluster, observed, etcd, step)
         faults.exit_after(type(step).__name__)
         await self._record(raw, cluster, observed, etcd, client_urls, step, now)
