@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import uuid
@@ -233,6 +232,3 @@ def _key(obj: dict[str, Any]) -> str:
     namespace = meta.get("namespace")
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
 
-
-def default_identity() -> str:
-    return f"{socket.gethostname()}_{os.getpid()}"
