@@ -231,4 +231,3 @@ def _key(obj: dict[str, Any]) -> str:
     meta = obj["metadata"]
     namespace = meta.get("namespace")
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
-
