@@ -7,11 +7,9 @@ import time
 from pathlib import Path
 
 from kustos.runtime.controller import Controller
-from kustos.runtime.informer import ResourceRef
 from kustos.runtime.manager import Manager
+from kustos.runtime.resources import CONFIGMAPS, NODES
 
-CONFIGMAPS = ResourceRef("", "v1", "configmaps", "ConfigMap")
-NODES = ResourceRef("", "v1", "nodes", "Node", namespaced=False)
 SENT = "bench.kustos.dev/sent"
 
 

@@ -86,22 +86,6 @@ def dev_up(
 SAMPLE = "example"
 
 
-def _ensure_operator(cluster: DevCluster) -> None:
-    """``kustos run`` in the background, beside the dev cluster (its pid file dies with it)."""
-    pid_file = cluster.state_dir / "operator.pid"
-    if pid_file.exists() and Path(f"/proc/{pid_file.read_text().strip()}").exists():
-        return
-    with (cluster.state_dir / "operator.log").open("ab") as sink:
-        process = subprocess.Popen(
-            [
-                sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
-                "--metrics-address", "127.0.0.1:0", "--webhook-address", "127.0.0.1:0",
-            ],
-            stdout=sink, stderr=sink, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    pid_file.write_text(str(process.pid))
-
-
 def _run_sample(cluster: DevCluster) -> None:
     """CRDs, the operator, and a three-member EtcdCluster shown converging until it is Ready."""
     from kustos.api import RESOURCES
@@ -109,7 +93,11 @@ def _run_sample(cluster: DevCluster) -> None:
 
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
     cluster.wait_established("etcdclusters.kustos.dev")
-    _ensure_operator(cluster)
+    # `kustos run` beside the dev cluster; `kustos dev down` stops it.
+    cluster.ensure_background("operator", [
+        sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+        "--metrics-address", "127.0.0.1:0", "--webhook-address", "127.0.0.1:0",
+    ])  # fmt: skip
     sample = {
         "apiVersion": "kustos.dev/v1alpha1",
         "kind": "EtcdCluster",

@@ -19,10 +19,10 @@ from kustos.runtime.controller import Controller, Result
 from kustos.runtime.events import NORMAL
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.manager import Manager
+from kustos.runtime.resources import CONFIGMAPS
 from kustos.runtime.webhook import AdmissionResponse, Webhook
 
 EXAMPLES = ResourceRef("example.kustos.dev", "v1alpha1", "examples", "Example")
-CONFIGMAPS = ResourceRef("", "v1", "configmaps", "ConfigMap")
 FAIL_ANNOTATION = "example.kustos.dev/fail"
 
 

@@ -45,8 +45,11 @@ async def test_deployment_pods_are_scheduled_and_run(kubectl: Kubectl, dev_clust
     assert len(nodes) > 1
     ips = [p["status"]["podIP"] for p in pods]
     assert all(ip.startswith("127.") for ip in ips) and len(set(ips)) == len(ips)
-    status = kubectl.get("deployment", "web")["status"]
-    assert status.get("readyReplicas") == 6
+
+    async def counted() -> bool:  # the Deployment's status follows its pods a moment later
+        return kubectl.get("deployment", "web")["status"].get("readyReplicas") == 6
+
+    await wait_until(counted, "the Deployment to count 6 ready replicas", timeout=30)
 
 
 async def test_daemonset_places_one_pod_per_matching_node(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
@@ -76,7 +79,11 @@ async def test_daemonset_places_one_pod_per_matching_node(kubectl: Kubectl, dev_
     await wait_until(
         one_per_worker, "one agent pod per worker", cluster=dev_cluster, namespace=kubectl.namespace
     )
-    assert kubectl.get("daemonset", "agent")["status"]["numberReady"] == WORKERS
+
+    async def counted() -> bool:  # the DaemonSet's status follows its pods a moment later
+        return kubectl.get("daemonset", "agent")["status"].get("numberReady") == WORKERS
+
+    await wait_until(counted, "the DaemonSet to count one ready pod per worker", timeout=30)
 
 
 async def test_garbage_collector_deletes_what_an_owner_owned(

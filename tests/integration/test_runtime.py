@@ -22,8 +22,9 @@ from kustos.runtime.crd import crd_for
 from kustos.runtime.events import NORMAL, EventRecorder
 from kustos.runtime.kube import connect, load_config
 from kustos.runtime.metrics import Metrics
+from kustos.runtime.resources import CONFIGMAPS
 from tests.example.api import Example
-from tests.example.controller import CONFIGMAPS, FAIL_ANNOTATION
+from tests.example.controller import FAIL_ANNOTATION
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, start_operator

@@ -10,20 +10,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 from pathlib import Path
 
-from lightkube import AsyncClient, KubeConfig
-
 from kustos.devcluster.provisioner import LocalPathProvisioner
 from kustos.devcluster.runner import PodRunner
+from kustos.runtime.kube import connect, load_config
+from kustos.runtime.logs import setup_logging
+from kustos.runtime.metrics import Metrics
 
 
 async def serve(kubeconfig: Path, state_dir: Path, restart_backoff: tuple[float, float]) -> None:
-    client = AsyncClient(config=KubeConfig.from_file(kubeconfig), field_manager="kustos-dev")
-    runner = PodRunner(client, state_dir, restart_backoff=restart_backoff)
-    provisioner = LocalPathProvisioner(client, state_dir / "volumes")
+    clients = connect(load_config(kubeconfig), Metrics(), field_manager="kustos-dev")
+    runner = PodRunner(clients.api, clients.raw, state_dir, restart_backoff=restart_backoff)
+    provisioner = LocalPathProvisioner(clients.api, clients.raw, state_dir / "volumes")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -39,7 +39,7 @@ async def serve(kubeconfig: Path, state_dir: Path, restart_backoff: tuple[float,
         with contextlib.suppress(asyncio.CancelledError):
             await task
     await runner.shutdown()
-    await client.close()
+    await clients.close()
     for finished in failed:
         finished.result()  # a loop that ended by itself is a bug: exit non-zero with its traceback
 
@@ -50,9 +50,7 @@ def main() -> None:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--restart-backoff", type=float, nargs=2, default=(1.0, 30.0))
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging("info")
     low, high = args.restart_backoff
     asyncio.run(serve(args.kubeconfig, args.state_dir, (low, high)))
 

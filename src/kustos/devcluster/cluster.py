@@ -42,6 +42,9 @@ from kustos.devcluster.runner import sandbox_dir
 from kustos.devcluster.sandbox import HOLD_SUFFIX, PID_SUFFIX
 
 DEFAULT_NAME = "kustos"
+# What runs beside the control plane, in the order it is stopped: the operator (started by
+# `kustos dev up`) before the agent that runs its pods.
+BACKGROUND = ("operator", "agent")
 
 
 class DevClusterError(RuntimeError):
@@ -91,12 +94,20 @@ class DevCluster:
         return binaries.binary_path("kubectl")
 
     @property
-    def agent_pid_file(self) -> Path:
-        return self.state_dir / "agent.pid"
-
-    @property
     def agent_log(self) -> Path:
         return self.state_dir / "agent.log"
+
+    def ensure_background(self, name: str, argv: list[str]) -> None:
+        """Run ``argv`` beside the cluster (pid in ``<name>.pid``, output in ``<name>.log``)
+        unless it already runs; ``stop`` stops it, gracefully first."""
+        pid_file = self.state_dir / f"{name}.pid"
+        if _alive(_read_pid(pid_file)):
+            return
+        with (self.state_dir / f"{name}.log").open("ab") as sink:
+            process = subprocess.Popen(
+                argv, stdout=sink, stderr=sink, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        pid_file.write_text(str(process.pid))
 
     def component_log(self, component: str) -> Path:
         return self.cluster_dir / "logs" / f"{component}.log"
@@ -145,8 +156,10 @@ class DevCluster:
         log(f"dev cluster {self.config.name} is up in {time.monotonic() - started:.1f}s")
 
     def stop(self) -> None:
-        """Stop the agent (and with it every pod process) and the control plane; remove state."""
-        self._stop_agent()
+        """Stop what runs beside the cluster (the operator, the agent and with it every pod
+        process) and the control plane; remove all state."""
+        for name in BACKGROUND:
+            self._stop_background(name)
         if self.cluster_dir.exists():
             with contextlib.suppress(DevClusterError):
                 self._kwokctl(
@@ -233,13 +246,10 @@ class DevCluster:
             pid_file = Path(spec["workDir"]) / "pids" / f"{Path(spec['binary']).stem}.pid"
             pid = _read_pid(pid_file)
             components.append({"name": spec["name"], "pid": pid, "running": _alive(pid)})
-        agent_pid = _read_pid(self.agent_pid_file)
-        components.append({"name": "kustos-agent", "pid": agent_pid, "running": _alive(agent_pid)})
-        operator_pid = _read_pid(self.state_dir / "operator.pid")  # started by `kustos dev up`
-        if operator_pid is not None:
-            components.append(
-                {"name": "kustos-operator", "pid": operator_pid, "running": _alive(operator_pid)}
-            )
+        for name in reversed(BACKGROUND):
+            pid = _read_pid(self.state_dir / f"{name}.pid")
+            if pid is not None:
+                components.append({"name": f"kustos-{name}", "pid": pid, "running": _alive(pid)})
         nodes: list[dict[str, Any]] = []
         if self.is_running():
             listing = json.loads(self.kubectl("get", "nodes", "-o", "json"))
@@ -321,30 +331,22 @@ class DevCluster:
         self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
 
     def _ensure_agent(self) -> None:
-        if _alive(_read_pid(self.agent_pid_file)):
-            return
         low, high = self.config.restart_backoff
-        with self.agent_log.open("ab") as sink:
-            process = subprocess.Popen(
-                [
-                    sys.executable, "-m", "kustos.devcluster.agent",
-                    "--kubeconfig", str(self.kubeconfig),
-                    "--state-dir", str(self.state_dir),
-                    "--restart-backoff", str(low), str(high),
-                ],
-                stdout=sink, stderr=sink, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        self.agent_pid_file.write_text(str(process.pid))
+        self.ensure_background("agent", [
+            sys.executable, "-m", "kustos.devcluster.agent",
+            "--kubeconfig", str(self.kubeconfig), "--state-dir", str(self.state_dir),
+            "--restart-backoff", str(low), str(high),
+        ])  # fmt: skip
 
-    def _stop_agent(self) -> None:
-        pid = _read_pid(self.agent_pid_file)
-        if _alive(pid):
-            assert pid is not None
+    def _stop_background(self, name: str) -> None:
+        pid_file = self.state_dir / f"{name}.pid"
+        pid = _read_pid(pid_file)
+        if pid is not None and _alive(pid):
             os.kill(pid, signal.SIGTERM)
             if not _wait_gone(pid, 20):
                 os.kill(pid, signal.SIGKILL)
                 _wait_gone(pid, 5)
-        self.agent_pid_file.unlink(missing_ok=True)
+        pid_file.unlink(missing_ok=True)
 
     def _kill_leftovers(self) -> None:
         """Anything still holding a pid file under the state dir (a crashed agent's pods)."""

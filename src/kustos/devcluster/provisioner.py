@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
+import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import PersistentVolume, PersistentVolumeClaim
-from lightkube.resources.storage_v1 import StorageClass
+from lightkube.resources.core_v1 import PersistentVolume
 
-from kustos.devcluster.watching import watch_forever
+from kustos.runtime.informer import Informer, new_state_only
+from kustos.runtime.resources import CLAIMS, STORAGE_CLASSES, VOLUMES
 
 PROVISIONER = "kustos.dev/local-path"
 STORAGE_CLASS = "kustos-local"
@@ -118,18 +119,23 @@ def volume_is_released(volume: Mapping[str, Any]) -> bool:
 class LocalPathProvisioner:
     """Creates and reclaims the host directories behind the dev cluster's volumes."""
 
-    def __init__(self, client: AsyncClient, volumes_dir: Path) -> None:
+    def __init__(self, client: AsyncClient, raw: httpx2.AsyncClient, volumes_dir: Path) -> None:
         self._client = client
+        self._informers: list[Informer] = []
+        for ref, handler in (
+            (STORAGE_CLASSES, self._on_storage_class),
+            (CLAIMS, self._on_claim),
+            (VOLUMES, self._on_volume),
+        ):
+            informer = Informer(raw, ref)
+            informer.add_handler(new_state_only(handler))
+            self._informers.append(informer)
         self._volumes_dir = volumes_dir
         self._our_classes: set[str] = {STORAGE_CLASS}
 
     async def run(self) -> None:
         self._volumes_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.gather(
-            watch_forever(self._client, StorageClass, self._on_storage_class),
-            watch_forever(self._client, PersistentVolumeClaim, self._on_claim),
-            watch_forever(self._client, PersistentVolume, self._on_volume),
-        )
+        await asyncio.gather(*(informer.run() for informer in self._informers))
 
     async def _on_storage_class(self, event: str, obj: dict[str, Any]) -> None:
         # Any class naming our provisioner is ours, so users may add their own classes.

@@ -19,12 +19,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import (
     ConfigMap,
-    Node,
     PersistentVolume,
     PersistentVolumeClaim,
     Pod,
@@ -36,7 +36,8 @@ from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.devcluster.kwokconfig import MANAGED_LABEL
 from kustos.devcluster.podspec import match_image, pod_is_runnable, pod_is_runner_owned
 from kustos.devcluster.sandbox import Sandbox, SandboxContext
-from kustos.devcluster.watching import watch_forever
+from kustos.runtime.informer import Informer, new_state_only
+from kustos.runtime.resources import NODES, PODS
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,15 @@ class PodRunner:
     def __init__(
         self,
         client: AsyncClient,
+        raw: httpx2.AsyncClient,
         state_dir: Path,
         restart_backoff: tuple[float, float] = (1.0, 30.0),
     ) -> None:
         self._client = client
+        self._pods = Informer(raw, PODS)
+        self._nodes = Informer(raw, NODES)
+        self._pods.add_handler(new_state_only(self._on_pod))
+        self._nodes.add_handler(new_state_only(self._on_node))
         self._pods_dir = state_dir / "pods"
         self._images_dir = state_dir / "images"
         self._restart_backoff = restart_backoff
@@ -72,8 +78,8 @@ class PodRunner:
     async def run(self) -> None:
         self._pods_dir.mkdir(parents=True, exist_ok=True)
         await asyncio.gather(
-            watch_forever(self._client, Node, self._on_node),
-            watch_forever(self._client, Pod, self._on_pod),
+            self._nodes.run(),
+            self._pods.run(),
         )
 
     async def shutdown(self) -> None:
@@ -103,8 +109,9 @@ class PodRunner:
             await self._resync_node(name)
 
     async def _resync_node(self, node: str) -> None:
-        async for item in self._client.list(Pod, namespace="*", fields={"spec.nodeName": node}):
-            await self._on_pod("MODIFIED", item.to_dict())
+        for pod in list(self._pods.list()):
+            if (pod.get("spec") or {}).get("nodeName") == node:
+                await self._on_pod("MODIFIED", pod)
 
     async def _on_pod(self, event: str, pod: dict[str, Any]) -> None:
         if not pod_is_runner_owned(pod):

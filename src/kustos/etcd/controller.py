@@ -37,14 +37,11 @@ from kustos.runtime.controller import Controller, Result, label_keys
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager
+from kustos.runtime.resources import CLAIMS, NODES, PODS, SERVICES
 
 log = logging.getLogger(__name__)
 
 ETCDCLUSTERS = ResourceRef(EtcdCluster.crd.group, EtcdCluster.crd.version, "etcdclusters", "EtcdCluster")
-PODS = ResourceRef("", "v1", "pods", "Pod")
-SERVICES = ResourceRef("", "v1", "services", "Service")
-CLAIMS = ResourceRef("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
-NODES = ResourceRef("", "v1", "nodes", "Node", namespaced=False)
 
 Phase = Literal["Creating", "Running", "Scaling", "Recovering", "QuorumLost", "Failed"]
 

@@ -54,6 +54,15 @@ class ResourceExpired(Exception):
     """The resourceVersion we would resume from is gone (410): relist."""
 
 
+def new_state_only(handler: Callable[[str, Obj], Awaitable[None]]) -> Handler:
+    """Adapt a handler that acts on the new state alone (most do) to ``Informer.add_handler``."""
+
+    def adapted(kind: str, obj: Obj, _old: Obj | None) -> Awaitable[None]:
+        return handler(kind, obj)
+
+    return adapted
+
+
 def drop_managed_fields(obj: Obj) -> Obj:
     """The default transform: managedFields are large and no controller of ours reads them."""
     obj.get("metadata", {}).pop("managedFields", None)

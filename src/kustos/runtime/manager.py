@@ -21,7 +21,7 @@ from kustos.runtime.api import Api
 from kustos.runtime.controller import Controller, ControllerRunner
 from kustos.runtime.events import EventRecorder
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
-from kustos.runtime.kube import KubeClients, connect
+from kustos.runtime.kube import KubeClients, connect, object_key
 from kustos.runtime.leader import LeaderElectionConfig, LeaderElector
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.server import ProbeServer, WebhookServer
@@ -85,7 +85,7 @@ class Manager:
     def add_controller(self, controller: Controller) -> ControllerRunner:
         runner = ControllerRunner(controller, self.metrics)
         primary = self.informer(controller.primary, controller.primary_options)
-        primary.add_handler(lambda _kind, obj, _old: runner.enqueue(_key(obj)))
+        primary.add_handler(lambda _kind, obj, _old: runner.enqueue(object_key(obj)))
         for watch in controller.watches:
 
             def enqueue_mapped(
@@ -225,9 +225,3 @@ class Manager:
 
 class LeadershipLost(RuntimeError):
     """Raised by ``Manager.run`` so that the process exits and restarts as a standby."""
-
-
-def _key(obj: dict[str, Any]) -> str:
-    meta = obj["metadata"]
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
