@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -226,6 +228,27 @@ async def test_operator_killed_after_a_step_resumes_without_orphans(
         assert_consistent(kubectl, "f", size, status)
         indices = sorted(int(m["name"].rsplit("-", 1)[1]) for m in status["members"])
         assert len(set(indices)) == len(indices)
+
+
+async def test_sigterm_mid_reconcile_finishes_the_step_then_releases_the_lease(
+    crds: None, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    # A rolling restart of the operator lands in the middle of busy reconciles: it must exit
+    # promptly, and must not act after giving up its lease (a standby may be acting by then).
+    for attempt, delay in enumerate((0.1, 0.4, 0.7, 1.0, 1.3)):
+        with running_operator(kubectl, tmp_path / f"run-{attempt}") as process:
+            kubectl.apply(etcd_cluster(f"busy-{attempt}", 3))
+            await asyncio.sleep(delay)
+            process.kill(signal.SIGTERM)
+            try:
+                code = process.wait(30)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"operator ignored SIGTERM:\n{process.log()[-3000:]}") from None
+            assert code == 0, process.log()[-3000:]
+            lines = process.log().splitlines()
+            released = max((i for i, line in enumerate(lines) if "released lease" in line), default=-1)
+            last_step = max((i for i, line in enumerate(lines) if " step: " in line), default=-1)
+            assert released > last_step, "\n".join(lines[-20:])
 
 
 async def test_deleting_the_cluster_removes_what_it_owns(kubectl: Kubectl, operator: OperatorProcess) -> None:

@@ -51,7 +51,9 @@ def operator(
     process = start_operator(
         dev_cluster, tmp_path_factory.mktemp("operator"),
         "--lease-name", "runtime-tests",
-        "--lease-duration", "6", "--renew-deadline", "4", "--retry-period", "1",
+        # Longer than client-go's 15/10 s: the API server restart test must not cost the lease
+        # (losing it is exit 3 by design), and a restart under CI load takes several seconds.
+        "--lease-duration", "30", "--renew-deadline", "20", "--retry-period", "1",
         "--webhook-configuration-name", WEBHOOKS,
     )  # fmt: skip
     yield process

@@ -181,9 +181,18 @@ async def test_shut_down_wakes_waiting_getters_with_shutdown() -> None:
     queue = WorkQueue("q")
     getters = [asyncio.create_task(queue.get()) for _ in range(3)]
     await asyncio.sleep(0.01)
-    await queue.shut_down()
+    queue.shut_down()
     results = await asyncio.wait_for(asyncio.gather(*getters, return_exceptions=True), 1)
     assert all(isinstance(result, ShutDown) for result in results)
+    with pytest.raises(ShutDown):
+        await queue.get()
+
+
+async def test_shut_down_hands_out_no_more_work_even_with_keys_queued() -> None:
+    # A stopping operator finishes what it is doing and starts nothing new: its lease goes next.
+    queue = WorkQueue("q")
+    queue.add("queued")
+    queue.shut_down()
     with pytest.raises(ShutDown):
         await queue.get()
 
@@ -191,7 +200,7 @@ async def test_shut_down_wakes_waiting_getters_with_shutdown() -> None:
 async def test_shut_down_ignores_new_adds_and_cancels_delayed_ones() -> None:
     queue = WorkQueue("q")
     queue.add_after("later", 0.02)
-    await queue.shut_down()
+    queue.shut_down()
     queue.add("new")
     assert len(queue) == 0
     await asyncio.sleep(0.04)
@@ -451,7 +460,7 @@ class QueueMachine(RuleBasedStateMachine):
                 self._take(0)
                 self.done(0)
             assert not self.owed, f"never processed after their last add: {self.owed}"
-            self.loop.run_until_complete(self.queue.shut_down())
+            self.queue.shut_down()
         finally:
             self.loop.close()
 
@@ -506,7 +515,7 @@ def test_concurrent_workers_never_share_a_key_and_finish_every_add(
             if len(queue) == 0 and not in_flight:
                 break
             await asyncio.sleep(0)
-        await queue.shut_down()
+        queue.shut_down()
         await asyncio.wait_for(asyncio.gather(*workers), 1)
         for key, added in last_add.items():
             assert last_start.get(key, -1) > added, f"{key} not processed after its last add"

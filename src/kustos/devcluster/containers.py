@@ -75,7 +75,8 @@ class ContainerProcess:
     async def wait(self) -> int:
         code = await self.process.wait()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._pump, 5)
+            async with asyncio.timeout(5):
+                await self._pump
         self.pid_file.unlink(missing_ok=True)
         return code
 
@@ -88,7 +89,8 @@ class ContainerProcess:
         if self.process.returncode is None:
             self.signal_group(signal.SIGTERM)
             try:
-                await asyncio.wait_for(asyncio.shield(self.process.wait()), grace_seconds)
+                async with asyncio.timeout(grace_seconds):
+                    await self.process.wait()
             except TimeoutError:
                 self.signal_group(signal.SIGKILL)
         return await self.wait()

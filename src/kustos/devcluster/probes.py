@@ -89,9 +89,8 @@ async def probe_once(
         if "tcpSocket" in probe:
             tcp = probe["tcpSocket"]
             host = tcp.get("host") or pod_ip
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, _port(tcp["port"], container)), timeout
-            )
+            async with asyncio.timeout(timeout):
+                _, writer = await asyncio.open_connection(host, _port(tcp["port"], container))
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
@@ -106,7 +105,8 @@ async def probe_once(
                 stderr=asyncio.subprocess.DEVNULL,
             )
             try:
-                return await asyncio.wait_for(process.wait(), timeout) == 0
+                async with asyncio.timeout(timeout):
+                    return await process.wait() == 0
             except TimeoutError:
                 process.kill()
                 await process.wait()
@@ -114,7 +114,8 @@ async def probe_once(
         if "grpc" in probe:
             # No gRPC health client here: a TCP connect is the closest honest check.
             grpc = probe["grpc"]
-            _, writer = await asyncio.wait_for(asyncio.open_connection(pod_ip, int(grpc["port"])), timeout)
+            async with asyncio.timeout(timeout):
+                _, writer = await asyncio.open_connection(pod_ip, int(grpc["port"]))
             writer.close()
             return True
     except (OSError, TimeoutError, httpx.HTTPError, ValueError):

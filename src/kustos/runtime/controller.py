@@ -8,7 +8,6 @@ to be called again later, or raise to be retried with exponential backoff.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -114,16 +113,21 @@ class ControllerRunner:
 
     async def stop(self, timeout: float) -> None:
         """Stop taking work; give in-flight reconciles ``timeout`` seconds to finish."""
-        await self.queue.shut_down()
+        self.queue.shut_down()
         # Workers leave once their current reconcile is done (the queue says ShutDown).
         workers = self._tasks[: self.controller.workers]
         if workers:
             await asyncio.wait(workers, timeout=timeout)
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=5)
+
+    def abandon(self) -> None:
+        """Stop at once, cancelling in-flight reconciles (the lease is gone)."""
+        self.queue.shut_down()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         self._tasks.clear()
 
     async def _gauges(self) -> None:

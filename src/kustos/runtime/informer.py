@@ -211,7 +211,10 @@ class Informer:
             lines = response.aiter_lines()
             while True:
                 try:
-                    line = await asyncio.wait_for(anext(lines), self.options.inactivity_timeout)
+                    # Not asyncio.wait_for: on 3.11 it swallows a cancel that lands as a line
+                    # arrives, and a busy watch then never lets the operator shut down.
+                    async with asyncio.timeout(self.options.inactivity_timeout):
+                        line = await anext(lines)
                 except StopAsyncIteration:
                     self._restarted("closed")
                     return

@@ -96,7 +96,8 @@ class LeaderElector:
                 return
             await asyncio.sleep(self.config.retry_period)
             try:
-                renewed = await asyncio.wait_for(self._try_acquire_or_renew(), self.config.renew_deadline)
+                async with asyncio.timeout(self.config.renew_deadline):  # cancel-safe, unlike wait_for
+                    renewed = await self._try_acquire_or_renew()
             except (TimeoutError, Exception) as err:
                 log.warning("renewing the lease failed: %s", err)
                 renewed = False

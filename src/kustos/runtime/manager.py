@@ -132,9 +132,9 @@ class Manager:
         finally:
             for task in informer_tasks:
                 task.cancel()
-            for task in informer_tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            if informer_tasks:
+                # Bounded: a task that swallowed its cancel must not keep the process alive.
+                await asyncio.wait(informer_tasks, timeout=5)
             if self.webhook_server is not None:
                 await self.webhook_server.stop()
             await self.probes.stop()
@@ -159,7 +159,10 @@ class Manager:
         stopped = asyncio.create_task(self._stop.wait())
         done, _ = await asyncio.wait([election, stopped], return_when=asyncio.FIRST_COMPLETED)
         if stopped in done:
-            election.cancel()
+            # A leader keeps renewing while its in-flight reconciles finish (the leading task
+            # sees the stop itself), and only then gives the lease up: never two actors at once.
+            if not self.elector.is_leader:
+                election.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await election
             await self.elector.release()
@@ -184,11 +187,13 @@ class Manager:
         log.info("controllers started: %s", ", ".join(r.controller.name for r in self._controllers))
         try:
             await self._stop.wait()
-        finally:
-            # Cancelled on lost leadership or stopped: finish in-flight work within the timeout.
-            await asyncio.shield(asyncio.gather(
-                *(r.stop(self.options.shutdown_timeout) for r in self._controllers)
-            ))  # fmt: skip
+        except asyncio.CancelledError:
+            # Leadership lost: another leader may act soon, so in-flight work is abandoned now.
+            for runner in self._controllers:
+                runner.abandon()
+            raise
+        # Stopped: take no new work and let in-flight reconciles finish within the timeout.
+        await asyncio.gather(*(r.stop(self.options.shutdown_timeout) for r in self._controllers))
 
     async def _start_webhooks(self) -> None:
         certificate = self.options.certificate

@@ -143,7 +143,8 @@ class WorkQueue:
         return self.limiter.failures(key)
 
     async def get(self) -> str:
-        while not self._queue:
+        """The next key; ``ShutDown`` once shutting down, even with keys left (no new work then)."""
+        while not self._queue or self._shutting_down:
             if self._shutting_down:
                 raise ShutDown()
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -185,7 +186,8 @@ class WorkQueue:
         self._metrics.unfinished_work.labels(self.name).set(sum(running))
         self._metrics.longest_running.labels(self.name).set(max(running, default=0.0))
 
-    async def shut_down(self) -> None:
+    def shut_down(self) -> None:
+        """Take no more keys and wake every waiting worker with ``ShutDown``."""
         self._shutting_down = True
         for _, handle in self._waiting.values():
             handle.cancel()
