@@ -50,6 +50,8 @@ class Operator:
             sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
             "--no-leader-elect", "--metrics-address", f"127.0.0.1:{self.port}", "--log-level", "warning",
         ]  # fmt: skip
+        # The runtime alone: kustos's own controllers would wait for CRDs this cluster lacks.
+        args += ["--controllers", "none"]
         if controllers:
             args += ["--extra-controllers", controllers]
         self.process = subprocess.Popen(

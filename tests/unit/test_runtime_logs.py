@@ -140,7 +140,7 @@ def test_a_record_without_the_filter_formats_without_context() -> None:
 
 # ---- setup_logging -----------------------------------------------------------------------
 
-NOISY = ("httpx", "httpx2", "httpcore", "aiohttp.access")
+NOISY = ("httpx", "httpx2", "httpcore")
 
 
 @pytest.fixture

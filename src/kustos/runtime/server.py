@@ -7,9 +7,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kustos.runtime.http import HttpServer, Request, Response
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.webhook import ServingCertificate, Webhook, handle_review
 
@@ -30,44 +30,39 @@ class ProbeServer:
         self._metrics = metrics
         self._address = address
         self._checks: dict[str, ReadinessCheck] = {}
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self.port = 0
 
     def add_readiness_check(self, name: str, check: ReadinessCheck) -> None:
         self._checks[name] = check
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", self._serve_metrics)
-        app.router.add_get("/healthz", self._healthz)
-        app.router.add_get("/readyz", self._readyz)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        host, port = split_address(self._address)
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        self.port = _bound_port(site)
+        self._server = HttpServer(*split_address(self._address))
+        self._server.route("GET", "/metrics", self._serve_metrics)
+        self._server.route("GET", "/healthz", self._healthz)
+        self._server.route("GET", "/readyz", self._readyz)
+        await self._server.start()
+        self.port = self._server.port
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.stop()
 
-    async def _serve_metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self._metrics.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def _serve_metrics(self, _: Request) -> Response:
+        return Response(200, generate_latest(self._metrics.registry), CONTENT_TYPE_LATEST)
 
-    async def _healthz(self, _: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    async def _healthz(self, _: Request) -> Response:
+        return Response.text("ok")
 
-    async def _readyz(self, _: web.Request) -> web.Response:
+    async def _readyz(self, _: Request) -> Response:
         failing = []
         for name, check in self._checks.items():
             ok, detail = check()
             if not ok:
                 failing.append(f"{name}: {detail}")
         if failing:
-            return web.Response(status=503, text="not ready\n" + "\n".join(failing))
-        return web.Response(text="ok")
+            return Response.text("not ready\n" + "\n".join(failing), 503)
+        return Response.text("ok")
 
 
 class WebhookServer:
@@ -77,7 +72,7 @@ class WebhookServer:
         self._address = address
         self.certificate = certificate
         self._webhooks: dict[str, Webhook] = {}
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self.port = 0
         self.serving = False
 
@@ -89,21 +84,18 @@ class WebhookServer:
         return list(self._webhooks.values())
 
     async def start(self) -> None:
-        app = web.Application()
-        for path in self._webhooks:
-            app.router.add_post(path, self._review)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
         host, port = split_address(self._address)
-        site = web.TCPSite(self._runner, host, port, ssl_context=self._ssl_context())
-        await site.start()
-        self.port = _bound_port(site)
+        self._server = HttpServer(host, port, ssl_context=self._ssl_context())
+        for path in self._webhooks:
+            self._server.route("POST", path, self._review)
+        await self._server.start()
+        self.port = self._server.port
         self.serving = True
 
     async def stop(self) -> None:
         self.serving = False
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.stop()
 
     def _ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -115,13 +107,9 @@ class WebhookServer:
             context.load_cert_chain(cert, key)
         return context
 
-    async def _review(self, request: web.Request) -> web.Response:
-        webhook = self._webhooks[request.path]
-        body = await request.json()
-        return web.json_response(await handle_review(webhook, body))
-
-
-def _bound_port(site: web.TCPSite) -> int:
-    server = site._server  # aiohttp keeps the asyncio server here; port 0 means "pick one"
-    sockets = getattr(server, "sockets", None) or []
-    return int(sockets[0].getsockname()[1]) if sockets else 0
+    async def _review(self, request: Request) -> Response:
+        try:
+            review = request.json()
+        except ValueError as err:
+            return Response.text(f"not an AdmissionReview: {err}", 400)
+        return Response.json(await handle_review(self._webhooks[request.path], review))
