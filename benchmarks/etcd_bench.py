@@ -49,9 +49,9 @@ def healthy(st: dict[str, Any], size: int) -> bool:
     return st.get("ready") == f"{size}/{size}" and st.get("phase") == "Running" and len(members) == size
 
 
-def create(cluster: DevCluster, name: str, size: int = 3) -> None:
+def create(cluster: DevCluster, name: str, size: int = 3, **spec: Any) -> None:
     body = {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster", "metadata": {"name": name},
-            "spec": {"size": size, "addressing": "podIP", "memberFailureTimeout": "5s"}}  # fmt: skip
+            "spec": {"size": size, "addressing": "podIP", "memberFailureTimeout": "5s", **spec}}  # fmt: skip
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body))
 
 
@@ -68,6 +68,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clusters", type=int, nargs="*", default=[10])
+    parser.add_argument("--upgrade-sizes", type=int, nargs="*", default=[3, 5])
     args = parser.parse_args()
     binaries.build()
     cluster = DevCluster(DevClusterConfig(name="bench-etcd", worker_nodes=4, timings=Timings.fast(),
@@ -115,6 +116,21 @@ def main() -> None:
               f"runs {', '.join(f'{c:.1f}' for c in creates)}")  # fmt: skip
         print(f"pod deleted until back to 3 healthy members: median {statistics.median(replacements):.1f} s, "
               f"runs {', '.join(f'{r:.1f}' for r in replacements)}")  # fmt: skip
+        old, new = (v.lstrip("v") for v in binaries.ETCD_VERSIONS)
+        for size in args.upgrade_sizes:
+            for storage in ("emptyDir", "pvc"):
+                name = f"up-{size}-{storage.lower()}"
+                create(cluster, name, size, version=old, storage={"type": storage})
+                wait(cluster, name, lambda st, n=size: healthy(st, n))
+                time.sleep(8)  # a settled cluster: etcd refuses reconfiguration for 5 s after one
+                cluster.kubectl("patch", "etcdcluster", name, "--type=merge", "-p",
+                                json.dumps({"spec": {"version": new}}))  # fmt: skip
+                took = wait(
+                    cluster, name, lambda st, n=size: healthy(st, n) and st.get("currentVersion") == new
+                )
+                print(f"rolling upgrade {old} -> {new}, {size} members, {storage}: {took:.1f} s "
+                      f"({took / size:.1f} s per member)")  # fmt: skip
+                cluster.kubectl("delete", "etcdcluster", name, "--wait=false")
         time.sleep(10)  # let the deleted clusters' pods go
         made = 0
         for target in sorted(args.clusters):

@@ -180,7 +180,10 @@ def test_no_planned_step_costs_quorum(o: Observed) -> None:
     voters = [m for m in o.members if not m.learner]
     healthy = [m for m in voters if m.healthy]
     if len(healthy) < quorum(len(voters)):
-        assert isinstance(step, planner.QuorumLost | planner.AnnotatePod)
+        # Touch nothing, except bring a PVC-backed member back on its own volume.
+        assert isinstance(step, planner.QuorumLost | planner.AnnotatePod | planner.RecreatePod)
+        if isinstance(step, planner.RecreatePod):
+            assert o.storage == "pvc"
         return
     if isinstance(step, planner.RemoveMember):
         victim = next(m for m in o.members if m.id == step.member_id)
@@ -204,8 +207,11 @@ def test_growth_and_shrinking_only_happen_one_member_at_a_time_on_healthy_cluste
 class Model:
     """A tiny etcd + Kubernetes in which steps take effect at once."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, storage: str = "emptyDir", version: str | None = None) -> None:
         self.size = size
+        self.storage = storage
+        self.version = version
+        self.leader_changes: list[tuple[str, str | None]] = []  # (leader pod, its version) per step
         self.members: dict[int, MemberView] = {}
         self.pods: dict[str, PodView] = {}
         self.next_index = 0
@@ -214,14 +220,20 @@ class Model:
 
     def observe(self) -> Observed:
         members = tuple(self.members.values()) if self.formed else None
+        if members is not None and not any(m.healthy for m in members):
+            members = None  # nobody answers
         return observed(list(members) if members is not None else None, list(self.pods.values()), self.size,
-                        next_index=self.next_index, ever_formed=self.formed)  # fmt: skip
+                        next_index=self.next_index, ever_formed=self.formed, storage=self.storage,
+                        version=self.version,
+                        recorded_members=tuple((m.name, m.id) for m in self.members.values()))  # fmt: skip
 
     def apply(self, step: planner.Step) -> None:
         match step:
             case planner.CreateSeed(index=i) | planner.CreatePod(index=i):
                 self.next_index = max(self.next_index, i + 1)
-                self.pods[f"e-{i}"] = PodView(f"e-{i}", i, uid=f"u{i}", ip=f"127.1.1.{i + 1}", running=True)
+                self.pods[f"e-{i}"] = PodView(
+                    f"e-{i}", i, uid=f"u{i}", ip=f"127.1.1.{i + 1}", running=True, version=self.version
+                )
                 if isinstance(step, planner.CreateSeed):
                     url = f"http://127.1.1.{i + 1}:2380"
                     self.members[self.next_id] = MemberView(
@@ -242,6 +254,16 @@ class Model:
                     self.members[first] = dataclasses.replace(self.members[first], leader=True)
             case planner.DeletePod(name=name):
                 del self.pods[name]
+                for i, m in self.members.items():  # a stopped member's process is gone with its pod
+                    if m.name == name:
+                        self.members[i] = dataclasses.replace(m, healthy=False, leader=False)
+            case planner.RecreatePod(name=name, member_id=i):
+                index = int(name.rsplit("-", 1)[1])
+                ip = f"127.1.1.{index + 1}"
+                self.pods[name] = PodView(
+                    name, index, uid=f"u{index}b", ip=ip, running=True, member_id=i, version=self.version
+                )
+                self.members[i] = dataclasses.replace(self.members[i], healthy=True)
             case planner.AnnotatePod(name=name, member_id=i):
                 self.pods[name] = dataclasses.replace(self.pods[name], member_id=i)
             case planner.MoveLeader(from_id=a, to_id=b):
@@ -255,6 +277,9 @@ class Model:
                 return
             assert not isinstance(step, planner.QuorumLost | planner.Wait), step
             voters = [m for m in self.members.values() if not m.learner]
+            if not any(m.leader for m in self.members.values()) and voters:
+                first = next(m for m in self.members.values() if m.healthy and not m.learner)
+                self.members[first.id] = dataclasses.replace(first, leader=True)  # an election
             self.apply(step)
             after = [m for m in self.members.values() if not m.learner]
             if self.formed and voters:
@@ -274,3 +299,88 @@ def test_any_sequence_of_sizes_converges_one_member_at_a_time(sizes: list[int]) 
         assert len(model.pods) == size
         names = [p.name for p in model.pods.values()]
         assert len(set(names)) == len(names)
+
+
+def _leader_version(model: Model) -> str | None:
+    leader = next(m for m in model.members.values() if m.leader)
+    return model.pods[leader.name].version
+
+
+@given(
+    size=st.integers(1, 7),
+    storage=st.sampled_from(["emptyDir", "pvc"]),
+    leader=st.integers(0, 6),
+)
+@settings(max_examples=100, deadline=None)
+def test_a_rolling_upgrade_converges_one_member_at_a_time_leader_last(
+    size: int, storage: str, leader: int
+) -> None:
+    model = Model(size, storage, version="3.5.35")
+    model.run()
+    start = next(m for m in model.members.values() if m.leader)
+    model.members[start.id] = dataclasses.replace(start, leader=False)
+    chosen = list(model.members.values())[leader % size]
+    model.members[chosen.id] = dataclasses.replace(chosen, leader=True)
+    model.version = "3.6.16"
+    for _ in range(300):
+        step = plan(model.observe())
+        if isinstance(step, planner.Done):
+            break
+        if isinstance(step, planner.Wait):
+            continue
+        outdated = [p for p in model.pods.values() if p.version == "3.5.35"]
+        # Never more than one member away from its place, and the leader is the last one to go.
+        assert len(model.members) <= size + 1
+        if isinstance(step, planner.RemoveMember | planner.DeletePod) and len(outdated) > 1:
+            victim = step.name
+            assert not any(m.leader and m.name == victim for m in model.members.values()), step
+        model.apply(step)
+        voters = [m for m in model.members.values() if not m.learner]
+        if storage != "pvc":
+            assert sum(m.healthy for m in voters) >= quorum(len(voters)), "a step lost quorum"
+        heir = next((m for m in model.members.values() if m.healthy and not m.learner), None)
+        if heir is not None and not any(m.leader for m in model.members.values()):
+            model.members[heir.id] = dataclasses.replace(heir, leader=True)  # an election
+    else:
+        raise AssertionError("the upgrade did not converge")
+    assert sorted(p.version for p in model.pods.values()) == ["3.6.16"] * size
+    assert len(model.members) == size and all(m.healthy for m in model.members.values())
+
+
+def test_a_member_failing_on_the_new_version_halts_the_upgrade() -> None:
+    members, pods = healthy_cluster(3)
+    pods = [dataclasses.replace(p, version="3.6.16" if p.index == 2 else "3.5.35") for p in pods]
+    members[2] = dataclasses.replace(members[2], healthy=False)
+    since = {"e-2": NOW - TIMEOUT - timedelta(seconds=1)}
+    step = plan(observed(members, pods, 3, version="3.6.16", unhealthy_since=since))
+    assert isinstance(step, planner.UpgradeHalted) and "e-2" in step.message
+    # Setting the version back is the way out: the failed member is then simply replaced.
+    step = plan(observed(members, pods, 3, version="3.5.35", unhealthy_since=since))
+    assert isinstance(step, planner.RemoveMember) and step.name == "e-2"
+
+
+def test_pvc_members_restart_in_place_followers_first() -> None:
+    members, pods = healthy_cluster(3, leader=0)
+    pods = [dataclasses.replace(p, version="3.5.35") for p in pods]
+    step = plan(observed(members, pods, 3, storage="pvc", version="3.6.16"))
+    assert step == planner.DeletePod("e-1", "u1", "restarting it on etcd 3.6.16")
+
+
+def test_the_outdated_leader_hands_over_to_an_upgraded_member_before_it_goes() -> None:
+    members, pods = healthy_cluster(3, leader=0)
+    pods = [dataclasses.replace(p, version="3.5.35" if p.index == 0 else "3.6.16") for p in pods]
+    step = plan(observed(members, pods, 3, storage="pvc", version="3.6.16"))
+    assert step == planner.MoveLeader(100, 101)
+
+
+def test_pvc_members_come_back_on_their_volumes_even_without_quorum() -> None:
+    members, pods = healthy_cluster(3)
+    members = [dataclasses.replace(m, healthy=m.name == "e-0", leader=False) for m in members]
+    step = plan(observed(members, pods[:1], 3, storage="pvc"))
+    assert step == planner.RecreatePod("e-1", 101)
+    # Nobody answers at all (every pod was deleted): the recorded members come back.
+    recorded = (("e-0", 100), ("e-1", 101), ("e-2", 102))
+    step = plan(observed(None, [], 3, storage="pvc", ever_formed=True, recorded_members=recorded))
+    assert step == planner.RecreatePod("e-0", 100)
+    # With emptyDir there is nothing to come back to: quorum loss is reported.
+    assert isinstance(plan(observed(members, pods[:1], 3)), planner.QuorumLost)

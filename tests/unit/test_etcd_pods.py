@@ -70,7 +70,7 @@ def test_pod_policy_reaches_the_pod() -> None:
     assert "affinity" not in spec and spec["nodeSelector"] == {"disk": "ssd"}
     assert spec["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
     assert spec["containers"][0]["resources"] == {"requests": {"cpu": "100m"}}
-    assert pod["metadata"]["labels"]["team"] == "a" and pod["metadata"]["annotations"] == {"note": "x"}
+    assert pod["metadata"]["labels"]["team"] == "a" and pod["metadata"]["annotations"]["note"] == "x"
     assert pod["metadata"]["labels"]["kustos.dev/cluster"] == "db"
     assert "--quota-backend-bytes=1" in spec["containers"][0]["args"]
 

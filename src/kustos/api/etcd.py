@@ -125,7 +125,9 @@ class MemberStatus(KubeModel):
 class EtcdClusterStatus(KubeModel):
     """What the operator last observed and did."""
 
-    phase: Literal["Creating", "Running", "Scaling", "Recovering", "QuorumLost", "Failed"] | None = None
+    phase: (
+        Literal["Creating", "Running", "Scaling", "Upgrading", "Recovering", "QuorumLost", "Failed"] | None
+    ) = None
     """Creating, Running, Scaling, Recovering, QuorumLost or Failed."""
     ready: str | None = None
     """Healthy voting members over size, like 3/3."""

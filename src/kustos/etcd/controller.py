@@ -24,12 +24,14 @@ from kustos.etcd.planner import MemberView, Observed, PodView, Step
 from kustos.etcd.pods import (
     CLUSTER_LABEL,
     MEMBER_ID_ANNOTATION,
+    VERSION_ANNOTATION,
     claim_name,
     member_claim,
     member_pod,
     member_urls,
     services,
 )
+from kustos.etcd.versions import image_version, upgrade_refusal
 from kustos.runtime import faults
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import get_condition, set_condition
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 
 ETCDCLUSTERS = ResourceRef(EtcdCluster.crd.group, EtcdCluster.crd.version, "etcdclusters", "EtcdCluster")
 
-Phase = Literal["Creating", "Running", "Scaling", "Recovering", "QuorumLost", "Failed"]
+Phase = Literal["Creating", "Running", "Scaling", "Upgrading", "Recovering", "QuorumLost", "Failed"]
 
 STEADY_RESYNC = 10.0
 # A member that is merely slow to answer must not make a healthy cluster look lost:
@@ -134,8 +136,11 @@ class EtcdClusterReconciler:
         index = planner.pod_index(cluster.metadata["name"], meta["name"])
         if index is None:
             return None
-        member_id = (meta.get("annotations") or {}).get(MEMBER_ID_ANNOTATION)
+        annotations = meta.get("annotations") or {}
+        member_id = annotations.get(MEMBER_ID_ANNOTATION)
         node_name = (pod.get("spec") or {}).get("nodeName")
+        containers = (pod.get("spec") or {}).get("containers") or [{}]
+        version = annotations.get(VERSION_ANNOTATION) or image_version(containers[0].get("image", ""))
         return PodView(
             name=meta["name"],
             index=index,
@@ -146,6 +151,7 @@ class EtcdClusterReconciler:
             ready=_pod_ready(pod),
             member_id=int(member_id, 16) if member_id else None,
             node_lost=bool(node_name) and _node_lost(self.nodes.get(str(node_name))),
+            version=version,
         )
 
     async def _ask_etcd(self, urls: list[str]) -> EtcdView:
@@ -213,6 +219,8 @@ class EtcdClusterReconciler:
             addressing=spec.addressing, storage=skeleton.storage, failure_timeout=skeleton.failure_timeout,
             now=now, pods=tuple(views), members=members, next_index=status.next_member_index,
             ever_formed=bool(status.cluster_id), unhealthy_since=unhealthy_since,
+            version=target_version(cluster),
+            recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
         )  # fmt: skip
         return observed, etcd, client_urls
 
@@ -234,6 +242,9 @@ class EtcdClusterReconciler:
                 f"size {cluster.spec.size} tolerates no more failures than size {cluster.spec.size - 1}",
                 warning=True,
             )  # fmt: skip
+        refusal = version_refusal(cluster)
+        if refusal is not None:
+            await self._event(cluster, "UpgradeRefused", refusal, warning=True)
         now = datetime.now(UTC)
         observed, etcd, client_urls = await self.observe(cluster, now)
         step = planner.plan(observed)
@@ -283,6 +294,9 @@ class EtcdClusterReconciler:
                 return seconds
             case planner.QuorumLost():
                 return 2.0  # _record reports it once it has lasted QUORUM_LOSS_GRACE
+            case planner.UpgradeHalted(message=message):
+                await self._event(cluster, "UpgradeHalted", message, warning=True)
+                return 5.0
             case planner.CreateSeed(index=index):
                 await self._reserve_index(cluster, index)
                 pod = planner.pod_name(name, index)
@@ -374,8 +388,7 @@ class EtcdClusterReconciler:
     async def _create_pod(
         self, cluster: EtcdCluster, index: int, state: str, initial_cluster: list[tuple[str, str]]
     ) -> None:
-        version = (cluster.status.current_version if cluster.status else None) or cluster.spec.version
-        manifest = member_pod(cluster, index, state, initial_cluster, version)
+        manifest = member_pod(cluster, index, state, initial_cluster, target_version(cluster))
         if cluster.spec.storage.type == "pvc":
             await self.api.apply(CLAIMS, member_claim(cluster, manifest["metadata"]["name"]))
         try:
@@ -458,11 +471,22 @@ class EtcdClusterReconciler:
         progressing = not isinstance(step, planner.Done | planner.QuorumLost)
         conditions = set_condition(conditions, "Progressing", progressing,
                                    type(step).__name__, _describe(step), generation)  # fmt: skip
-        degraded = confirmed or any(not m.healthy for m in members)
-        reason = "QuorumLost" if confirmed else ("MemberUnhealthy" if degraded else "AllHealthy")
+        halted = isinstance(step, planner.UpgradeHalted)
+        degraded = confirmed or halted or any(not m.healthy for m in members)
+        reason = (
+            "QuorumLost" if confirmed else "UpgradeHalted" if halted
+            else "MemberUnhealthy" if degraded else "AllHealthy"
+        )  # fmt: skip
         conditions = set_condition(
             conditions, "Degraded", degraded, reason, _describe(step) if degraded else "", generation
         )
+        refusal = version_refusal(cluster)
+        conditions = set_condition(
+            conditions, "VersionAccepted", refusal is None, "UpgradeRefused" if refusal else "Accepted",
+            refusal or f"etcd {cluster.spec.version}", generation,
+        )  # fmt: skip
+        if old.get("currentVersion") and status.current_version != old.get("currentVersion"):
+            await self._event(cluster, "Upgraded", f"every member runs etcd {status.current_version}")
         payload = status.model_dump(by_alias=True, exclude_none=True)
         payload["conditions"] = conditions
         payload["observedGeneration"] = generation
@@ -478,11 +502,27 @@ class EtcdClusterReconciler:
             return "Creating"
         if isinstance(step, planner.Done):
             return "Running"
+        if any(planner.is_outdated(o, p) for p in o.pods) or isinstance(step, planner.UpgradeHalted):
+            return "Upgrading"
         if (o.members is not None and any(not m.healthy for m in o.members)) or isinstance(
             step, planner.RecreatePod
         ):
             return "Recovering"
         return "Scaling" if o.members is not None and len(o.members) != o.size else "Running"
+
+
+def version_refusal(cluster: EtcdCluster) -> str | None:
+    """Why spec.version cannot be rolled out from the version the members run, if it cannot."""
+    current = cluster.status.current_version if cluster.status else None
+    return upgrade_refusal(current, cluster.spec.version)
+
+
+def target_version(cluster: EtcdCluster) -> str:
+    """The version members should run: the spec's, unless that change is refused."""
+    current = cluster.status.current_version if cluster.status else None
+    if current and version_refusal(cluster) is not None:
+        return current
+    return cluster.spec.version
 
 
 def _service_matches(current: dict[str, Any], desired: dict[str, Any]) -> bool:
@@ -501,7 +541,7 @@ def _describe(step: Step) -> str:
     match step:
         case planner.Wait(reason=reason):
             return reason
-        case planner.QuorumLost(message=message):
+        case planner.QuorumLost(message=message) | planner.UpgradeHalted(message=message):
             return message
         case planner.Done():
             return "the cluster matches its spec"

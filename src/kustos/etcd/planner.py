@@ -4,10 +4,12 @@ Everything the planner needs is in ``Observed``; everything it decides is a ``St
 The rules, in the order they are tried:
 
 1. Without a readable membership: bootstrap a seed when nothing exists yet, wait
-   for a seed that is starting, otherwise report quorum lost and touch nothing.
+   for a seed that is starting, bring PVC-backed members back on their volumes,
+   otherwise report quorum lost and touch nothing else.
 2. Record on each pod the member ID it became (so a removed member's pod is known),
    and give a member that came back in a new pod (pod-IP addressing) its new peer URL.
-3. Quorum lost (fewer healthy voters than a majority): touch nothing.
+3. Quorum lost (fewer healthy voters than a majority): touch nothing but bring
+   PVC-backed members whose pod is gone back on their volumes.
 4. A member without a pod: create the pod a just-added member was waiting for
    (DNS addressing), bring a PVC-backed member back on its own volume, or remove
    the member from etcd when that keeps quorum.
@@ -17,8 +19,13 @@ The rules, in the order they are tried:
 7. A member unhealthy past the failure timeout (or on a lost node): remove it,
    if that keeps quorum; its pod goes at the next pass, a replacement after.
 8. Grow by one member (never while another change is in flight, never while a
-   member is unhealthy), or shrink by one: an unhealthy member first, else the
-   newest follower; the leader only after moving leadership away.
+   member is unhealthy), or shrink by one: an unhealthy member first, else an
+   outdated one, else the newest follower; the leader only after moving
+   leadership away.
+9. Roll members onto ``version`` one at a time, followers first and the leader
+   last: with PVC storage restart a member's pod on its volume; otherwise surge
+   (add a member at the new version, then remove an outdated one by rule 8).
+   A member at the new version that dies mid-upgrade halts the upgrade.
 
 Each step changes the membership by at most one member, and a removal is only
 planned when the healthy voters that remain are still a majority of the smaller
@@ -46,6 +53,7 @@ class PodView:
     ready: bool = False
     member_id: int | None = None  # from the pod's annotation, once it became a member
     node_lost: bool = False
+    version: str | None = None  # the etcd version its container runs
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,8 @@ class Observed:
     next_index: int = 0
     ever_formed: bool = False  # the cluster had a membership once (status.clusterID set)
     unhealthy_since: dict[str, datetime] = field(default_factory=dict)  # by member name
+    version: str | None = None  # the version members should run (None: whatever they run)
+    recorded_members: tuple[tuple[str, int], ...] = ()  # (name, ID) from status: who to bring back
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -156,13 +166,20 @@ class QuorumLost:
 
 
 @dataclass(frozen=True)
+class UpgradeHalted:
+    """A member on the new version failed: stop rolling, touch nothing more."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Done:
     pass
 
 
 Step = (
     CreateSeed | CreatePod | RecreatePod | AddMember | PromoteMember | UpdatePeerURL | RemoveMember
-    | DeletePod | AnnotatePod | MoveLeader | Wait | QuorumLost | Done
+    | DeletePod | AnnotatePod | MoveLeader | Wait | QuorumLost | UpgradeHalted | Done
 )  # fmt: skip
 
 
@@ -259,10 +276,15 @@ def plan(o: Observed) -> Step:
         if url is not None and url != m.peer_url:
             return UpdatePeerURL(m.id, url)
 
-    # 3. Quorum.
+    # 3. Quorum. A PVC-backed member whose pod is gone comes back on its volume even now:
+    # it is the same member with its data, and often exactly what restores quorum.
     voters = [m for m in members if not m.learner]
     healthy_voters = [m for m in voters if m.healthy]
     if len(healthy_voters) < quorum(len(voters)):
+        existing_names = {p.name for p in o.pods}
+        for m in members:
+            if o.storage == "pvc" and m.name and m.id not in pods and m.name not in existing_names:
+                return RecreatePod(m.name, m.id)
         return QuorumLost(
             f"{len(healthy_voters)} of {len(voters)} voting members are healthy; "
             f"{quorum(len(voters))} are needed for quorum"
@@ -313,6 +335,12 @@ def plan(o: Observed) -> Step:
     # 7. Dead members.
     for m in members:
         if is_dead(o, m, pods.get(m.id)):
+            pod = pods.get(m.id)
+            if pod is not None and _rolling(o, pods) and not is_outdated(o, pod):
+                return UpgradeHalted(
+                    f"member {m.name or pod.name} failed on etcd {o.version}: upgrade halted; "
+                    f"set spec.version back to continue on the old version"
+                )
             if removal_keeps_quorum(members, m):
                 return RemoveMember(m.id, m.name, "it has been unhealthy longer than the failure timeout")
             return Wait(f"member {m.name} is dead, but removing it would cost quorum")
@@ -321,7 +349,8 @@ def plan(o: Observed) -> Step:
     joining = [m for m in members if m.learner or not m.name]
     if joining:
         return Wait("a member is joining", 1.0)
-    if len(members) < o.size:
+    surge = len(members) == o.size and o.storage != "pvc" and _rolling(o, pods)
+    if len(members) < o.size or surge:
         if any(not m.healthy for m in members):
             return Wait("not growing while a member is unhealthy")
         index = max(o.next_index, *(p.index + 1 for p in o.pods)) if o.pods else o.next_index
@@ -334,19 +363,61 @@ def plan(o: Observed) -> Step:
     if len(members) > o.size:
         victim = _scale_down_victim(o, members, pods)
         if victim.leader:
-            target = next((m for m in members if m.healthy and not m.leader and not m.learner), None)
+            target = _leadership_heir(o, members, pods, victim)
             if target is not None:
                 return MoveLeader(victim.id, target.id)
         if removal_keeps_quorum(members, victim):
-            return RemoveMember(victim.id, victim.name, "the cluster is larger than its size")
+            outdated = victim.id in pods and is_outdated(o, pods[victim.id])
+            reason = (
+                f"replaced by a member on etcd {o.version}"
+                if outdated
+                else "the cluster is larger than its size"
+            )
+            return RemoveMember(victim.id, victim.name, reason)
         return Wait("not shrinking: removing a member now would cost quorum")
     if any(not m.healthy for m in members):
         return Wait("a member is unhealthy", 2.0)
+
+    # 9. Restart PVC-backed members on the new version, one at a time, the leader last.
+    stale = [m for m in members if is_outdated(o, pods[m.id])]
+    if stale:
+        restarting = next((p for p in pods.values() if p.deleting), None)
+        if restarting is not None:
+            return Wait(f"pod {restarting.name} is terminating", 1.0)
+        victim = min(stale, key=lambda m: (m.leader, pods[m.id].index))
+        if victim.leader:
+            target = _leadership_heir(o, members, pods, victim)
+            if target is not None:
+                return MoveLeader(victim.id, target.id)
+        pod = pods[victim.id]
+        return DeletePod(pod.name, pod.uid, f"restarting it on etcd {o.version}")
     return Done()
+
+
+def is_outdated(o: Observed, pod: PodView) -> bool:
+    return o.version is not None and pod.version is not None and pod.version != o.version
+
+
+def _rolling(o: Observed, pods: dict[int, PodView]) -> bool:
+    return any(is_outdated(o, p) for p in pods.values() if not p.deleting)
+
+
+def _leadership_heir(
+    o: Observed, members: tuple[MemberView, ...], pods: dict[int, PodView], leader: MemberView
+) -> MemberView | None:
+    """A healthy voter to lead instead, preferring one already on the target version."""
+    candidates = [m for m in members if m.healthy and not m.learner and m.id != leader.id]
+    candidates.sort(key=lambda m: m.id in pods and is_outdated(o, pods[m.id]))
+    return candidates[0] if candidates else None
 
 
 def _plan_without_membership(o: Observed) -> Step:
     live = [p for p in o.pods if not p.deleting]
+    if o.ever_formed and o.storage == "pvc":
+        names = {p.name for p in o.pods}
+        for name, member_id in o.recorded_members:
+            if name not in names:
+                return RecreatePod(name, member_id)
     if not o.ever_formed:
         if not o.pods:
             return CreateSeed(o.next_index)
@@ -370,8 +441,8 @@ def _scale_down_victim(o: Observed, members: tuple[MemberView, ...], pods: dict[
     if unhealthy:
         return unhealthy[0]
 
-    def newest_first(m: MemberView) -> tuple[bool, int]:
+    def outdated_then_newest_follower(m: MemberView) -> tuple[bool, bool, int]:
         pod = pods.get(m.id)
-        return (not m.leader, pod.index if pod else -1)
+        return (pod is not None and is_outdated(o, pod), not m.leader, pod.index if pod else -1)
 
-    return max(members, key=newest_first)
+    return max(members, key=outdated_then_newest_follower)

@@ -12,6 +12,7 @@ Obj = dict[str, Any]
 CLUSTER_LABEL = "kustos.dev/cluster"
 MEMBER_LABEL = "kustos.dev/member"
 MEMBER_ID_ANNOTATION = "kustos.dev/member-id"
+VERSION_ANNOTATION = "kustos.dev/etcd-version"
 DATA_DIR = "/var/lib/etcd"
 
 
@@ -121,7 +122,7 @@ def member_pod(
             "name": name,
             "namespace": cluster.metadata["namespace"],
             "labels": {**spec.pod.labels, **labels(cluster), MEMBER_LABEL: name},
-            "annotations": dict(spec.pod.annotations),
+            "annotations": {**spec.pod.annotations, VERSION_ANNOTATION: version},
             "ownerReferences": [owner_reference(cluster)],
         },
         "spec": pod_spec,

@@ -1,0 +1,47 @@
+"""Which etcd version changes a cluster may make (pure).
+
+etcd supports rolling a cluster one minor version up at a time (3.5 -> 3.6) and any
+patch change within a minor. Going down a minor needs etcd's downgrade protocol
+(``etcdctl downgrade enable``), which kustos does not drive yet, so it is refused
+rather than attempted; so are skipped minors and major changes.
+"""
+
+from __future__ import annotations
+
+import re
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-\d+)?$")
+
+
+def parse(version: str) -> tuple[int, int, int] | None:
+    found = _VERSION.match(version)
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
+
+
+def image_version(image: str) -> str | None:
+    """The etcd version an image's tag names (``...:v3.6.16`` or ``...:3.6.16-0``)."""
+    tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+    parsed = parse(tag)
+    return ".".join(map(str, parsed)) if parsed else None
+
+
+def upgrade_refusal(current: str | None, wanted: str) -> str | None:
+    """Why going from ``current`` to ``wanted`` is refused, or None when it is allowed."""
+    if current is None or current == wanted:
+        return None
+    have, want = parse(current), parse(wanted)
+    if have is None or want is None:
+        return f"cannot compare etcd versions {current!r} and {wanted!r}"
+    if have[0] != want[0]:
+        return f"changing the major version ({current} to {wanted}) is not supported"
+    if want[1] > have[1] + 1:
+        return (
+            f"upgrading from {current} to {wanted} skips a minor version: "
+            f"upgrade to {have[0]}.{have[1] + 1}.x first"
+        )
+    if want[1] < have[1]:
+        return (
+            f"downgrading from {current} to {wanted} needs etcd's downgrade protocol, "
+            "which kustos does not drive; set spec.version back to the running version"
+        )
+    return None

@@ -1,0 +1,36 @@
+"""Which version changes an EtcdCluster accepts."""
+
+from __future__ import annotations
+
+import pytest
+
+from kustos.etcd.versions import image_version, parse, upgrade_refusal
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted"),
+    [(None, "3.6.16"), ("3.6.16", "3.6.16"), ("3.5.35", "3.5.36"), ("3.5.35", "3.5.1"), ("3.5.35", "3.6.16")],
+)
+def test_allowed_changes(current: str | None, wanted: str) -> None:
+    assert upgrade_refusal(current, wanted) is None
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "why"),
+    [
+        ("3.4.30", "3.6.16", "skips a minor version: upgrade to 3.5.x first"),
+        ("3.6.16", "3.5.35", "downgrading from 3.6.16 to 3.5.35"),
+        ("3.6.16", "4.0.0", "major version"),
+    ],
+)
+def test_refused_changes_say_why(current: str, wanted: str, why: str) -> None:
+    reason = upgrade_refusal(current, wanted)
+    assert reason is not None and why in reason
+
+
+def test_versions_from_image_tags() -> None:
+    assert image_version("gcr.io/etcd-development/etcd:v3.6.16") == "3.6.16"
+    assert image_version("registry.k8s.io/etcd:3.5.35-0") == "3.5.35"
+    assert image_version("localhost:5000/etcd") is None
+    assert image_version("etcd:latest") is None
+    assert parse("3.6") is None
