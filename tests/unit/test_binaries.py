@@ -14,6 +14,7 @@ from kustos.devcluster.binaries import (
     GOMOD_DIR,
     KUBERNETES_VERSION,
     KWOK_VERSION,
+    VERSITYGW_VERSION,
     BuildError,
     all_binaries,
     bin_dir,
@@ -41,7 +42,13 @@ def test_every_binary_the_dev_cluster_needs_is_built() -> None:
     built = Counter(b.name for b in all_binaries())
 
     assert built == Counter(
-        {"kwok": 1, "kwokctl": 1, **dict.fromkeys(ETCD_COMMANDS, 2), **dict.fromkeys(KUBE_COMMANDS, 1)}
+        {
+            "kwok": 1,
+            "kwokctl": 1,
+            **dict.fromkeys(ETCD_COMMANDS, 2),
+            **dict.fromkeys(KUBE_COMMANDS, 1),
+            "versitygw": 1,
+        }
     )
 
 
@@ -73,7 +80,7 @@ def test_kubernetes_binaries_are_stamped_with_their_version() -> None:
 
     for binary in all_binaries():
         if binary.name not in KUBE_COMMANDS:
-            assert binary.ldflags == ()
+            assert binary.name == "versitygw" or binary.ldflags == ()
             continue
         assert binary.version == KUBERNETES_VERSION
         assert binary.package == f"k8s.io/kubernetes/cmd/{binary.name}"
@@ -83,6 +90,14 @@ def test_kubernetes_binaries_are_stamped_with_their_version() -> None:
         assert f"-X k8s.io/component-base/version.gitMinor={minor}" in flags
         assert "-X k8s.io/component-base/version.gitTreeState=clean" in flags
         assert f"-X k8s.io/client-go/pkg/version.gitVersion={KUBERNETES_VERSION}" in flags
+
+
+def test_the_s3_server_is_stamped_with_its_version() -> None:
+    [versitygw] = [b for b in all_binaries() if b.name == "versitygw"]
+
+    assert versitygw.version == VERSITYGW_VERSION
+    assert versitygw.package == "github.com/versity/versitygw/cmd/versitygw"
+    assert versitygw.ldflags == (f"-X main.Version={VERSITYGW_VERSION}",)
 
 
 def _required_versions(go_mod: Path) -> dict[str, str]:
@@ -110,6 +125,7 @@ def test_binary_path_defaults_to_the_dev_clusters_versions(cache: Path) -> None:
     assert binary_path("kwokctl") == cache / "bin" / f"kwokctl-{KWOK_VERSION}"
     assert binary_path("kube-apiserver") == cache / "bin" / f"kube-apiserver-{KUBERNETES_VERSION}"
     assert binary_path("kubectl") == cache / "bin" / f"kubectl-{KUBERNETES_VERSION}"
+    assert binary_path("versitygw") == cache / "bin" / f"versitygw-{VERSITYGW_VERSION}"
 
 
 def test_binary_path_takes_an_explicit_version_and_root(tmp_path: Path) -> None:

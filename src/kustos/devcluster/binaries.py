@@ -23,6 +23,8 @@ GOMOD_DIR = Path(__file__).parent / "gomod"
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSIONS = ("v3.5.35", "v3.6.16")
 KWOK_VERSION = "v0.8.0"
+# The S3-compatible server that etcd backups are written to in tests (F-ETCD-7).
+VERSITYGW_VERSION = "v1.8.0"
 
 
 def _kubernetes_ldflags(version: str) -> list[str]:
@@ -72,6 +74,16 @@ def all_binaries() -> list[Binary]:
     ]
     for version in ETCD_VERSIONS:
         binaries += _etcd_binaries(version)
+    binaries.append(
+        Binary(
+            "versitygw",
+            VERSITYGW_VERSION,
+            "versitygw",
+            "github.com/versity/versitygw/cmd/versitygw",
+            # What its Makefile stamps, so that `versitygw --version` is truthful.
+            (f"-X main.Version={VERSITYGW_VERSION}",),
+        )
+    )
     for command in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
         binaries.append(
             Binary(
@@ -101,6 +113,8 @@ def _default_version(name: str) -> str:
         return KWOK_VERSION
     if name in ("etcd", "etcdctl", "etcdutl"):
         return ETCD_VERSIONS[-1]
+    if name == "versitygw":
+        return VERSITYGW_VERSION
     return KUBERNETES_VERSION
 
 
