@@ -289,6 +289,16 @@ _RULE_PODS = [
         }
     },
     {"spec": {"initContainers": None, "containers": [{"name": "n", "image": "registry.k8s.io/pause:3.10"}]}},
+    # The operator's own image (agent pods), alone or beside etcd, is the runner's too.
+    {"spec": {"containers": [{"name": "a", "image": "ghcr.io/kustos/kustos:0.1.0"}]}},
+    {
+        "spec": {
+            "initContainers": [{"name": "a", "image": "ghcr.io/kustos/kustos:dev"}],
+            "containers": [{"name": "e", "image": "registry.k8s.io/etcd:3.6.16-0"}],
+        }
+    },
+    {"spec": {"containers": [{"name": "a", "image": "ghcr.io/kustos/kustos-extra:0.1.0"}]}},
+    {"spec": {"containers": [{"name": "a", "image": "ghcr.io/kustos/kustos"}]}},
 ]
 
 
@@ -306,7 +316,7 @@ def test_runner_rule_agrees_with_pod_is_runner_owned_when_evaluated_by_jq() -> N
     ).stdout.split()
 
     assert out == [json.dumps(pod_is_runner_owned(pod)) for pod in _RULE_PODS]
-    assert out.count("true") == 4
+    assert out.count("true") == 6
 
 
 # ---- kwokctl config -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kustos.devcluster.binaries import ETCD_VERSIONS
 from kustos.devcluster.podspec import (
+    ETCD_IMAGE_REPOSITORIES,
     RUNNER_IMAGE_PREFIXES,
     build_invocation,
     container_env,
@@ -96,7 +97,7 @@ def test_match_image_only_knows_the_versions_it_is_given() -> None:
 
 
 @given(
-    repository=st.sampled_from(REPOSITORIES),
+    repository=st.sampled_from(ETCD_IMAGE_REPOSITORIES),
     version=st.sampled_from(ETCD_VERSIONS),
     v_prefix=st.booleans(),
     build=st.none() | st.integers(min_value=0, max_value=99),

@@ -3,8 +3,10 @@
 A container here runs as a plain process on the host, so three things a kubelet
 gets from namespaces are emulated by rewriting:
 
-- the image: an allow-listed image maps to a directory of binaries built from Go
-  modules, put first on ``PATH`` (so ``etcd`` or ``/usr/local/bin/etcd`` runs it);
+- the image: an allow-listed image maps to local executables put first on ``PATH``
+  (so ``etcd`` or ``/usr/local/bin/etcd`` runs it): an etcd image to the binaries
+  built from Go modules, the operator's own image (``kustos.images``) to the
+  ``kustos`` command of the runner's own Python environment;
 - the filesystem: each volume mount's path is replaced by the local directory
   that backs it, in the command, the arguments, the environment and workingDir;
 - the network: the pod has its own loopback IP, so ``0.0.0.0``, ``127.0.0.1``
@@ -16,43 +18,61 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Repositories whose images the runner owns; kwok simulates every other image.
-RUNNER_IMAGE_PREFIXES = (
-    "registry.k8s.io/etcd:",
-    "k8s.gcr.io/etcd:",
-    "gcr.io/etcd-development/etcd:",
-    "quay.io/coreos/etcd:",
+from kustos.images import KUSTOS_IMAGE_REPOSITORY
+
+ETCD_IMAGE_REPOSITORIES = (
+    "registry.k8s.io/etcd",
+    "k8s.gcr.io/etcd",
+    "gcr.io/etcd-development/etcd",
+    "quay.io/coreos/etcd",
 )
+
+# Repositories whose images the runner owns; kwok simulates every other image.
+RUNNER_IMAGE_PREFIXES = tuple(f"{r}:" for r in (*ETCD_IMAGE_REPOSITORIES, KUSTOS_IMAGE_REPOSITORY))
 
 # image -> the etcd version its tag names.
 _ETCD_IMAGE = re.compile(
-    r"^(?:(?:registry\.k8s\.io|k8s\.gcr\.io|gcr\.io/etcd-development)/etcd"
-    r"|quay\.io/coreos/etcd)"
+    r"^(?:" + "|".join(re.escape(r) for r in ETCD_IMAGE_REPOSITORIES) + r")"
     r":v?(?P<version>\d+\.\d+\.\d+)(?:-\d+)?$"
 )
+
+# Any tag of the operator's image: the runner's own install stands in for every version.
+_KUSTOS_IMAGE = re.compile(re.escape(KUSTOS_IMAGE_REPOSITORY) + r":\S+")
 
 
 @dataclass(frozen=True)
 class ImageMatch:
-    """An allow-listed image: the binaries (name -> version) that stand in for it."""
+    """An allow-listed image and the local executables that stand in for it.
+
+    ``binaries`` are Go binaries of ``kustos dev build`` (name -> version);
+    ``scripts`` are console scripts next to the runner's own Python interpreter.
+    """
 
     image: str
-    binaries: Mapping[str, str]
+    binaries: Mapping[str, str] = field(default_factory=dict)
+    scripts: tuple[str, ...] = ()
 
 
 def match_image(image: str, etcd_versions: Sequence[str]) -> ImageMatch | None:
     """The local stand-in for an image, or None when the image is not allow-listed."""
+    if _KUSTOS_IMAGE.fullmatch(image):
+        return ImageMatch(image, scripts=("kustos",))
     found = _ETCD_IMAGE.match(image)
     if found is None:
         return None
     version = "v" + found.group("version")
     if version not in etcd_versions:
         return None
-    return ImageMatch(image, dict.fromkeys(("etcd", "etcdctl", "etcdutl"), version))
+    return ImageMatch(image, binaries=dict.fromkeys(("etcd", "etcdctl", "etcdutl"), version))
+
+
+def image_entrypoint(image: str) -> str:
+    """What a container of an allow-listed image runs when it names no command."""
+    return "kustos" if image.startswith(f"{KUSTOS_IMAGE_REPOSITORY}:") else "etcd"
 
 
 def is_runner_image(image: str) -> bool:
@@ -196,8 +216,8 @@ def build_invocation(
     args = [local(expand_vars(str(a), env)) for a in container.get("args") or []]
     argv = command + args
     if not command:
-        # An image's default entrypoint: the etcd images run etcd.
-        argv = ["etcd", *args]
+        # The image's default entrypoint: etcd for the etcd images, kustos for the operator's.
+        argv = [image_entrypoint(str(container.get("image") or "")), *args]
     head = Path(argv[0]).name
     if head in bin_paths:
         argv[0] = str(bin_paths[head])

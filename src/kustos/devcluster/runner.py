@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.devcluster.kwokconfig import MANAGED_LABEL
 from kustos.devcluster.podspec import match_image, pod_is_runnable, pod_is_runner_owned
 from kustos.devcluster.sandbox import Sandbox, SandboxContext
+from kustos.images import KUSTOS_IMAGE_REPOSITORY
 from kustos.runtime.informer import Informer, new_state_only
 from kustos.runtime.resources import NODES, PODS
 
@@ -47,6 +49,33 @@ KwokLogs = create_namespaced_resource("kwok.x-k8s.io", "v1alpha1", "Logs", "logs
 def sandbox_dir(pods_dir: Path, pod: dict[str, Any]) -> Path:
     meta = pod["metadata"]
     return pods_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+
+
+def bin_paths_for(image: str, images_dir: Path, scripts_dir: Path | None = None) -> dict[str, Path]:
+    """The local executables (command name -> path) that stand in for an image.
+
+    An etcd image gets a directory of plain-named links (etcd, etcdctl, ...) to its
+    built binaries under ``images_dir``; the operator's own image gets the console
+    scripts of the runner's Python environment (``scripts_dir``, by default the
+    directory of ``sys.executable``), whatever its tag: the local install is the image.
+    """
+    match = match_image(image, ETCD_VERSIONS)
+    if match is None:
+        return {}
+    paths: dict[str, Path] = {}
+    if match.binaries:
+        version = next(iter(match.binaries.values()))
+        shim = images_dir / f"etcd-{version}"
+        shim.mkdir(parents=True, exist_ok=True)
+        for name, ver in match.binaries.items():
+            link = shim / name
+            if not link.exists():
+                with contextlib.suppress(FileExistsError):
+                    link.symlink_to(binary_path(name, ver))
+            paths[name] = link
+    scripts = scripts_dir or Path(sys.executable).parent
+    paths.update({name: scripts / name for name in match.scripts})
+    return paths
 
 
 class PodRunner:
@@ -135,7 +164,10 @@ class PodRunner:
             if sandbox is not None:
                 sandbox.pod["metadata"] = pod["metadata"]
                 return
-            pod_ip = (pod.get("status") or {}).get("podIP")
+            status = pod.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed"):
+                return  # finished for good: a kubelet never starts a terminal pod again
+            pod_ip = status.get("podIP")
             if not pod_ip:
                 return  # kwok hands out the IP first
             if not pod_is_runnable(pod, ETCD_VERSIONS):
@@ -187,11 +219,16 @@ class PodRunner:
         shutil.rmtree(sandbox.directory / "volumes", ignore_errors=True)
 
     async def _report_unavailable_image(self, pod: dict[str, Any]) -> None:
+        spec = pod["spec"]
+        everything = (spec.get("initContainers") or []) + spec["containers"]
         images = ", ".join(
-            c["image"] for c in pod["spec"]["containers"] if match_image(c["image"], ETCD_VERSIONS) is None
+            dict.fromkeys(c["image"] for c in everything if match_image(c["image"], ETCD_VERSIONS) is None)
         )
         built = ", ".join(ETCD_VERSIONS)
-        message = f"image {images} is not built in the dev cluster (etcd versions built: {built})"
+        message = (
+            f"image {images} is not built in the dev cluster "
+            f"(etcd versions built: {built}; any tag of {KUSTOS_IMAGE_REPOSITORY} runs the local kustos)"
+        )
         statuses = [
             {
                 "name": c["name"],
@@ -247,21 +284,7 @@ class PodRunner:
             return None
 
     def _bin_paths_for(self, image: str) -> dict[str, Path]:
-        """A directory of plain-named links (etcd, etcdctl, ...) for one image's binaries."""
-        match = match_image(image, ETCD_VERSIONS)
-        if match is None:
-            return {}
-        version = next(iter(match.binaries.values()))
-        shim = self._images_dir / f"etcd-{version}"
-        shim.mkdir(parents=True, exist_ok=True)
-        paths: dict[str, Path] = {}
-        for name, ver in match.binaries.items():
-            link = shim / name
-            if not link.exists():
-                with contextlib.suppress(FileExistsError):
-                    link.symlink_to(binary_path(name, ver))
-            paths[name] = link
-        return paths
+        return bin_paths_for(image, self._images_dir)
 
     async def _register_logs(self, pod: dict[str, Any], sandbox: Sandbox) -> None:
         """Point kwok at our log files so ``kubectl logs`` serves them."""

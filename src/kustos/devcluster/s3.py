@@ -38,6 +38,7 @@ class S3ServerConfig:
     buckets: tuple[str, ...] = ()
     region: str = "us-east-1"
     port: int = 0
+    host: str = HOST  # another 127.0.0.0/8 address when pods must reach it: to a pod, 127.0.0.1 is itself
 
 
 class S3ServerError(RuntimeError):
@@ -55,7 +56,7 @@ class S3Server:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.config.host}:{self.port}"
 
     @property
     def root(self) -> Path:
@@ -78,8 +79,8 @@ class S3Server:
         # another port is tried.
         attempts = 1 if self.config.port else 3
         for attempt in range(1, attempts + 1):
-            self.port = self.config.port or _free_port()
-            if _answers(self.port):
+            self.port = self.config.port or _free_port(self.config.host)
+            if _answers(self.config.host, self.port):
                 # Or its health check would pass while our process fails to bind.
                 raise S3ServerError(f"something already answers on {self.endpoint}")
             self._spawn()
@@ -155,7 +156,7 @@ class S3Server:
     def _spawn(self) -> None:
         command = [
             str(self.binary),
-            "--port", f"{HOST}:{self.port}",
+            "--port", f"{self.config.host}:{self.port}",
             "--region", self.config.region,
             "--health", HEALTH_PATH,
             "posix", str(self.root),
@@ -178,23 +179,23 @@ class S3Server:
             if code is not None:
                 self.process = None
                 return f"exited with code {code}"
-            if _answers(self.port):
+            if _answers(self.config.host, self.port):
                 return None
             time.sleep(0.1)
         return "did not answer within the timeout"
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _answers(port: int) -> bool:
+def _answers(host: str, port: int) -> bool:
     # http.client, not httpx or urllib: they would send this through an HTTP(S)_PROXY from the
     # environment unless NO_PROXY lists 127.0.0.1.
-    connection = http.client.HTTPConnection(HOST, port, timeout=1)
+    connection = http.client.HTTPConnection(host, port, timeout=1)
     try:
         connection.request("GET", HEALTH_PATH)
         return connection.getresponse().status == 200

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 HOLD_SUFFIX = ".hold"
 PID_SUFFIX = ".pid"
+# The exit code a kubelet reports for a container whose process could not be started.
+START_ERROR_EXIT = 128
 
 
 @dataclass
@@ -262,9 +264,7 @@ class Sandbox:
             state = self.init_states[container["name"]]
             delay = self.context.restart_backoff[0]
             while True:
-                process = await self._launch(container, state)
-                code = await process.wait()
-                self._record_exit(state, code, process.started_at)
+                code = await self._run_once(container, state, probe=False)
                 if code == 0:
                     state.waiting_reason = "Completed"
                     self._mark_dirty()
@@ -279,6 +279,25 @@ class Sandbox:
                 delay = min(delay * 2, self.context.restart_backoff[1])
         return True
 
+    async def _run_once(self, container: Mapping[str, Any], state: ContainerState, probe: bool) -> int:
+        """Start the container's process, wait for it to exit and record how it ended."""
+        try:
+            process = await self._launch(container, state)
+        except OSError as err:
+            # What a kubelet reports when the runtime cannot start the process (no such
+            # executable, bad working directory): terminated with StartError, exit 128.
+            log.warning("container %s of %s could not start: %s", state.name, self.name, err)
+            self._record_start_error(state, err)
+            return START_ERROR_EXIT
+        probes = asyncio.create_task(self._probe(container, state, process)) if probe else None
+        code = await process.wait()
+        if probes is not None:
+            probes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probes
+        self._record_exit(state, code, process.started_at)
+        return code
+
     async def _launch(self, container: Mapping[str, Any], state: ContainerState) -> ContainerProcess:
         name = container["name"]
         process = await ContainerProcess.start(
@@ -289,6 +308,18 @@ class Sandbox:
         state.waiting_reason = ""
         self._mark_dirty()
         return process
+
+    def _record_start_error(self, state: ContainerState, err: OSError) -> None:
+        now = now_rfc3339()
+        state.running_since, state.ready, state.started = None, False, False
+        state.waiting_reason = ""
+        state.last_exit = {
+            "exitCode": START_ERROR_EXIT,
+            "reason": "StartError",
+            "message": str(err),
+            "startedAt": now,
+            "finishedAt": now,
+        }
 
     def _record_exit(self, state: ContainerState, code: int, started_at: str) -> None:
         state.running_since, state.ready, state.started = None, False, False
@@ -314,13 +345,7 @@ class Sandbox:
                 self._mark_dirty()
                 await asyncio.sleep(0.5)
                 continue
-            process = await self._launch(container, state)
-            probes = asyncio.create_task(self._probe(container, state, process))
-            code = await process.wait()
-            probes.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await probes
-            self._record_exit(state, code, process.started_at)
+            code = await self._run_once(container, state, probe=True)
             if self._stopping:
                 return
             log.info("container %s of %s exited with %s", name, self.name, code)

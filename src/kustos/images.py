@@ -1,0 +1,22 @@
+"""The operator's own container image, which agent pods run.
+
+The operator's image carries the agent commands (``kustos etcd snapshot ...``), so
+agent pods run that image at the operator's own version: agent and operator always
+agree on flags and output. The dev cluster's pod runner maps any tag of this
+repository to the local install of kustos (see ``kustos.devcluster.podspec``).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+KUSTOS_IMAGE_REPOSITORY = "ghcr.io/kustos/kustos"
+
+
+def agent_image() -> str:
+    """The image agent pods run: this repository at the installed kustos version ("dev" if none)."""
+    try:
+        tag = version("kustos")
+    except PackageNotFoundError:
+        tag = "dev"
+    return f"{KUSTOS_IMAGE_REPOSITORY}:{tag}"
