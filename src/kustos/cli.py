@@ -20,6 +20,7 @@ from rich.table import Table
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DEFAULT_NAME, DevCluster, DevClusterConfig, DevClusterError
 from kustos.devcluster.kwokconfig import Timings
+from kustos.etcd import cli as etcd_cli
 
 app = typer.Typer(
     help="kustos: operators for clustered data stores and the nodes beneath them.",
@@ -27,6 +28,7 @@ app = typer.Typer(
 )
 dev = typer.Typer(help="The local control plane (etcd, kube-apiserver, kwok) to develop and demo on.")
 app.add_typer(dev, name="dev")
+app.add_typer(etcd_cli.etcd, name="etcd")
 
 # soft_wrap: paths and export lines must stay copy-pasteable on narrow terminals.
 console = Console(soft_wrap=True)
@@ -92,7 +94,8 @@ def _run_sample(cluster: DevCluster) -> None:
     from kustos.runtime.crd import render_crds
 
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
-    cluster.wait_established("etcdclusters.kustos.dev")
+    for resource in RESOURCES:
+        cluster.wait_established(resource.crd.name)
     # `kustos run` beside the dev cluster; `kustos dev down` stops it.
     cluster.ensure_background("operator", [
         sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
 from kustos.runtime.manager import Manager
 
 CONTROLLERS: dict[str, Callable[[Manager], None]] = {
     "etcdcluster": etcd_controller.register,
+    "etcdbackup": backup_controller.register,
 }
 
 

@@ -25,7 +25,8 @@ from tests.integration.operator import OperatorProcess, start_operator
 
 def install_crds(cluster: DevCluster) -> None:
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
-    cluster.wait_established("etcdclusters.kustos.dev")
+    for resource in RESOURCES:
+        cluster.wait_established(resource.crd.name)
 
 
 @contextmanager

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster
 from kustos.runtime.crd import CustomResource
 
-__all__ = ["RESOURCES", "EtcdCluster"]
+__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster"]
 
-RESOURCES: list[type[CustomResource[Any, Any]]] = [EtcdCluster]
+RESOURCES: list[type[CustomResource[Any, Any]]] = [EtcdCluster, EtcdBackup]

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from kustos.api.backup import BackupSchedule
 from kustos.api.common import Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
@@ -95,6 +96,8 @@ class EtcdClusterSpec(KubeModel):
     """How long a member may be unhealthy before it is replaced (a deleted pod is replaced at once)."""
     extra_args: list[str] = Field(default_factory=list)
     """Extra etcd flags, like --quota-backend-bytes=4294967296."""
+    backup: BackupSchedule | None = None
+    """Scheduled backups."""
 
 
 class MemberStatus(KubeModel):

@@ -40,6 +40,7 @@ from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager
 from kustos.runtime.resources import CLAIMS, NODES, PODS, SERVICES
+from kustos.runtime.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -100,16 +101,6 @@ def _node_lost(node: dict[str, Any] | None) -> bool:
         (c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"), None
     )
     return ready is None or ready.get("status") != "True"
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EtcdClusterReconciler:
@@ -208,7 +199,7 @@ class EtcdClusterReconciler:
                 )
                 for m in etcd.members.members
             )
-        previous = {m.name: _parse_time(m.unhealthy_since) for m in status.members}
+        previous = {m.name: parse_rfc3339(m.unhealthy_since) for m in status.members}
         unhealthy_since: dict[str, datetime] = {}
         for m in members or ():
             key = m.name or m.peer_url
@@ -438,7 +429,7 @@ class EtcdClusterReconciler:
             members.append(MemberStatus(
                 name=name, id=f"{m.id:x}", pod=name if name in pods_by_name else "", peer_url=m.peer_url,
                 client_url=url, healthy=m.healthy, leader=m.leader, learner=m.learner,
-                version=st.version if st else "", unhealthy_since=_rfc3339(since) if since else None,
+                version=st.version if st else "", unhealthy_since=rfc3339(since) if since else None,
             ))  # fmt: skip
         if o.members is not None:
             status.members = members
@@ -454,7 +445,7 @@ class EtcdClusterReconciler:
         conditions = [c.model_dump(by_alias=True, exclude_none=True) for c in status.conditions]
         lost = isinstance(step, planner.QuorumLost)
         previous = get_condition(conditions, "Available")
-        since = _parse_time(previous.get("lastTransitionTime")) if previous else None
+        since = parse_rfc3339(previous.get("lastTransitionTime")) if previous else None
         confirmed = (
             lost and previous is not None and previous.get("reason") == "QuorumLost"
             and previous.get("status") == "False" and since is not None and now - since >= QUORUM_LOSS_GRACE

@@ -68,6 +68,13 @@ class Api:
         result: Obj = response.json()
         return result
 
+    async def logs(self, namespace: str, pod: str, container: str, tail_lines: int = 50) -> str:
+        """The tail of a container's log (agent pods report their result there)."""
+        path = api_path("", "v1", "pods", namespace, pod) + "/log"
+        response = await self._raw.get(path, params={"container": container, "tailLines": str(tail_lines)})
+        _raise_for(response)
+        return response.text
+
     async def create(self, ref: ResourceRef, obj: Obj) -> Obj:
         namespace = obj["metadata"].get("namespace")
         response = await self._raw.post(self.path(ref, namespace), json=obj,

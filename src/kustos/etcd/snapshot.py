@@ -1,0 +1,212 @@
+"""The snapshot agent: stream a member's database, verify it, store it, prune old ones.
+
+It runs in a short-lived pod with the operator's own image (``kustos etcd snapshot``),
+so snapshot bytes never pass through the operator and a slow upload never holds up a
+reconcile. The snapshot is spooled to a file first and stored only once etcd's own
+checksum has been verified: a bucket or volume never holds a partial snapshot under a
+final name. The last line printed is the result, for the operator to read from the
+pod's log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from kustos.etcd.client import EtcdClient
+
+if TYPE_CHECKING:
+    from obstore.store import S3Store
+
+RESULT_MARKER = "KUSTOS_RESULT "
+ERROR_MARKER = "KUSTOS_ERROR "
+SNAPSHOT_SUFFIX = ".db"
+UPLOAD_PART = 8 * 1024 * 1024
+UPLOAD_CONCURRENCY = 4
+READ_CHUNK = 1024 * 1024
+
+
+def scheduled_name(cluster: str, moment: datetime) -> str:
+    """The name of a scheduled backup: sorts by time, and retention recognises it."""
+    return f"{cluster}-{moment.astimezone(UTC):%Y%m%d-%H%M%S}"
+
+
+def to_prune(names: list[str], cluster: str, keep: int) -> list[str]:
+    """Scheduled snapshots of ``cluster`` beyond the newest ``keep``; on-demand ones are never pruned."""
+    pattern = re.compile(rf"^{re.escape(cluster)}-\d{{8}}-\d{{6}}{re.escape(SNAPSHOT_SUFFIX)}$")
+    scheduled = sorted(n for n in names if pattern.match(n))
+    return scheduled[: max(0, len(scheduled) - keep)]
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    location: str
+    member: str
+    revision: int
+    size: int
+    sha256: str
+    start_time: str
+    completion_time: str
+    duration_seconds: float
+    pruned: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return RESULT_MARKER + json.dumps(asdict(self), sort_keys=True)
+
+
+def parse_result(log: str) -> SnapshotResult | None:
+    """The agent's result from its log, or None if it did not get that far."""
+    for line in reversed(log.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            return SnapshotResult(**json.loads(line[len(RESULT_MARKER) :]))
+    return None
+
+
+def parse_error(log: str) -> str | None:
+    for line in reversed(log.splitlines()):
+        if line.startswith(ERROR_MARKER):
+            return line[len(ERROR_MARKER) :]
+    return None
+
+
+class Destination(Protocol):
+    """Where verified snapshots are kept (a directory on a PVC, or a bucket)."""
+
+    async def store(self, spooled: Path, name: str) -> str: ...
+
+    async def names(self) -> list[str]: ...
+
+    async def delete(self, names: list[str]) -> None: ...
+
+
+@dataclass
+class DirectoryDestination:
+    """Files in a directory (on the backup PVC): written as .part, renamed once complete."""
+
+    root: Path
+    location_prefix: str = ""  # like pvc://<claim>/<dir>: the agent's own paths mean nothing outside
+
+    async def store(self, spooled: Path, name: str) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / name
+        if spooled.parent != self.root:
+            partial = self.root / (name + ".part")
+            with spooled.open("rb") as source, partial.open("wb") as target:
+                while chunk := source.read(READ_CHUNK):
+                    target.write(chunk)
+                target.flush()
+                os.fsync(target.fileno())
+            spooled = partial
+        spooled.replace(final)
+        return f"{self.location_prefix}/{name}" if self.location_prefix else str(final)
+
+    async def names(self) -> list[str]:
+        return sorted(p.name for p in self.root.glob(f"*{SNAPSHOT_SUFFIX}")) if self.root.is_dir() else []
+
+    async def delete(self, names: list[str]) -> None:
+        for name in names:
+            (self.root / name).unlink(missing_ok=True)
+
+
+@dataclass
+class S3Destination:
+    """Objects under a prefix of a bucket, uploaded in parts of bounded size."""
+
+    store_: S3Store
+    bucket: str
+    prefix: str
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    async def store(self, spooled: Path, name: str) -> str:
+        import obstore
+
+        await obstore.put_async(
+            self.store_, self._key(name), spooled, chunk_size=UPLOAD_PART, max_concurrency=UPLOAD_CONCURRENCY
+        )
+        return f"s3://{self.bucket}/{self._key(name)}"
+
+    async def names(self) -> list[str]:
+        import obstore
+
+        found: list[str] = []
+        async for batch in obstore.list(self.store_, prefix=self.prefix or None):
+            found += [str(item["path"]).rsplit("/", 1)[-1] for item in batch]
+        return sorted(n for n in found if n.endswith(SNAPSHOT_SUFFIX))
+
+    async def delete(self, names: list[str]) -> None:
+        import obstore
+
+        if names:
+            await obstore.delete_async(self.store_, [self._key(n) for n in names])
+
+
+def s3_store(endpoint: str, bucket: str, region: str, path_style: bool) -> S3Store:
+    """An S3 client for one bucket; credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY."""
+    from obstore.store import S3Store
+
+    return S3Store(
+        bucket,
+        endpoint=endpoint,
+        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
+        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+        region=region,
+        virtual_hosted_style_request=not path_style,
+        client_options={"allow_http": endpoint.startswith("http://"), "timeout": "300s"},
+    )
+
+
+async def take_snapshot(
+    endpoint: str,
+    member: str,
+    name: str,
+    destination: Destination,
+    scratch: Path,
+    cluster: str,
+    keep: int | None = None,
+) -> SnapshotResult:
+    """Spool, verify, store, then prune scheduled snapshots beyond ``keep``."""
+    started_at = datetime.now(UTC)
+    started = time.monotonic()
+    file_name = name + SNAPSHOT_SUFFIX
+    scratch.mkdir(parents=True, exist_ok=True)
+    spooled = scratch / (file_name + ".part")
+    digest = hashlib.sha256()
+    with spooled.open("wb") as sink:
+
+        async def write(chunk: bytes) -> None:
+            digest.update(chunk)
+            sink.write(chunk)
+
+        async with EtcdClient(endpoint, timeout=30.0) as client:
+            before = await client.status()
+            info = await client.snapshot(write, timeout=3600)  # raises unless etcd's checksum matches
+        sink.flush()
+        os.fsync(sink.fileno())
+    try:
+        location = await destination.store(spooled, file_name)
+    finally:
+        spooled.unlink(missing_ok=True)
+    pruned: list[str] = []
+    if keep is not None:
+        pruned = to_prune(await destination.names(), cluster, keep)
+        await destination.delete(pruned)
+    return SnapshotResult(
+        location=location,
+        member=member,
+        revision=info.revision if info.revision is not None else before.revision,
+        size=info.size,
+        sha256=digest.hexdigest(),
+        start_time=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        completion_time=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        duration_seconds=round(time.monotonic() - started, 3),
+        pruned=pruned,
+    )
