@@ -10,6 +10,7 @@ import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clusters
 from kustos.devcluster.kwokconfig import Timings
 from tests.integration.kube import wait_until
+from tests.integration.operator import OperatorProcess
 
 WORKERS = 4
 
@@ -107,3 +109,20 @@ class Kubectl:
 @pytest.fixture
 def kubectl(dev_cluster: DevCluster, namespace: str) -> Kubectl:
     return Kubectl(dev_cluster, namespace)
+
+
+@pytest.fixture(scope="module")
+def crds(dev_cluster: DevCluster) -> None:
+    """kustos's CRDs, installed (and established) once per module that asks."""
+    from tests.integration.etcd_support import install_crds  # it imports this module
+
+    install_crds(dev_cluster)
+
+
+@pytest.fixture
+def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """``kustos run`` with every kustos controller, scoped to the test's namespace."""
+    from tests.integration.etcd_support import running_operator
+
+    with running_operator(kubectl, tmp_path / "operator") as process:
+        yield process

@@ -13,14 +13,11 @@ import pytest
 
 from kustos.devcluster import binaries
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
-from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.s3 import S3Server, S3ServerConfig
 from kustos.etcd.client import EtcdClient
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
     etcd_cluster,
-    install_crds,
-    running_operator,
     status_of,
     wait_healthy,
 )
@@ -28,17 +25,6 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
 BUCKET = "etcd-backups"
-
-
-@pytest.fixture(scope="module")
-def crds(dev_cluster: DevCluster) -> None:
-    install_crds(dev_cluster)
-
-
-@pytest.fixture
-def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(kubectl, tmp_path / "operator") as process:
-        yield process
 
 
 @pytest.fixture(scope="module")

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kustos.devcluster.binaries import ETCD_VERSIONS
-from kustos.devcluster.cluster import DevCluster
 from kustos.etcd.versions import image_version
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
     Writer,
     assert_consistent,
     etcd_cluster,
-    install_crds,
-    running_operator,
     status_of,
     wait_healthy,
 )
@@ -25,17 +20,6 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
 OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
-
-
-@pytest.fixture(scope="module")
-def crds(dev_cluster: DevCluster) -> None:
-    install_crds(dev_cluster)
-
-
-@pytest.fixture
-def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(kubectl, tmp_path) as process:
-        yield process
 
 
 def pod_versions(kubectl: Kubectl, name: str) -> dict[str, str]:

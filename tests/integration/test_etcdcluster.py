@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kustos.devcluster.cluster import DevCluster
 from kustos.etcd.client import EtcdClient
 from tests.integration.conftest import WORKERS, Kubectl
 from tests.integration.etcd_support import (
@@ -19,24 +17,12 @@ from tests.integration.etcd_support import (
     assert_consistent,
     assert_rejected,
     etcd_cluster,
-    install_crds,
     running_operator,
     status_of,
     wait_healthy,
 )
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
-
-
-@pytest.fixture(scope="module")
-def crds(dev_cluster: DevCluster) -> None:
-    install_crds(dev_cluster)
-
-
-@pytest.fixture
-def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(kubectl, tmp_path) as process:
-        yield process
 
 
 @pytest.mark.parametrize("size", [1, 3, 5])

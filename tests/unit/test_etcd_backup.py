@@ -109,7 +109,7 @@ def test_the_schedule_by_interval_and_by_cron() -> None:
     assert cron is not None and plan.next_scheduled(cron, last) == datetime(2026, 11, 22, 18, 0, tzinfo=UTC)
 
 
-def test_expired_keeps_the_newest_finished_and_never_a_running_one() -> None:
+def test_expired_keeps_the_newest_successes_whatever_fails_and_never_a_running_one() -> None:
     def obj(name: str, created: str, phase: str) -> dict[str, Any]:
         return {"metadata": {"name": name, "creationTimestamp": created}, "status": {"phase": phase}}
 
@@ -119,8 +119,14 @@ def test_expired_keeps_the_newest_finished_and_never_a_running_one() -> None:
         obj("c", "2026-11-22T03:00:00Z", "Succeeded"),
         obj("d", "2026-11-22T04:00:00Z", "Running"),
     ]
-    assert [b["metadata"]["name"] for b in plan.expired(backups, 2)] == ["a"]
-    assert plan.expired(backups, 5) == []
+    assert plan.expired(backups, 2) == []
+    assert [b["metadata"]["name"] for b in plan.expired(backups, 1)] == ["a"]
+    failing = [
+        *backups,
+        obj("e", "2026-11-22T05:00:00Z", "Failed"),
+        obj("f", "2026-11-22T06:00:00Z", "Failed"),
+    ]
+    assert [b["metadata"]["name"] for b in plan.expired(failing, 2)] == ["b"]
 
 
 def test_retention_prunes_only_this_clusters_scheduled_snapshots() -> None:

@@ -153,7 +153,11 @@ def scheduled_backup(cluster: EtcdCluster, name: str) -> Obj:
 
 
 def expired(backups: list[Obj], keep: int) -> list[Obj]:
-    """Finished scheduled backups beyond the newest ``keep`` (a running one is never deleted)."""
-    finished = [b for b in backups if (b.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
-    finished.sort(key=lambda b: (b["metadata"].get("creationTimestamp", ""), b["metadata"]["name"]))
-    return finished[: max(0, len(finished) - keep)]
+    """Scheduled backups beyond the newest ``keep`` successes, and beyond the newest ``keep``
+    failures: failures never push a good backup out, and a running one is never deleted."""
+    old: list[Obj] = []
+    for phase in ("Succeeded", "Failed"):
+        done = [b for b in backups if (b.get("status") or {}).get("phase") == phase]
+        done.sort(key=lambda b: (b["metadata"].get("creationTimestamp", ""), b["metadata"]["name"]))
+        old += done[: max(0, len(done) - keep)]
+    return old
