@@ -6,11 +6,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from kustos.api.common import Condition
+from kustos.api.common import DURATION_PATTERN, QUANTITY_PATTERN, Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
-
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 
 
 class S3Storage(KubeModel):

@@ -12,6 +12,9 @@ __all__ = ["Condition", "ConditionStatus", "IntOrString", "KubeModel"]
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"  # Go-style: 90s, 5m, 1h30m, 500ms
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"  # a storage size: 10Gi
+
 # metav1.Condition's own validation, so a status write that kubectl would reject fails alike.
 CONDITION_TYPE_PATTERN = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"

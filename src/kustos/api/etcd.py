@@ -7,11 +7,10 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from kustos.api.backup import BackupSchedule
-from kustos.api.common import Condition
+from kustos.api.common import DURATION_PATTERN, QUANTITY_PATTERN, Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
 VERSION_PATTERN = r"^3\.[0-9]+\.[0-9]+$"
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 DEFAULT_VERSION = "3.6.16"
 
 
@@ -30,7 +29,7 @@ class StorageSpec(KubeModel):
     type: Literal["emptyDir", "pvc"] = "emptyDir"
     """emptyDir: data lives and dies with the pod; pvc: a PersistentVolumeClaim per member,
     so a member whose pod is deleted comes back with its data."""
-    size: str = Field(default="1Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+    size: str = Field(default="1Gi", pattern=QUANTITY_PATTERN)
     """Requested size of each member's volume (pvc only)."""
     storage_class_name: str | None = None
     """StorageClass of the claims (pvc only); the cluster's default when unset."""

@@ -10,8 +10,8 @@ from cronsim import CronSim
 
 from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStorage
 from kustos.api.etcd import EtcdCluster
-from kustos.etcd.controller import parse_duration
 from kustos.etcd.pods import CLUSTER_LABEL
+from kustos.runtime.times import parse_duration
 
 Obj = dict[str, Any]
 

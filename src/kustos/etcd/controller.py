@@ -40,7 +40,7 @@ from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager
 from kustos.runtime.resources import CLAIMS, NODES, PODS, SERVICES
-from kustos.runtime.times import parse_rfc3339, rfc3339
+from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -54,24 +54,6 @@ STEADY_RESYNC = 10.0
 QUORUM_LOSS_GRACE = timedelta(seconds=5)
 AFTER_STEP = 0.2
 STATUS_TIMEOUT = 2.0
-
-
-def parse_duration(text: str) -> timedelta:
-    """Go-style durations as the spec takes them: 90s, 5m, 1h30m, 500ms."""
-    total, number = 0.0, ""
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch.isdigit() or ch == ".":
-            number += ch
-            i += 1
-            continue
-        unit = "ms" if text.startswith("ms", i) else ch
-        total += float(number) * units[unit]
-        number = ""
-        i += len(unit)
-    return timedelta(seconds=total)
 
 
 @dataclass

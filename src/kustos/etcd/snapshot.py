@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from kustos.etcd.client import EtcdClient
+from kustos.runtime.times import rfc3339
 
 if TYPE_CHECKING:
     from obstore.store import S3Store
@@ -205,8 +206,8 @@ async def take_snapshot(
         revision=info.revision if info.revision is not None else before.revision,
         size=info.size,
         sha256=digest.hexdigest(),
-        start_time=started_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        completion_time=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        start_time=rfc3339(started_at),
+        completion_time=rfc3339(datetime.now(UTC)),
         duration_seconds=round(time.monotonic() - started, 3),
         pruned=pruned,
     )

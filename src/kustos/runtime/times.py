@@ -1,8 +1,8 @@
-"""RFC 3339 timestamps as Kubernetes writes them (UTC, whole seconds)."""
+"""Times as Kubernetes writes them: RFC 3339 timestamps (UTC, whole seconds), Go-style durations."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 
 def rfc3339(moment: datetime) -> str:
@@ -11,3 +11,21 @@ def rfc3339(moment: datetime) -> str:
 
 def parse_rfc3339(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def parse_duration(text: str) -> timedelta:
+    """Go-style durations as the spec takes them: 90s, 5m, 1h30m, 500ms."""
+    total, number = 0.0, ""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = "ms" if text.startswith("ms", i) else ch
+        total += float(number) * units[unit]
+        number = ""
+        i += len(unit)
+    return timedelta(seconds=total)
