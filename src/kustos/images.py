@@ -8,6 +8,7 @@ repository to the local install of kustos (see ``kustos.devcluster.podspec``).
 
 from __future__ import annotations
 
+import os
 from importlib.metadata import PackageNotFoundError, version
 
 KUSTOS_IMAGE_REPOSITORY = "ghcr.io/kustos/kustos"
@@ -20,3 +21,8 @@ def agent_image() -> str:
     except PackageNotFoundError:
         tag = "dev"
     return f"{KUSTOS_IMAGE_REPOSITORY}:{tag}"
+
+
+def configured_agent_image() -> str:
+    """``KUSTOS_AGENT_IMAGE`` (a mirror, a pinned digest), else ``agent_image()``."""
+    return os.environ.get("KUSTOS_AGENT_IMAGE") or agent_image()

@@ -92,6 +92,8 @@ class EtcdBackupStatus(KubeModel):
     """Where the backup is."""
     location: str | None = None
     """Where the snapshot is: s3://bucket/key or pvc://claim/path."""
+    storage: BackupStorage | None = None
+    """The storage it went to, resolved when it started: what a restore reads it back from."""
     member: str | None = None
     """The member the snapshot was streamed from."""
     revision: int | None = None

@@ -60,6 +60,25 @@ class PodPolicy(KubeModel):
     """Extra annotations for member pods."""
 
 
+class RecoverySpec(KubeModel):
+    """What to do when a majority of members is lost (disaster recovery, F-ETCD-8)."""
+
+    automatic: bool = False
+    """Rebuild the cluster in place without asking: from the surviving member with the newest
+    data, else from the newest backup. When false, the operator waits for
+    `kustos etcd recover NAME` (the status says what it would do)."""
+    delay: str = Field(default="60s", pattern=DURATION_PATTERN)
+    """How long quorum must have been lost before automatic recovery starts (members on a node
+    that comes back, or PVC members restarted on their volumes, often restore it by themselves)."""
+
+
+class RestoreSpec(KubeModel):
+    """Create the cluster from a backup instead of empty."""
+
+    backup: str = Field(min_length=1)
+    """A succeeded EtcdBackup in the same namespace (of this or another cluster)."""
+
+
 class EtcdClusterSpec(KubeModel):
     """The etcd cluster the user wants."""
 
@@ -71,7 +90,13 @@ class EtcdClusterSpec(KubeModel):
                     "oldSelf.storage.type == self.storage.type",
                     "storage.type cannot change on a live cluster",
                     field_path=".storage.type",
-                )
+                ),
+                Rule(
+                    "has(oldSelf.restore) == has(self.restore) && "
+                    "(!has(self.restore) || oldSelf.restore == self.restore)",
+                    "restore is set when the cluster is created and cannot change",
+                    field_path=".restore",
+                ),
             ]
         )
     )
@@ -97,6 +122,10 @@ class EtcdClusterSpec(KubeModel):
     """Extra etcd flags, like --quota-backend-bytes=4294967296."""
     backup: BackupSchedule | None = None
     """Scheduled backups."""
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
+    """Disaster recovery when quorum is lost."""
+    restore: RestoreSpec | None = None
+    """Start from a backup (only when the cluster is created)."""
 
 
 class MemberStatus(KubeModel):
@@ -124,6 +153,29 @@ class MemberStatus(KubeModel):
     """When it was first seen unhealthy (RFC 3339); kept across operator restarts."""
 
 
+class RecoveryStatus(KubeModel):
+    """A disaster recovery: where it rebuilds from, and how far it got."""
+
+    epoch: int
+    """The epoch the rebuilt cluster's members belong to (status.epoch once it is done)."""
+    phase: Literal["Running", "Succeeded", "Failed"] = "Running"
+    """Running until the seed answers and the old pods are gone; Failed needs a person."""
+    source_kind: Literal["member", "backup"]
+    """Rebuilt from a surviving member's data, or from a backup."""
+    source: str
+    """The member's pod, or the EtcdBackup."""
+    revision: int | None = None
+    """The etcd revision of the source when it was chosen."""
+    reason: str = ""
+    """Why: automatic, or approved with kustos etcd recover."""
+    started_at: str | None = None
+    completed_at: str | None = None
+    attempts: int = 0
+    """Seeds started so far; a seed that cannot restore is replaced, a few times."""
+    message: str | None = None
+    """What happened last."""
+
+
 class EtcdClusterStatus(KubeModel):
     """What the operator last observed and did."""
 
@@ -145,6 +197,10 @@ class EtcdClusterStatus(KubeModel):
     """The index of the next member's pod name; never reused."""
     storage_type: str | None = None
     """The storage type the cluster was created with."""
+    epoch: int = 0
+    """Incremented by each disaster recovery; member pods carry the epoch they belong to."""
+    recovery: RecoveryStatus | None = None
+    """The recovery under way, or the last one (completedAt set)."""
     observed_generation: int | None = None
     """The generation of the spec this status describes."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))

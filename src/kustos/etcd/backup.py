@@ -105,13 +105,7 @@ def agent_pod(
             "--s3-region", s3.region, "--s3-path-style" if s3.path_style else "--no-s3-path-style",
             "--scratch", SCRATCH_MOUNT,
         ]  # fmt: skip
-        container["env"] = [
-            {"name": env, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key}}}
-            for env, key in (
-                ("AWS_ACCESS_KEY_ID", "accessKeyId"),
-                ("AWS_SECRET_ACCESS_KEY", "secretAccessKey"),
-            )
-        ]
+        container["env"] = s3_credentials_env(s3.credentials_secret)
         container["volumeMounts"].append({"name": "scratch", "mountPath": SCRATCH_MOUNT})
         volumes.append({"name": "scratch", "emptyDir": {}})
     return {
@@ -128,6 +122,14 @@ def agent_pod(
         },
         "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes},
     }  # fmt: skip
+
+
+def s3_credentials_env(secret: str) -> list[Obj]:
+    """The S3 client's credentials, from the Secret's accessKeyId and secretAccessKey."""
+    return [
+        {"name": env, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        for env, key in (("AWS_ACCESS_KEY_ID", "accessKeyId"), ("AWS_SECRET_ACCESS_KEY", "secretAccessKey"))
+    ]
 
 
 def next_scheduled(schedule: BackupSchedule, last: datetime) -> datetime:

@@ -9,7 +9,6 @@ with backoff and never touch the cluster: the agent only reads a member's snapsh
 from __future__ import annotations
 
 import logging
-import os
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,22 +18,21 @@ from kustos.api.backup import EtcdBackup, EtcdBackupStatus
 from kustos.api.common import Condition
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd import backup as plan
-from kustos.etcd.controller import ETCDCLUSTERS
+from kustos.etcd.controller import ETCDBACKUPS, ETCDCLUSTERS
 from kustos.etcd.pods import CLUSTER_LABEL
 from kustos.etcd.snapshot import parse_error, parse_result, scheduled_name
-from kustos.images import agent_image
+from kustos.images import configured_agent_image
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import set_condition
 from kustos.runtime.controller import Controller, Result, label_keys
 from kustos.runtime.events import NORMAL, WARNING
-from kustos.runtime.informer import InformerOptions, ResourceRef
+from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.resources import CLAIMS, PODS
 from kustos.runtime.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 
-ETCDBACKUPS = ResourceRef(EtcdBackup.crd.group, EtcdBackup.crd.version, "etcdbackups", "EtcdBackup")
 WAIT_FOR_CLUSTER = 10.0
 
 
@@ -109,6 +107,7 @@ class EtcdBackupReconciler:
         status.next_attempt_time = None
         status.start_time = status.start_time or rfc3339(_now())
         status.member = member[0]
+        status.storage = storage
         status.message = f"attempt {attempt}: streaming a snapshot from {member[0]}"
         await self._write(raw, status)
         await self._event(raw, NORMAL, "BackupStarted", status.message)
@@ -243,7 +242,7 @@ def _backup_keys(backup: dict[str, Any]) -> list[str]:
 
 
 def register(manager: Manager) -> None:
-    image = os.environ.get("KUSTOS_AGENT_IMAGE") or agent_image()
+    image = configured_agent_image()
     backups = EtcdBackupReconciler(manager, image)
     controller = Controller("etcdbackup", ETCDBACKUPS, backups.reconcile, workers=2)
     controller.watch(PODS, label_keys(plan.BACKUP_LABEL), InformerOptions(label_selector=plan.BACKUP_LABEL))

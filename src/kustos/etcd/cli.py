@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -58,3 +58,84 @@ def snapshot(
         print(f"{ERROR_MARKER}{type(err).__name__}: {first_line}", flush=True)
         sys.exit(1)
     print(result.line(), flush=True)
+
+
+@etcd.command("fetch-snapshot")
+def fetch_snapshot(
+    out: Annotated[Path, typer.Option(help="Where to put the verified snapshot.")],
+    endpoint: Annotated[str | None, typer.Option(help="Stream it from this member's client URL.")] = None,
+    file: Annotated[Path | None, typer.Option(help="Read it from this file (a backup on a PVC).")] = None,
+    s3_endpoint: Annotated[str | None, typer.Option(help="Read it from this S3-compatible endpoint.")] = None,
+    s3_bucket: Annotated[str, typer.Option()] = "",
+    s3_key: Annotated[str, typer.Option()] = "",
+    s3_region: Annotated[str, typer.Option()] = "us-east-1",
+    s3_path_style: Annotated[bool, typer.Option()] = True,
+    sha256: Annotated[str | None, typer.Option(help="The checksum the backup recorded.")] = None,
+) -> None:
+    """Fetch a snapshot for a restoring seed and verify it; print the result as the last line.
+
+    S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+    """
+    from kustos.etcd.snapshot import ERROR_MARKER, fetch_snapshot, s3_store
+
+    s3 = (s3_store(s3_endpoint, s3_bucket, s3_region, s3_path_style), s3_key) if s3_endpoint else None
+    try:
+        result = asyncio.run(fetch_snapshot(out, endpoint=endpoint, file=file, s3=s3, sha256=sha256))
+    except Exception as err:
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        print(f"{ERROR_MARKER}{type(err).__name__}: {first_line}", flush=True)
+        sys.exit(1)
+    print(result.line(), flush=True)
+
+
+@etcd.command("recover")
+def recover(
+    name: Annotated[str, typer.Argument(help="The EtcdCluster that lost quorum.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    from_backup: Annotated[str | None, typer.Option(help="Rebuild from this EtcdBackup.")] = None,
+    from_member: Annotated[str | None, typer.Option(help="Rebuild from this surviving member's pod.")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(help="Default: $KUBECONFIG or ~/.kube/config.")] = None,
+    context: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Approve rebuilding a cluster that lost quorum, in place, under the same name.
+
+    Without options the operator picks the surviving member with the newest data, else the
+    newest backup (the cluster's status says which). Writes the cluster acknowledged after
+    the source's revision are lost: that is the price of getting it back.
+    """
+    from kustos.etcd.recovery import RECOVER_ANNOTATION
+
+    if from_backup and from_member:
+        raise typer.BadParameter("give at most one of --from-backup and --from-member")
+    value = f"backup/{from_backup}" if from_backup else f"member/{from_member}" if from_member else "auto"
+    cluster = asyncio.run(_annotate_cluster(kubeconfig, context, namespace, name, RECOVER_ANNOTATION, value))
+    if cluster is None:
+        print(f"EtcdCluster {namespace}/{name} not found", file=sys.stderr)
+        sys.exit(1)
+    status = cluster.get("status") or {}
+    degraded: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Degraded"), {}
+    )
+    print(f"asked the operator to rebuild {namespace}/{name} from {value.replace('/', ' ')}")
+    print(f"it was {status.get('phase', 'unknown')}: {degraded.get('message', '')}")
+    print(f"follow it with: kubectl get etcdcluster {name} -n {namespace} -w")
+
+
+async def _annotate_cluster(
+    kubeconfig: Path | None, context: str | None, namespace: str, name: str, key: str, value: str
+) -> dict[str, Any] | None:
+    from kustos.etcd.controller import ETCDCLUSTERS
+    from kustos.runtime.api import Api, ApiStatusError
+    from kustos.runtime.kube import connect, load_config
+    from kustos.runtime.metrics import Metrics
+
+    clients = connect(load_config(kubeconfig, context), Metrics())
+    try:
+        patch = {"metadata": {"annotations": {key: value}}}
+        return await Api(clients.raw).patch(ETCDCLUSTERS, namespace, name, patch)
+    except ApiStatusError as err:
+        if err.not_found:
+            return None
+        raise
+    finally:
+        await clients.close()

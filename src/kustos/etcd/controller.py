@@ -17,8 +17,9 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus
-from kustos.etcd import planner
+from kustos.etcd import planner, recovery
 from kustos.etcd.client import EtcdClient, EtcdError, LearnerNotReady, MemberList, Status
 from kustos.etcd.planner import MemberView, Observed, PodView, Step
 from kustos.etcd.pods import (
@@ -29,9 +30,12 @@ from kustos.etcd.pods import (
     member_claim,
     member_pod,
     member_urls,
+    pod_epoch,
     services,
 )
+from kustos.etcd.rebuild import Rebuilder, requested_recovery
 from kustos.etcd.versions import image_version, upgrade_refusal
+from kustos.images import configured_agent_image
 from kustos.runtime import faults
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import get_condition, set_condition
@@ -45,6 +49,7 @@ from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
 log = logging.getLogger(__name__)
 
 ETCDCLUSTERS = ResourceRef(EtcdCluster.crd.group, EtcdCluster.crd.version, "etcdclusters", "EtcdCluster")
+ETCDBACKUPS = ResourceRef(EtcdBackup.crd.group, EtcdBackup.crd.version, "etcdbackups", "EtcdBackup")
 
 Phase = Literal["Creating", "Running", "Scaling", "Upgrading", "Recovering", "QuorumLost", "Failed"]
 
@@ -61,7 +66,8 @@ class EtcdView:
     """What etcd itself said this pass."""
 
     members: MemberList | None
-    statuses: dict[str, Status]  # by client URL
+    statuses: dict[str, Status]  # by client URL: members that answered without errors
+    answered: dict[str, Status]  # by client URL: every member that answered, with a leader or not
 
 
 def _pod_running(pod: dict[str, Any]) -> bool:
@@ -86,17 +92,35 @@ def _node_lost(node: dict[str, Any] | None) -> bool:
 
 
 class EtcdClusterReconciler:
-    def __init__(self, manager: Manager) -> None:
+    resource = ETCDCLUSTERS
+
+    def __init__(self, manager: Manager, agent_image: str | None = None) -> None:
         self.manager = manager
         self.api = manager.api
         self.clusters = manager.informer(ETCDCLUSTERS)
+        self.backups = manager.informer(ETCDBACKUPS)
         self.pods = manager.informer(PODS, InformerOptions(label_selector=CLUSTER_LABEL))
         self.nodes = manager.informer(NODES)
         self.services = manager.informer(SERVICES)
+        self.rebuilder = Rebuilder(self, agent_image or configured_agent_image())
 
     # ---- observe -----------------------------------------------------------------------
 
-    def _pods_of(self, cluster: EtcdCluster) -> list[dict[str, Any]]:
+    def skeleton(self, cluster: EtcdCluster) -> Observed:
+        """What addressing needs (URLs of pods), without pods or members."""
+        status = cluster.status or EtcdClusterStatus()
+        spec = cluster.spec
+        return Observed(
+            cluster=cluster.metadata["name"], namespace=cluster.metadata["namespace"], size=spec.size,
+            addressing=spec.addressing, storage=status.storage_type or spec.storage.type,
+            failure_timeout=parse_duration(spec.member_failure_timeout), now=datetime.now(UTC),
+        )  # fmt: skip
+
+    @staticmethod
+    def target_version(cluster: EtcdCluster) -> str:
+        return target_version(cluster)
+
+    def pods_of(self, cluster: EtcdCluster) -> list[dict[str, Any]]:
         namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
         return [
             p for p in self.pods.list()
@@ -104,7 +128,7 @@ class EtcdClusterReconciler:
             and (p["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name
         ]  # fmt: skip
 
-    def _pod_view(self, cluster: EtcdCluster, pod: dict[str, Any]) -> PodView | None:
+    def pod_view(self, cluster: EtcdCluster, pod: dict[str, Any]) -> PodView | None:
         meta = pod["metadata"]
         index = planner.pod_index(cluster.metadata["name"], meta["name"])
         if index is None:
@@ -138,7 +162,8 @@ class EtcdClusterReconciler:
                 return url, None
 
         answers = await asyncio.gather(*(status(u) for u in urls))
-        statuses = {url: s for url, s in answers if s is not None and not s.errors}
+        answered = {url: s for url, s in answers if s is not None}
+        statuses = {url: s for url, s in answered.items() if not s.errors}
         members: MemberList | None = None
         for url in sorted(statuses, key=lambda u: statuses[u].is_learner):
             try:
@@ -147,19 +172,16 @@ class EtcdClusterReconciler:
                 break
             except (EtcdError, OSError, TimeoutError):
                 continue
-        return EtcdView(members, statuses)
+        return EtcdView(members, statuses, answered)
 
     async def observe(self, cluster: EtcdCluster, now: datetime) -> tuple[Observed, EtcdView, dict[str, str]]:
         """The planner's input, what etcd said, and each pod's client URL."""
         status = cluster.status or EtcdClusterStatus()
         spec = cluster.spec
-        pod_objects = self._pods_of(cluster)
-        views = [v for p in pod_objects if (v := self._pod_view(cluster, p)) is not None]
-        skeleton = Observed(
-            cluster=cluster.metadata["name"], namespace=cluster.metadata["namespace"], size=spec.size,
-            addressing=spec.addressing, storage=status.storage_type or spec.storage.type,
-            failure_timeout=parse_duration(spec.member_failure_timeout), now=now,
-        )  # fmt: skip
+        # Pods of an earlier epoch belong to a cluster that a rebuild replaced (and deleted).
+        pod_objects = [p for p in self.pods_of(cluster) if pod_epoch(p) == status.epoch]
+        views = [v for p in pod_objects if (v := self.pod_view(cluster, p)) is not None]
+        skeleton = self.skeleton(cluster)
         client_urls = {
             v.name: url
             for v in views
@@ -210,17 +232,32 @@ class EtcdClusterReconciler:
             return None
         await self._ensure_services(cluster)
         if cluster.spec.size % 2 == 0:
-            await self._event(
+            await self.event(
                 cluster, "EvenSize",
                 f"size {cluster.spec.size} tolerates no more failures than size {cluster.spec.size - 1}",
                 warning=True,
             )  # fmt: skip
         refusal = version_refusal(cluster)
         if refusal is not None:
-            await self._event(cluster, "UpgradeRefused", refusal, warning=True)
+            await self.event(cluster, "UpgradeRefused", refusal, warning=True)
+        rebuild = cluster.status.recovery if cluster.status else None
+        if rebuild is not None and rebuild.phase == "Running":
+            return Result(requeue_after=await self.rebuilder.reconcile(raw, cluster, rebuild))
         now = datetime.now(UTC)
         observed, etcd, client_urls = await self.observe(cluster, now)
         step = planner.plan(observed)
+        if cluster.spec.restore is not None and isinstance(step, planner.CreateSeed):
+            return await self._start_restore(raw, cluster, observed)
+        if isinstance(step, planner.QuorumLost):
+            started, step = await self._consider_recovery(
+                raw, cluster, observed, etcd, client_urls, step, now
+            )
+            if started:
+                return Result(requeue_after=AFTER_STEP)
+        elif requested_recovery(raw) is not None:
+            await self.rebuilder.consume_request(raw)
+            message = "recovery was asked for, but the cluster has quorum"
+            await self.event(cluster, "RecoveryNotNeeded", message, warning=True)
         if isinstance(step, planner.Wait | planner.Done):
             log.debug("planned %s", step)
         else:
@@ -230,18 +267,72 @@ class EtcdClusterReconciler:
         await self._record(raw, cluster, observed, etcd, client_urls, step, now)
         return Result(requeue_after=requeue)
 
-    async def _reject(self, raw: dict[str, Any], message: str) -> None:
+    async def _start_restore(self, raw: dict[str, Any], cluster: EtcdCluster, o: Observed) -> Result:
+        """A new cluster with spec.restore: its seed is rebuilt from the backup."""
+        assert cluster.spec.restore is not None
+        name = cluster.spec.restore.backup
+        source = recovery.choose_source([], self.rebuilder.candidates(self.rebuilder.backups_of(cluster)),
+                                        ("backup", name))  # fmt: skip
+        if isinstance(source, str):
+            await self.event(cluster, "RestoreWaiting", f"{source}; waiting for it", warning=True)
+            await self._reject(raw, f"spec.restore: {source}", reason="RestoreWaiting")
+            return Result(requeue_after=10.0)
+        status = cluster.status or EtcdClusterStatus()
+        await self.rebuilder.start(raw, cluster, source, "spec.restore", epoch=status.epoch)
+        return Result(requeue_after=AFTER_STEP)
+
+    async def _consider_recovery(
+        self, raw: dict[str, Any], cluster: EtcdCluster, o: Observed, etcd: EtcdView,
+        client_urls: dict[str, str], step: planner.QuorumLost, now: datetime,
+    ) -> tuple[bool, Step]:  # fmt: skip
+        """Start a rebuild if a person asked for one or it is automatic and due; otherwise say
+        in the QuorumLost message what a rebuild would use and how to ask for it."""
+        status = cluster.status or EtcdClusterStatus()
+        request = requested_recovery(raw)
+        last = status.recovery
+        gave_up = last is not None and last.phase == "Failed" and last.epoch > status.epoch
+        available = get_condition([c.model_dump(by_alias=True) for c in status.conditions], "Available")
+        lost_since = (
+            parse_rfc3339(available.get("lastTransitionTime"))
+            if status.phase == "QuorumLost" and available and available.get("status") == "False"
+            else None
+        )
+        reason = recovery.should_start(
+            cluster.spec.recovery.automatic and not gave_up, parse_duration(cluster.spec.recovery.delay),
+            lost_since, now, request is not None,
+        )  # fmt: skip
+        source = self.rebuilder.choose(cluster, o, etcd, client_urls, request)
+        if reason is not None and not isinstance(source, str):
+            epoch = max(status.epoch, last.epoch if last else 0) + 1
+            await self.rebuilder.start(raw, cluster, source, reason, epoch)
+            return True, step
+        if request is not None:  # asked for, but impossible: say why, and forget the request
+            await self.rebuilder.consume_request(raw)
+            await self.event(cluster, "RecoveryRefused", str(source), warning=True)
+        name, namespace = cluster.metadata["name"], cluster.metadata["namespace"]
+        if isinstance(source, str):
+            hint = f"cannot rebuild: {source}"
+        elif gave_up:
+            hint = f"the last rebuild failed; `kustos etcd recover {name} -n {namespace}` tries again"
+        elif cluster.spec.recovery.automatic:
+            hint = f"rebuilding from {source.describe()} after {cluster.spec.recovery.delay}"
+        else:
+            hint = f"`kustos etcd recover {name} -n {namespace}` rebuilds it from {source.describe()}"
+        return False, planner.QuorumLost(f"{step.message}; {hint}")
+
+    async def _reject(self, raw: dict[str, Any], message: str, reason: str = "InvalidSpec") -> None:
         status = dict(raw.get("status") or {})
         status["conditions"] = set_condition(
             status.get("conditions"),
             "Degraded",
             True,
-            "InvalidSpec",
+            reason,
             message[:1000],
             raw["metadata"].get("generation"),
         )
         await self.api.update_status(ETCDCLUSTERS, raw, status)
-        await self.manager.events.record(raw, WARNING, "InvalidSpec", message[:500])
+        if reason == "InvalidSpec":
+            await self.manager.events.record(raw, WARNING, reason, message[:500])
 
     async def _ensure_services(self, cluster: EtcdCluster) -> None:
         """Apply the Services only when missing or different: most passes write nothing."""
@@ -251,7 +342,7 @@ class EtcdClusterReconciler:
             if current is None or not _service_matches(current, service):
                 await self.api.apply(SERVICES, service)
 
-    async def _event(self, cluster: EtcdCluster, reason: str, message: str, warning: bool = False) -> None:
+    async def event(self, cluster: EtcdCluster, reason: str, message: str, warning: bool = False) -> None:
         await self.manager.events.record(
             cluster.model_dump(by_alias=True), WARNING if warning else NORMAL, reason, message
         )
@@ -268,35 +359,35 @@ class EtcdClusterReconciler:
             case planner.QuorumLost():
                 return 2.0  # _record reports it once it has lasted QUORUM_LOSS_GRACE
             case planner.UpgradeHalted(message=message):
-                await self._event(cluster, "UpgradeHalted", message, warning=True)
+                await self.event(cluster, "UpgradeHalted", message, warning=True)
                 return 5.0
             case planner.CreateSeed(index=index):
-                await self._reserve_index(cluster, index)
+                await self.reserve_index(cluster, index)
                 pod = planner.pod_name(name, index)
                 peer, _ = member_urls(cluster, pod)
                 await self._create_pod(cluster, index, "new", [(pod, peer)])
-                await self._event(cluster, "SeedMemberCreated", f"created seed member {pod}")
+                await self.event(cluster, "SeedMemberCreated", f"created seed member {pod}")
             case planner.CreatePod(index=index):
-                await self._reserve_index(cluster, index)
+                await self.reserve_index(cluster, index)
                 pod = planner.pod_name(name, index)
                 await self._create_pod(
                     cluster, index, "existing", self._initial_cluster(cluster, o, etcd, pod)
                 )
-                await self._event(cluster, "MemberPodCreated", f"created pod {pod} to join the cluster")
+                await self.event(cluster, "MemberPodCreated", f"created pod {pod} to join the cluster")
             case planner.RecreatePod(name=pod):
                 index = planner.pod_index(name, pod)
                 assert index is not None
                 await self._create_pod(
                     cluster, index, "existing", self._initial_cluster(cluster, o, etcd, pod)
                 )
-                await self._event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
+                await self.event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
             case planner.AddMember(pod=pod, peer_url=url, learner=learner, index=index):
                 if index is not None:
-                    await self._reserve_index(cluster, index)
+                    await self.reserve_index(cluster, index)
                 added = await self._leader_call(etcd, lambda c: c.member_add([url], is_learner=learner))
                 if added is None:
                     return 1.0
-                await self._event(
+                await self.event(
                     cluster, "MemberAdded", f"added {pod} ({url}) as a {'learner' if learner else 'voter'}"
                 )
             case planner.PromoteMember(member_id=member_id, name=member):
@@ -308,27 +399,27 @@ class EtcdClusterReconciler:
                     return 1.0
                 if done is None:
                     return 1.0
-                await self._event(cluster, "MemberPromoted", f"promoted {member} to a voting member")
+                await self.event(cluster, "MemberPromoted", f"promoted {member} to a voting member")
             case planner.UpdatePeerURL(member_id=member_id, peer_url=url):
                 updated = await self._leader_call(etcd, lambda c: c.member_update(member_id, [url]))
                 if updated is None:
                     return 1.0
-                await self._event(cluster, "MemberPeerURLUpdated", f"member {member_id:x} now at {url}")
+                await self.event(cluster, "MemberPeerURLUpdated", f"member {member_id:x} now at {url}")
             case planner.RemoveMember(member_id=member_id, name=member, reason=reason):
                 removed = await self._leader_call(etcd, lambda c: c.member_remove(member_id))
                 if removed is None:
                     return 1.0
-                await self._event(cluster, "MemberRemoved", f"removed {member} from etcd: {reason}")
+                await self.event(cluster, "MemberRemoved", f"removed {member} from etcd: {reason}")
             case planner.DeletePod(name=pod, uid=uid, reason=reason, force=force):
                 await self.api.delete(PODS, o.namespace, pod, uid=uid, grace_seconds=0 if force else None)
-                await self._event(cluster, "MemberPodDeleted", f"deleted pod {pod}: {reason}")
+                await self.event(cluster, "MemberPodDeleted", f"deleted pod {pod}: {reason}")
             case planner.AnnotatePod(name=pod, member_id=member_id):
                 patch = {"metadata": {"annotations": {MEMBER_ID_ANNOTATION: f"{member_id:x}"}}}
                 await self.api.patch(PODS, o.namespace, pod, patch)
             case planner.MoveLeader(from_id=from_id, to_id=to_id):
                 moved = await self._leader_call(etcd, lambda c: c.move_leader(to_id))
                 if moved is not None:
-                    await self._event(
+                    await self.event(
                         cluster, "LeaderMoved", f"moved leadership from {from_id:x} to {to_id:x}"
                     )
         return AFTER_STEP
@@ -344,7 +435,7 @@ class EtcdClusterReconciler:
                 entries.append((m.name, m.peer_url))
         return entries
 
-    async def _reserve_index(self, cluster: EtcdCluster, index: int) -> None:
+    async def reserve_index(self, cluster: EtcdCluster, index: int) -> None:
         """Record the next index before using this one: a name is never used twice."""
         current = cluster.status.next_member_index if cluster.status else 0
         if current > index:
@@ -361,7 +452,8 @@ class EtcdClusterReconciler:
     async def _create_pod(
         self, cluster: EtcdCluster, index: int, state: str, initial_cluster: list[tuple[str, str]]
     ) -> None:
-        manifest = member_pod(cluster, index, state, initial_cluster, target_version(cluster))
+        epoch = cluster.status.epoch if cluster.status else 0
+        manifest = member_pod(cluster, index, state, initial_cluster, target_version(cluster), epoch)
         if cluster.spec.storage.type == "pvc":
             await self.api.apply(CLAIMS, member_claim(cluster, manifest["metadata"]["name"]))
         try:
@@ -432,9 +524,10 @@ class EtcdClusterReconciler:
             lost and previous is not None and previous.get("reason") == "QuorumLost"
             and previous.get("status") == "False" and since is not None and now - since >= QUORUM_LOSS_GRACE
         )  # fmt: skip
+        gave_up = status.recovery is not None and status.recovery.phase == "Failed"
         if confirmed:
-            status.phase = "QuorumLost"
-            await self._event(cluster, "QuorumLost", _describe(step), warning=True)
+            status.phase = "Failed" if gave_up else "QuorumLost"
+            await self.event(cluster, "QuorumLost", _describe(step), warning=True)
         elif not lost:
             status.phase = self._phase(cluster, o, step, healthy_voters)
         available = o.members is not None and not lost
@@ -459,7 +552,7 @@ class EtcdClusterReconciler:
             refusal or f"etcd {cluster.spec.version}", generation,
         )  # fmt: skip
         if old.get("currentVersion") and status.current_version != old.get("currentVersion"):
-            await self._event(cluster, "Upgraded", f"every member runs etcd {status.current_version}")
+            await self.event(cluster, "Upgraded", f"every member runs etcd {status.current_version}")
         payload = status.model_dump(by_alias=True, exclude_none=True)
         payload["conditions"] = conditions
         payload["observedGeneration"] = generation
@@ -534,6 +627,12 @@ def _clusters_on_node(reconciler: EtcdClusterReconciler) -> Any:
     return keys
 
 
+def _clusters_of_backup(backup: dict[str, Any]) -> list[str]:
+    """A backup that succeeds may be what a waiting restore needs."""
+    cluster = (backup.get("spec") or {}).get("clusterName")
+    return [f"{backup['metadata']['namespace']}/{cluster}"] if cluster else []
+
+
 def register(manager: Manager) -> None:
     reconciler = EtcdClusterReconciler(manager)
     controller = Controller("etcdcluster", ETCDCLUSTERS, reconciler.reconcile, workers=4)
@@ -541,6 +640,7 @@ def register(manager: Manager) -> None:
     controller.owns(SERVICES)
     controller.owns(CLAIMS)
     controller.watch(NODES, _clusters_on_node(reconciler))
+    controller.watch(ETCDBACKUPS, _clusters_of_backup)
     manager.add_controller(controller)
 
 

@@ -13,6 +13,7 @@ CLUSTER_LABEL = "kustos.dev/cluster"
 MEMBER_LABEL = "kustos.dev/member"
 MEMBER_ID_ANNOTATION = "kustos.dev/member-id"
 VERSION_ANNOTATION = "kustos.dev/etcd-version"
+EPOCH_LABEL = "kustos.dev/epoch"  # which rebuild of the cluster a member pod belongs to
 DATA_DIR = "/var/lib/etcd"
 
 
@@ -56,8 +57,25 @@ def claim_name(pod: str) -> str:
     return f"{pod}-data"
 
 
+def cluster_token(cluster: EtcdCluster, epoch: int) -> str:
+    """The --initial-cluster-token of an epoch: a rebuilt cluster gets a new cluster ID."""
+    uid = str(cluster.metadata["uid"])
+    return uid if epoch == 0 else f"{uid}-{epoch}"
+
+
+def pod_epoch(pod: Obj) -> int:
+    """The epoch a member pod belongs to (pods from before any rebuild have no label: 0)."""
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get(EPOCH_LABEL, "0")
+    return int(value) if str(value).isdigit() else 0
+
+
 def member_pod(
-    cluster: EtcdCluster, index: int, state: str, initial_cluster: list[tuple[str, str]], version: str
+    cluster: EtcdCluster,
+    index: int,
+    state: str,
+    initial_cluster: list[tuple[str, str]],
+    version: str,
+    epoch: int = 0,
 ) -> Obj:
     """Member pod ``<cluster>-<index>``; ``initial_cluster`` lists (name, peer URL) of the
     members it starts with, itself included (its own URL from ``member_urls``)."""
@@ -73,7 +91,7 @@ def member_pod(
         f"--initial-advertise-peer-urls={peer}",
         "--initial-cluster=" + ",".join(f"{n}={url}" for n, url in initial_cluster),
         f"--initial-cluster-state={state}",
-        f"--initial-cluster-token={cluster.metadata['uid']}",
+        f"--initial-cluster-token={cluster_token(cluster, epoch)}",
         *spec.extra_args,
     ]
     container: Obj = {
@@ -121,7 +139,7 @@ def member_pod(
         "metadata": {
             "name": name,
             "namespace": cluster.metadata["namespace"],
-            "labels": {**spec.pod.labels, **labels(cluster), MEMBER_LABEL: name},
+            "labels": {**spec.pod.labels, **labels(cluster), MEMBER_LABEL: name, EPOCH_LABEL: str(epoch)},
             "annotations": {**spec.pod.annotations, VERSION_ANNOTATION: version},
             "ownerReferences": [owner_reference(cluster)],
         },

@@ -211,3 +211,69 @@ async def take_snapshot(
         duration_seconds=round(time.monotonic() - started, 3),
         pruned=pruned,
     )
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    source: str
+    size: int
+    sha256: str
+    revision: int | None
+
+    def line(self) -> str:
+        return RESULT_MARKER + json.dumps(asdict(self), sort_keys=True)
+
+
+class ChecksumMismatch(Exception):
+    """The snapshot read back is not the one the backup recorded."""
+
+
+async def fetch_snapshot(
+    out: Path,
+    endpoint: str | None = None,
+    file: Path | None = None,
+    s3: tuple[S3Store, str] | None = None,
+    sha256: str | None = None,
+) -> FetchResult:
+    """Put a verified snapshot at ``out`` (written as .part, renamed once verified).
+
+    From a member, etcd's own checksum is verified as it streams; from a backup, the
+    SHA-256 the backup recorded. A snapshot that fails either check is never renamed.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".part")
+    digest = hashlib.sha256()
+    revision: int | None = None
+    with partial.open("wb") as sink:
+
+        async def write(chunk: bytes) -> None:
+            digest.update(chunk)
+            sink.write(chunk)
+
+        if endpoint is not None:
+            async with EtcdClient(endpoint, timeout=30.0) as client:
+                info = await client.snapshot(write, timeout=3600)
+            revision, source = info.revision, endpoint
+        elif file is not None:
+            with file.open("rb") as stored:
+                while chunk := stored.read(READ_CHUNK):
+                    await write(chunk)
+            source = str(file)
+        elif s3 is not None:
+            import obstore
+
+            store, key = s3
+            result = await obstore.get_async(store, key)
+            async for chunk in result.stream(min_chunk_size=READ_CHUNK):
+                await write(bytes(chunk))
+            source = key
+        else:
+            raise ValueError("give an endpoint, a file or an S3 object")
+        sink.flush()
+        os.fsync(sink.fileno())
+    found = digest.hexdigest()
+    if sha256 is not None and found != sha256:
+        partial.unlink(missing_ok=True)
+        raise ChecksumMismatch(f"{source}: sha256 {found}, but the backup recorded {sha256}")
+    partial.replace(out)
+    return FetchResult(source=source, size=out.stat().st_size, sha256=found, revision=revision)
