@@ -271,8 +271,8 @@ class EtcdClusterReconciler:
         """A new cluster with spec.restore: its seed is rebuilt from the backup."""
         assert cluster.spec.restore is not None
         name = cluster.spec.restore.backup
-        source = recovery.choose_source([], self.rebuilder.candidates(self.rebuilder.backups_of(cluster)),
-                                        ("backup", name))  # fmt: skip
+        backups = self.rebuilder.candidates(self.rebuilder.backups_of(cluster, any_cluster=True))
+        source = recovery.choose_source([], backups, ("backup", name))
         if isinstance(source, str):
             await self.event(cluster, "RestoreWaiting", f"{source}; waiting for it", warning=True)
             await self._reject(raw, f"spec.restore: {source}", reason="RestoreWaiting")
@@ -627,10 +627,20 @@ def _clusters_on_node(reconciler: EtcdClusterReconciler) -> Any:
     return keys
 
 
-def _clusters_of_backup(backup: dict[str, Any]) -> list[str]:
-    """A backup that succeeds may be what a waiting restore needs."""
-    cluster = (backup.get("spec") or {}).get("clusterName")
-    return [f"{backup['metadata']['namespace']}/{cluster}"] if cluster else []
+def _clusters_of_backup(reconciler: EtcdClusterReconciler) -> Any:
+    """A backup wakes its own cluster and every cluster waiting to be restored from it."""
+
+    def keys(backup: dict[str, Any]) -> list[str]:
+        namespace, name = backup["metadata"]["namespace"], backup["metadata"]["name"]
+        owner = (backup.get("spec") or {}).get("clusterName")
+        waiting = [
+            c["metadata"]["name"] for c in reconciler.clusters.list()
+            if c["metadata"].get("namespace") == namespace
+            and ((c.get("spec") or {}).get("restore") or {}).get("backup") == name
+        ]  # fmt: skip
+        return sorted({f"{namespace}/{c}" for c in [owner, *waiting] if c})
+
+    return keys
 
 
 def register(manager: Manager) -> None:
@@ -640,7 +650,7 @@ def register(manager: Manager) -> None:
     controller.owns(SERVICES)
     controller.owns(CLAIMS)
     controller.watch(NODES, _clusters_on_node(reconciler))
-    controller.watch(ETCDBACKUPS, _clusters_of_backup)
+    controller.watch(ETCDBACKUPS, _clusters_of_backup(reconciler))
     manager.add_controller(controller)
 
 

@@ -54,14 +54,15 @@ class Rebuilder:
 
     # ---- observe -----------------------------------------------------------------------
 
-    def backups_of(self, cluster: EtcdCluster) -> list[EtcdBackup]:
-        """Succeeded EtcdBackups of this cluster (scheduled or on demand)."""
+    def backups_of(self, cluster: EtcdCluster, any_cluster: bool = False) -> list[EtcdBackup]:
+        """Succeeded EtcdBackups in the cluster's namespace: its own (scheduled or on demand),
+        or with ``any_cluster`` every cluster's (a named one may be restored anywhere)."""
         namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
         found = []
         for raw in self.r.backups.list():
             if raw["metadata"].get("namespace") != namespace:
                 continue
-            if (raw.get("spec") or {}).get("clusterName") != name:
+            if not any_cluster and (raw.get("spec") or {}).get("clusterName") != name:
                 continue
             if (raw.get("status") or {}).get("phase") != "Succeeded":
                 continue
@@ -98,9 +99,10 @@ class Rebuilder:
         self, cluster: EtcdCluster, o: planner.Observed, etcd: EtcdView, client_urls: dict[str, str],
         request: str | None,
     ) -> Source | str:  # fmt: skip
-        parsed = recovery.parse_request(request) or (None, None)
+        kind, name = recovery.parse_request(request) or (None, None)
         survivors = self.survivors(o, etcd, client_urls)
-        return recovery.choose_source(survivors, self.candidates(self.backups_of(cluster)), parsed)
+        backups = self.candidates(self.backups_of(cluster, any_cluster=kind == "backup"))
+        return recovery.choose_source(survivors, backups, (kind, name))
 
     async def start(self, raw: Obj, cluster: EtcdCluster, source: Source, reason: str, epoch: int) -> None:
         """Record the rebuild in status (the one step of this pass) and consume the request."""
