@@ -79,12 +79,22 @@ class RestoreSpec(KubeModel):
     """A succeeded EtcdBackup in the same namespace (of this or another cluster)."""
 
 
+class AdoptSpec(KubeModel):
+    """An etcd cluster kustos did not create, to take over without downtime."""
+
+    endpoints: list[str] = Field(
+        min_length=1, json_schema_extra={"items": {"type": "string", "pattern": "^https?://"}}
+    )
+    """Client URLs of one or more of its members; the rest are found in its member list."""
+
+
 class EtcdClusterSpec(KubeModel):
     """The etcd cluster the user wants."""
 
     model_config = ConfigDict(
         json_schema_extra=kube_schema(
             rules=[
+                Rule("!(has(self.restore) && has(self.adopt))", "set at most one of restore and adopt"),
                 Rule(
                     "!has(oldSelf.storage) || !has(self.storage) || "
                     "oldSelf.storage.type == self.storage.type",
@@ -96,6 +106,11 @@ class EtcdClusterSpec(KubeModel):
                     "(!has(self.restore) || oldSelf.restore == self.restore)",
                     "restore is set when the cluster is created and cannot change",
                     field_path=".restore",
+                ),
+                Rule(
+                    "!has(oldSelf.adopt) || (has(self.adopt) && oldSelf.adopt == self.adopt)",
+                    "adopt is set when the cluster is created and cannot change",
+                    field_path=".adopt",
                 ),
             ]
         )
@@ -126,6 +141,9 @@ class EtcdClusterSpec(KubeModel):
     """Disaster recovery when quorum is lost."""
     restore: RestoreSpec | None = None
     """Start from a backup (only when the cluster is created)."""
+    adopt: AdoptSpec | None = None
+    """Take over an existing etcd cluster (only when the cluster is created): its members are
+    replaced one at a time by member pods, without downtime or data loss."""
 
 
 class MemberStatus(KubeModel):
@@ -176,6 +194,18 @@ class RecoveryStatus(KubeModel):
     """What happened last."""
 
 
+class AdoptionStatus(KubeModel):
+    """Taking over an existing cluster: which members are still the original ones."""
+
+    phase: Literal["Migrating", "Completed"] = "Migrating"
+    external_members: list[str] = Field(default_factory=list)
+    """IDs (hex) of the original members, replaced one at a time."""
+    endpoints: list[str] = Field(default_factory=list)
+    """Their client URLs, asked until they have all left."""
+    started_at: str | None = None
+    completed_at: str | None = None
+
+
 class EtcdClusterStatus(KubeModel):
     """What the operator last observed and did."""
 
@@ -201,6 +231,8 @@ class EtcdClusterStatus(KubeModel):
     """Incremented by each disaster recovery; member pods carry the epoch they belong to."""
     recovery: RecoveryStatus | None = None
     """The recovery under way, or the last one (completedAt set)."""
+    adoption: AdoptionStatus | None = None
+    """The takeover of an existing cluster (spec.adopt)."""
     observed_generation: int | None = None
     """The generation of the spec this status describes."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))

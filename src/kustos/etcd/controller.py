@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from kustos.api.backup import EtcdBackup
-from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus
+from kustos.api.etcd import AdoptionStatus, EtcdCluster, EtcdClusterStatus, MemberStatus
 from kustos.etcd import planner, recovery
 from kustos.etcd.client import EtcdClient, EtcdError, LearnerNotReady, MemberList, Status
 from kustos.etcd.planner import MemberView, Observed, PodView, Step
@@ -187,7 +187,10 @@ class EtcdClusterReconciler:
             for v in views
             if not v.deleting and (url := planner.client_url(skeleton, v)) is not None
         }
-        etcd = await self._ask_etcd(list(client_urls.values()))
+        adoption = status.adoption if status.adoption and status.adoption.phase == "Migrating" else None
+        # An adopted cluster's original members are asked too, until they have all left.
+        external = [u for u in (adoption.endpoints if adoption else []) if u not in client_urls.values()]
+        etcd = await self._ask_etcd([*client_urls.values(), *external])
         members: tuple[MemberView, ...] | None = None
         if etcd.members is not None:
             leader_ids = {s.leader_id for s in etcd.statuses.values()}
@@ -216,6 +219,7 @@ class EtcdClusterReconciler:
             ever_formed=bool(status.cluster_id), unhealthy_since=unhealthy_since,
             version=target_version(cluster),
             recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
+            external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
         )  # fmt: skip
         return observed, etcd, client_urls
 
@@ -248,6 +252,8 @@ class EtcdClusterReconciler:
         step = planner.plan(observed)
         if cluster.spec.restore is not None and isinstance(step, planner.CreateSeed):
             return await self._start_restore(raw, cluster, observed)
+        if cluster.spec.adopt is not None and isinstance(step, planner.CreateSeed):
+            return await self._start_adoption(raw, cluster)
         if isinstance(step, planner.QuorumLost):
             started, step = await self._consider_recovery(
                 raw, cluster, observed, etcd, client_urls, step, now
@@ -279,6 +285,32 @@ class EtcdClusterReconciler:
             return Result(requeue_after=10.0)
         status = cluster.status or EtcdClusterStatus()
         await self.rebuilder.start(raw, cluster, source, "spec.restore", epoch=status.epoch)
+        return Result(requeue_after=AFTER_STEP)
+
+    async def _start_adoption(self, raw: dict[str, Any], cluster: EtcdCluster) -> Result:
+        """Check the cluster to adopt (one cluster ID, a leader, an acceptable version) and
+        record its members as the original ones; the planner then replaces them one by one."""
+        assert cluster.spec.adopt is not None
+        verdict = await adoption_check(cluster.spec.adopt.endpoints, cluster.spec.version)
+        if isinstance(verdict, str):
+            await self.event(cluster, "AdoptionWaiting", verdict, warning=True)
+            await self._reject(raw, f"spec.adopt: {verdict}", reason="AdoptionWaiting")
+            return Result(requeue_after=5.0)
+        members, version = verdict
+        status = dict(raw.get("status") or {})
+        status.update({
+            "clusterId": f"{members.cluster_id:x}", "currentVersion": version,
+            "storageType": cluster.spec.storage.type, "phase": "Scaling",
+            "adoption": AdoptionStatus(
+                external_members=[f"{m.id:x}" for m in members.members],
+                endpoints=sorted({u for m in members.members for u in m.client_urls}),
+                started_at=rfc3339(datetime.now(UTC)),
+            ).model_dump(by_alias=True, exclude_none=True),
+        })  # fmt: skip
+        await self.api.update_status(ETCDCLUSTERS, raw, status)
+        names = ", ".join(m.name or format(m.id, "x") for m in members.members)
+        message = f"adopting etcd cluster {members.cluster_id:x} ({names}) on etcd {version}"
+        await self.event(cluster, "AdoptionStarted", message)
         return Result(requeue_after=AFTER_STEP)
 
     async def _consider_recovery(
@@ -510,6 +542,16 @@ class EtcdClusterReconciler:
             status.size = len(members)
         if etcd.members is not None:
             status.cluster_id = f"{etcd.members.cluster_id:x}"
+            if (
+                status.adoption
+                and status.adoption.phase == "Migrating"
+                and not o.external_ids & {m.id for m in o.members or ()}
+            ):
+                status.adoption.phase = "Completed"
+                status.adoption.completed_at = rfc3339(now)
+                await self.event(
+                    cluster, "AdoptionCompleted", "every original member has been replaced by a pod"
+                )
         versions = {m.version for m in members if m.version}
         if len(versions) == 1:
             status.current_version = versions.pop()
@@ -575,6 +617,35 @@ class EtcdClusterReconciler:
         ):
             return "Recovering"
         return "Scaling" if o.members is not None and len(o.members) != o.size else "Running"
+
+
+async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList, str] | str:
+    """The membership and version of the cluster behind ``endpoints``, or why it cannot be adopted."""
+    statuses: dict[str, Status] = {}
+    for url in endpoints:
+        try:
+            async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
+                statuses[url] = await client.status()
+        except (EtcdError, OSError, TimeoutError) as err:
+            return f"{url} does not answer: {err}"
+    if len({s.cluster_id for s in statuses.values()}) != 1:
+        return "the endpoints belong to different etcd clusters"
+    if any(s.errors or not s.has_leader for s in statuses.values()):
+        return "the cluster has no leader or reports errors: " + "; ".join(
+            f"{u}: {', '.join(s.errors) or 'no leader'}"
+            for u, s in statuses.items()
+            if s.errors or not s.has_leader
+        )
+    versions = {s.version for s in statuses.values()}
+    version = min(versions, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+    refusal = upgrade_refusal(version, wanted)
+    if refusal is not None:
+        return f"its members run etcd {', '.join(sorted(versions))}: {refusal}"
+    async with EtcdClient(endpoints[0], timeout=STATUS_TIMEOUT) as client:
+        members = await client.member_list()
+    if any(not m.name or not m.client_urls for m in members.members):
+        return "a member of it has not started (no name or client URL yet)"
+    return members, version
 
 
 def version_refusal(cluster: EtcdCluster) -> str | None:

@@ -20,8 +20,10 @@ The rules, in the order they are tried:
    if that keeps quorum; its pod goes at the next pass, a replacement after.
 8. Grow by one member (never while another change is in flight, never while a
    member is unhealthy), or shrink by one: an unhealthy member first, else an
-   outdated one, else the newest follower; the leader only after moving
-   leadership away.
+   original member of an adopted cluster, else an outdated one, else the newest
+   follower; the leader only after moving leadership away. While an adopted
+   cluster still has original members, grow one past size, then shrink: each of
+   them is replaced by a member pod, one at a time.
 9. Roll members onto ``version`` one at a time, followers first and the leader
    last: with PVC storage restart a member's pod on its volume; otherwise surge
    (add a member at the new version, then remove an outdated one by rule 8).
@@ -82,6 +84,7 @@ class Observed:
     unhealthy_since: dict[str, datetime] = field(default_factory=dict)  # by member name
     version: str | None = None  # the version members should run (None: whatever they run)
     recorded_members: tuple[tuple[str, int], ...] = ()  # (name, ID) from status: who to bring back
+    external_ids: frozenset[int] = frozenset()  # members of an adopted cluster not yet replaced by pods
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -293,7 +296,7 @@ def plan(o: Observed) -> Step:
     # 4. Members without a pod.
     existing = {p.name for p in o.pods}
     for m in members:
-        if m.id in pods:
+        if m.id in pods or m.id in o.external_ids:
             continue
         expected = _expected_pod(o, m)
         if o.addressing == "dns" and not m.name and expected is not None and expected not in existing:
@@ -349,7 +352,8 @@ def plan(o: Observed) -> Step:
     joining = [m for m in members if m.learner or not m.name]
     if joining:
         return Wait("a member is joining", 1.0)
-    surge = len(members) == o.size and o.storage != "pvc" and _rolling(o, pods)
+    adopting = any(m.id in o.external_ids for m in members)
+    surge = len(members) == o.size and (adopting or (o.storage != "pvc" and _rolling(o, pods)))
     if len(members) < o.size or surge:
         if any(not m.healthy for m in members):
             return Wait("not growing while a member is unhealthy")
@@ -369,7 +373,9 @@ def plan(o: Observed) -> Step:
         if removal_keeps_quorum(members, victim):
             outdated = victim.id in pods and is_outdated(o, pods[victim.id])
             reason = (
-                f"replaced by a member on etcd {o.version}"
+                "replaced by a member pod (adoption)"
+                if victim.id in o.external_ids
+                else f"replaced by a member on etcd {o.version}"
                 if outdated
                 else "the cluster is larger than its size"
             )
@@ -407,7 +413,7 @@ def _leadership_heir(
 ) -> MemberView | None:
     """A healthy voter to lead instead, preferring one already on the target version."""
     candidates = [m for m in members if m.healthy and not m.learner and m.id != leader.id]
-    candidates.sort(key=lambda m: m.id in pods and is_outdated(o, pods[m.id]))
+    candidates.sort(key=lambda m: (m.id in o.external_ids, m.id in pods and is_outdated(o, pods[m.id])))
     return candidates[0] if candidates else None
 
 
@@ -441,8 +447,9 @@ def _scale_down_victim(o: Observed, members: tuple[MemberView, ...], pods: dict[
     if unhealthy:
         return unhealthy[0]
 
-    def outdated_then_newest_follower(m: MemberView) -> tuple[bool, bool, int]:
+    def adopted_then_outdated_then_newest_follower(m: MemberView) -> tuple[bool, bool, bool, int]:
         pod = pods.get(m.id)
-        return (pod is not None and is_outdated(o, pod), not m.leader, pod.index if pod else -1)
+        external = m.id in o.external_ids
+        return (external, pod is not None and is_outdated(o, pod), not m.leader, pod.index if pod else -1)
 
-    return max(members, key=outdated_then_newest_follower)
+    return max(members, key=adopted_then_outdated_then_newest_follower)
