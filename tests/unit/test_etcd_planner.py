@@ -384,3 +384,60 @@ def test_pvc_members_come_back_on_their_volumes_even_without_quorum() -> None:
     assert step == planner.RecreatePod("e-0", 100)
     # With emptyDir there is nothing to come back to: quorum loss is reported.
     assert isinstance(plan(observed(members, pods[:1], 3)), planner.QuorumLost)
+
+
+# ---- adoption: original members replaced by pods one at a time ------------------------------
+
+
+def adopted_cluster(n: int, leader: int = 0) -> tuple[list[MemberView], frozenset[int]]:
+    members = [
+        MemberView(900 + i, f"orig-{i}", f"http://127.9.9.{i + 1}:2380", healthy=True, leader=i == leader)
+        for i in range(n)
+    ]
+    return members, frozenset(m.id for m in members)
+
+
+def test_original_members_are_not_removed_for_lack_of_a_pod() -> None:
+    members, external = adopted_cluster(3)
+    step = plan(observed(members, [], 3, external_ids=external, next_index=0))
+    assert step == planner.CreatePod(0), "grow one past size first"
+
+
+def test_with_one_pod_too_many_an_original_follower_goes_before_the_original_leader() -> None:
+    members, external = adopted_cluster(3, leader=0)
+    pod = PodView("e-0", 0, uid="u0", ip="127.1.1.1", running=True, ready=True, member_id=100)
+    members.append(MemberView(100, "e-0", "http://127.1.1.1:2380", healthy=True))
+    step = plan(observed(members, [pod], 3, external_ids=external))
+    assert isinstance(step, planner.RemoveMember) and step.member_id in (901, 902)
+
+
+def test_the_original_leader_hands_leadership_to_a_pod_before_it_goes() -> None:
+    members, external = adopted_cluster(1, leader=0)
+    pods = []
+    for i in range(3):
+        pods.append(PodView(f"e-{i}", i, uid=f"u{i}", ip=f"127.1.1.{i + 1}", running=True, ready=True,
+                            member_id=100 + i))  # fmt: skip
+        members.append(MemberView(100 + i, f"e-{i}", f"http://127.1.1.{i + 1}:2380", healthy=True))
+    step = plan(observed(members, pods, 3, external_ids=external))
+    assert isinstance(step, planner.MoveLeader) and step.from_id == 900 and step.to_id in (100, 101, 102)
+
+
+@settings(max_examples=200)
+@given(originals=st.integers(1, 5), pods=st.integers(0, 5), size=st.integers(1, 5), leader=st.integers(0, 9))
+def test_adoption_never_costs_quorum_nor_exceeds_size_plus_one(
+    originals: int, pods: int, size: int, leader: int
+) -> None:
+    members, external = adopted_cluster(originals, leader=leader if leader < originals else -1)
+    views = []
+    for i in range(pods):
+        views.append(PodView(f"e-{i}", i, uid=f"u{i}", ip=f"127.1.1.{i + 1}", running=True, ready=True,
+                             member_id=100 + i))  # fmt: skip
+        members.append(MemberView(100 + i, f"e-{i}", f"http://127.1.1.{i + 1}:2380", healthy=True,
+                                  leader=leader >= originals and i == 0))  # fmt: skip
+    step = plan(observed(members, views, size, external_ids=external))
+    if isinstance(step, planner.CreatePod):
+        assert len(members) <= size, "grows past size + 1"
+    if isinstance(step, planner.RemoveMember):
+        assert len(members) > 1 and quorum(len(members) - 1) <= len(members) - 1
+        if any(m.id in external for m in members) and step.member_id not in external:
+            raise AssertionError("a member pod was removed while original members remain")
