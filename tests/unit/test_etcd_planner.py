@@ -441,3 +441,18 @@ def test_adoption_never_costs_quorum_nor_exceeds_size_plus_one(
         assert len(members) > 1 and quorum(len(members) - 1) <= len(members) - 1
         if any(m.id in external for m in members) and step.member_id not in external:
             raise AssertionError("a member pod was removed while original members remain")
+
+
+def test_the_next_pod_waits_until_etcd_would_accept_its_member() -> None:
+    members, pods = healthy_cluster(2, leader=0)
+    pods[1] = dataclasses.replace(pods[1], running_since=NOW - timedelta(seconds=2))
+    step = plan(observed(members, pods, 3))
+    assert isinstance(step, planner.Wait) and 3.9 < step.seconds <= planner.RECONFIG_SETTLE.total_seconds()
+    pods[1] = dataclasses.replace(pods[1], running_since=NOW - planner.RECONFIG_SETTLE)
+    assert plan(observed(members, pods, 3)) == planner.CreatePod(2)
+
+
+def test_the_first_joiner_does_not_wait_for_the_seed_which_leads() -> None:
+    members, pods = healthy_cluster(1, leader=0)
+    pods[0] = dataclasses.replace(pods[0], running_since=NOW)
+    assert plan(observed(members, pods, 3)) == planner.CreatePod(1)

@@ -75,6 +75,13 @@ def _pod_running(pod: dict[str, Any]) -> bool:
     return any("running" in (s.get("state") or {}) for s in statuses)
 
 
+def _running_since(pod: dict[str, Any]) -> datetime | None:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    started = [((s.get("state") or {}).get("running") or {}).get("startedAt") for s in statuses]
+    moments = [m for m in (parse_rfc3339(s) for s in started if s) if m is not None]
+    return max(moments) if moments else None
+
+
 def _pod_ready(pod: dict[str, Any]) -> bool:
     return any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -149,6 +156,7 @@ class EtcdClusterReconciler:
             member_id=int(member_id, 16) if member_id else None,
             node_lost=bool(node_name) and _node_lost(self.nodes.get(str(node_name))),
             version=version,
+            running_since=_running_since(pod),
         )
 
     async def _ask_etcd(self, urls: list[str]) -> EtcdView:

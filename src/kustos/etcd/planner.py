@@ -44,6 +44,11 @@ def quorum(voters: int) -> int:
     return voters // 2 + 1
 
 
+# etcd refuses a membership change until its leader has been connected to every voting
+# member for this long (--strict-reconfig-check, etcdserver.HealthInterval).
+RECONFIG_SETTLE = timedelta(seconds=6)  # 5 s, plus the second that startedAt may have lost
+
+
 @dataclass(frozen=True)
 class PodView:
     name: str
@@ -56,6 +61,7 @@ class PodView:
     member_id: int | None = None  # from the pod's annotation, once it became a member
     node_lost: bool = False
     version: str | None = None  # the etcd version its container runs
+    running_since: datetime | None = None  # when its etcd process last started
 
 
 @dataclass(frozen=True)
@@ -363,6 +369,10 @@ def plan(o: Observed) -> Step:
             url = peer_url(o, name)
             assert url is not None
             return AddMember(name, url, learner=True, index=index)
+        settle = _settling(o, members, pods)
+        if settle > 0:
+            # A pod started now could not be added yet: its etcd would exit and back off.
+            return Wait("letting the newest member settle: etcd refuses the next add for 5 s", settle)
         return CreatePod(index)
     if len(members) > o.size:
         victim = _scale_down_victim(o, members, pods)
@@ -402,6 +412,19 @@ def plan(o: Observed) -> Step:
 
 def is_outdated(o: Observed, pod: PodView) -> bool:
     return o.version is not None and pod.version is not None and pod.version != o.version
+
+
+def _settling(o: Observed, members: tuple[MemberView, ...], pods: dict[int, PodView]) -> float:
+    """Seconds until the leader has been connected to every other voter for RECONFIG_SETTLE."""
+    since = [
+        pods[m.id].running_since
+        for m in members
+        if not m.leader and not m.learner and m.id in pods and pods[m.id].running_since is not None
+    ]
+    if not since:
+        return 0.0
+    newest = max(s for s in since if s is not None)
+    return max(0.0, (newest + RECONFIG_SETTLE - o.now).total_seconds())
 
 
 def _rolling(o: Observed, pods: dict[int, PodView]) -> bool:
