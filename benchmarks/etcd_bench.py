@@ -64,36 +64,47 @@ def wait(cluster: DevCluster, name: str, check: Any, timeout: float = 180) -> fl
     raise RuntimeError(f"{name} did not converge in {timeout}s")
 
 
+def start_operator(cluster: DevCluster, port: int = 18080) -> subprocess.Popen[bytes]:
+    """``kustos run`` with every controller against ``cluster``, once it reports ready."""
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+         "--no-leader-elect", "--metrics-address", f"127.0.0.1:{port}",
+         "--webhook-address", "127.0.0.1:0",
+         "--log-level", "warning"],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return operator
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+
+
+def bench_cluster(name: str) -> DevCluster:
+    """A fresh dev cluster with 4 workers and the test timings, CRDs installed."""
+    binaries.build()
+    cluster = DevCluster(DevClusterConfig(name=name, worker_nodes=4, timings=Timings.fast(),
+                                          restart_backoff=(0.5, 4.0)))  # fmt: skip
+    cluster.stop()
+    cluster.start()
+    cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
+    for resource in RESOURCES:
+        cluster.wait_established(resource.crd.name)
+    return cluster
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clusters", type=int, nargs="*", default=[10])
     parser.add_argument("--upgrade-sizes", type=int, nargs="*", default=[3, 5])
     args = parser.parse_args()
-    binaries.build()
-    cluster = DevCluster(DevClusterConfig(name="bench-etcd", worker_nodes=4, timings=Timings.fast(),
-                                          restart_backoff=(0.5, 4.0)))  # fmt: skip
-    cluster.stop()
-    cluster.start()
+    cluster = bench_cluster("bench-etcd")
     operator = None
     try:
-        cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
-        cluster.wait_established("etcdclusters.kustos.dev")
-        port = 18080
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
-             "--no-leader-elect", "--metrics-address", f"127.0.0.1:{port}",
-             "--webhook-address", "127.0.0.1:0",
-             "--log-level", "warning"],
-            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        operator = start_operator(cluster)
         time.sleep(3)
         print(f"operator resident memory with 0 clusters: {rss_mib(operator.pid):.1f} MiB")
 

@@ -107,6 +107,7 @@ class Rebuilder:
     async def start(self, raw: Obj, cluster: EtcdCluster, source: Source, reason: str, epoch: int) -> None:
         """Record the rebuild in status (the one step of this pass) and consume the request."""
         status = dict(raw.get("status") or {})
+        # With nulls: they clear what an earlier rebuild left (completedAt) in a merge patch.
         status["recovery"] = RecoveryStatus(
             epoch=epoch,
             source_kind=source.kind,
@@ -115,7 +116,7 @@ class Rebuilder:
             reason=reason,
             started_at=rfc3339(datetime.now(UTC)),
             message=f"rebuilding from {source.describe()}",
-        ).model_dump(by_alias=True)  # fmt: skip  (nulls clear what an earlier rebuild left)
+        ).model_dump(by_alias=True)
         status["phase"] = "Recovering"
         updated = await self.api.update_status(self.r.resource, raw, status)
         raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
