@@ -259,7 +259,7 @@ class EtcdClusterReconciler:
         observed, etcd, client_urls = await self.observe(cluster, now)
         step = planner.plan(observed)
         if cluster.spec.restore is not None and isinstance(step, planner.CreateSeed):
-            return await self._start_restore(raw, cluster, observed)
+            return await self._start_restore(raw, cluster)
         if cluster.spec.adopt is not None and isinstance(step, planner.CreateSeed):
             return await self._start_adoption(raw, cluster)
         if isinstance(step, planner.QuorumLost):
@@ -281,7 +281,7 @@ class EtcdClusterReconciler:
         await self._record(raw, cluster, observed, etcd, client_urls, step, now)
         return Result(requeue_after=requeue)
 
-    async def _start_restore(self, raw: dict[str, Any], cluster: EtcdCluster, o: Observed) -> Result:
+    async def _start_restore(self, raw: dict[str, Any], cluster: EtcdCluster) -> Result:
         """A new cluster with spec.restore: its seed is rebuilt from the backup."""
         assert cluster.spec.restore is not None
         name = cluster.spec.restore.backup
