@@ -1,6 +1,6 @@
 """Backups and disaster recovery with real etcd members, a real S3 server and real claims.
 
-    .venv/bin/python benchmarks/etcd_recovery_bench.py [--mib 100] [--large-mib 1024]
+    .venv/bin/python -m benchmarks.etcd_recovery_bench [--mib 100] [--large-mib 1024]
 
 Prints: snapshot throughput (MB/s, as the EtcdBackup records it: stream, verify, store) to a
 PVC and to S3 for a database of ``--mib`` (and ``--large-mib``, 0 to skip); the recovery
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--large-mib", type=int, default=1024)
     args = parser.parse_args()
     cluster = bench_cluster("bench-dr")
-    binaries.build([b for b in binaries.all_binaries() if b.name == "versitygw"])
+    binaries.build([b for b in binaries.missing_binaries() if b.name == "versitygw"])
     # Not 127.0.0.1: to an agent pod that is the pod itself.
     s3 = S3Server(S3ServerConfig(data_dir=Path(tempfile.mkdtemp()), buckets=(BUCKET,), host="127.0.0.2"))
     s3.start()

@@ -29,7 +29,7 @@ BUCKET = "etcd-backups"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    binaries.build([b for b in binaries.all_binaries() if b.name == "versitygw"])
+    binaries.build([b for b in binaries.missing_binaries() if b.name == "versitygw"])
     # Not 127.0.0.1: to an agent pod that is the pod itself, as in any pod.
     config = S3ServerConfig(data_dir=tmp_path_factory.mktemp("s3"), buckets=(BUCKET,), host="127.0.0.2")
     server = S3Server(config)
