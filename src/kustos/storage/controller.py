@@ -71,10 +71,14 @@ def _labelled() -> InformerOptions:
 
 
 def _pod_ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
+    """Ready, or every container ready: the node lifecycle controller marks a lost node's pods
+    NotReady and not every kubelet (kwok's, for one) flips the condition back, so the
+    containers' own readiness (and, separately, the node's) is what counts."""
+    status = pod.get("status") or {}
+    if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
+        return True
+    containers = status.get("containerStatuses") or []
+    return bool(containers) and status.get("phase") == "Running" and all(c.get("ready") for c in containers)
 
 
 def _node_ready(node: dict[str, Any] | None) -> bool:
