@@ -96,6 +96,12 @@ def node_env(kubectl: Kubectl, manifest: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env") or []}
 
 
+def node_image(kubectl: Kubectl, namespace: str) -> str:
+    ds = json.loads(kubectl.cluster.kubectl("-n", namespace, "get", "daemonset", "stor-node", "-o", "json"))
+    containers = ds["spec"]["template"]["spec"]["containers"]
+    return str(next(c["image"] for c in containers if c["name"] == names.node_container_name))
+
+
 async def wait_status(
     kubectl: Kubectl, name: str, what: str, check: Any, timeout: float = 90, where: str | None = None
 ) -> dict[str, Any]:
@@ -293,6 +299,13 @@ async def test_pause_and_maintenance_change_nothing_and_say_so(
     )
     assert status["phase"] == "Paused" and "upgrade-1" in condition(status, "Maintenance")["message"]
     assert node_env(kubectl, running)["LOG_LEVEL"] == "info", "changed while paused"
+    # What a StorageUpgrade does during maintenance: roll the node image itself.
+    namespace, daemonset = running["spec"]["namespace"], "stor-node"
+    kubectl.cluster.kubectl(
+        "-n", namespace, "set", "image", f"daemonset/{daemonset}", "node=storageos/node:v9"
+    )
+    await asyncio.sleep(2)
+    assert node_image(kubectl, namespace) == "storageos/node:v9", "reverted during maintenance"
 
     kubectl("annotate", "storagecluster", "stor", f"{names.MAINTENANCE_ANNOTATION}-")
 
@@ -300,6 +313,8 @@ async def test_pause_and_maintenance_change_nothing_and_say_so(
         return node_env(kubectl, running).get("LOG_LEVEL") == "debug"
 
     await wait_until(debug_applied, "debug applied after maintenance", timeout=30)
+    # Leaving maintenance without the spec naming the new image goes back to the spec's.
+    assert node_image(kubectl, namespace) == "storageos/node:v2.1.0"
     await wait_status(
         kubectl, "stor", "out of maintenance", lambda s: condition(s, "Maintenance").get("status") == "False"
     )

@@ -210,3 +210,15 @@ def test_choice_is_deterministic_and_order_independent(specs: list[tuple[int, bo
         for i, (t, w, d) in enumerate(specs)
     ]
     assert choose_active(summaries) == choose_active(list(reversed(summaries)))
+
+
+def test_an_image_changed_behind_our_back_is_drift() -> None:
+    objs = objects()
+    ds = next(o for o in objs if o["kind"] == "DaemonSet")
+    images = dict(planner.template_images(ds))
+    assert images == {"init": "storageos/init:1.0.0", "node": "storageos/node:v2.1.0"}
+    changed = {key_of(ds): tuple(sorted({**images, "node": "storageos/node:v2.2.0"}.items()))}
+    step = plan(steady(current_images=changed))
+    assert isinstance(step, planner.Apply) and [key_of(o) for o in step.objects] == [key_of(ds)]
+    assert isinstance(plan(steady(current_images=changed, maintenance="up")), planner.Hold)  # left alone
+    assert plan(steady(current_images={key_of(ds): planner.template_images(ds)})) == planner.Done()

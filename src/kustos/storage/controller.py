@@ -165,9 +165,13 @@ class StorageClusterReconciler:
             return (), f"waiting for members of EtcdCluster {namespace}/{kv.etcd_cluster_ref.name}"
         return urls, None
 
-    def _current(self, key: str) -> tuple[dict[planner.ObjKey, str], dict[str, Any] | None]:
-        """Live labelled objects (not being deleted) -> applied hash; and the node DaemonSet."""
+    def _current(
+        self, key: str
+    ) -> tuple[dict[planner.ObjKey, str], dict[planner.ObjKey, Any], dict[str, Any] | None]:
+        """Live labelled objects (not being deleted) -> applied hash, workloads -> their
+        images, and the node DaemonSet."""
         current: dict[planner.ObjKey, str] = {}
+        images: dict[planner.ObjKey, Any] = {}
         daemonset = None
         for informer in self.owned.values():
             for obj in informer.list():
@@ -178,12 +182,14 @@ class StorageClusterReconciler:
                     continue
                 obj = {**obj, "kind": obj.get("kind") or informer.resource.kind}
                 current[planner.key_of(obj)] = planner.hash_of(obj)
+                if obj["kind"] in ("DaemonSet", "Deployment", "StatefulSet"):
+                    images[planner.key_of(obj)] = planner.template_images(obj)
                 if (
                     obj["kind"] == "DaemonSet"
                     and (meta.get("labels") or {}).get("app.kubernetes.io/component") == "node"
                 ):
                     daemonset = obj
-        return current, daemonset
+        return current, images, daemonset
 
     def _pods(self, key: str) -> tuple[PodView, ...]:
         views = []
@@ -213,7 +219,7 @@ class StorageClusterReconciler:
         meta, spec = cluster.metadata, cluster.spec
         key = names.cluster_key(cluster)
         deleting = bool(meta.get("deletionTimestamp"))
-        current, daemonset = self._current(key)
+        current, images, daemonset = self._current(key)
         old_status = raw.get("status") or {}
         common: dict[str, Any] = {
             "generation": int(meta.get("generation") or 0),
@@ -222,6 +228,7 @@ class StorageClusterReconciler:
             "pause": spec.pause,
             "maintenance": (meta.get("annotations") or {}).get(names.MAINTENANCE_ANNOTATION),
             "current": current,
+            "current_images": images,
             "pods": self._pods(key),
             "desired_scheduled": None
             if daemonset is None

@@ -29,6 +29,13 @@ def hash_of(obj: Obj) -> str:
     return str((obj["metadata"].get("annotations") or {}).get(HASH_ANNOTATION, ""))
 
 
+def template_images(obj: Obj) -> tuple[tuple[str, str], ...]:
+    """(container, image) of a workload's pod template, init containers included; () otherwise."""
+    pod = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+    return tuple(sorted((str(c.get("name")), str(c.get("image"))) for c in containers))
+
+
 @dataclass(frozen=True)
 class PodView:
     name: str
@@ -55,6 +62,9 @@ class Observed:
     desired: tuple[Obj, ...] = ()
     current: Mapping[ObjKey, str] = field(default_factory=dict)
     """Live objects carrying this cluster's label (not being deleted) -> their applied hash."""
+    current_images: Mapping[ObjKey, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    """Live workloads -> their template's images: someone else changing an image (a
+    StorageUpgrade that was abandoned, a hand edit) is drift the hash cannot see."""
     pods: tuple[PodView, ...] = ()
     desired_scheduled: int | None = None
     """The node DaemonSet's status.desiredNumberScheduled; None when it does not exist."""
@@ -165,7 +175,12 @@ def plan(o: Observed) -> Step:
         return Wait(o.waiting)
     if not o.has_finalizer:
         return AddFinalizer()
-    stale = tuple(obj for obj in o.desired if o.current.get(key_of(obj)) != hash_of(obj))
+    stale = tuple(
+        obj
+        for obj in o.desired
+        if o.current.get(key_of(obj)) != hash_of(obj)
+        or o.current_images.get(key_of(obj), template_images(obj)) != template_images(obj)
+    )
     if stale:
         return Apply(stale)
     wanted = {key_of(obj) for obj in o.desired}
