@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from kustos.storage import names
 from kustos.storage.images import parse_kube_version
 from kustos.storage.manifests import Inputs, desired, listing
 from tests.integration.conftest import Kubectl
-from tests.integration.etcd_support import assert_rejected, etcd_cluster, wait_healthy
+from tests.integration.etcd_support import assert_rejected, etcd_cluster, running_operator, wait_healthy
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
@@ -502,3 +503,26 @@ async def test_a_running_cluster_writes_nothing_while_nothing_changes(
     passes = reconciles() - count
     print(f"storagecluster reconciles in 20 s of steady state: {passes:.0f}")
     assert 1 <= passes < 40  # the periodic resync ran, and wrote nothing
+
+
+async def test_a_restarted_operator_changes_nothing_and_reports_the_same(
+    kubectl: Kubectl, running: dict[str, Any], operator: OperatorProcess, tmp_path: Path
+) -> None:
+    namespace = running["spec"]["namespace"]
+
+    def generated() -> dict[str, str]:
+        found = json.loads(kubectl.cluster.kubectl("-n", namespace, "get", "daemonsets,services,deployments",
+                                                   "-o", "json"))  # fmt: skip
+        return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in found["items"]}
+
+    before = generated()
+    operator.kill()
+    operator.wait()
+    with running_operator(kubectl, tmp_path / "second"):
+        await asyncio.sleep(8)
+        assert generated() == before, "the new operator re-applied unchanged objects"
+        status = status_of(kubectl, "stor")
+        assert (status["ready"], status["phase"]) == ("3/3", "Running")
+        # Deletion needs a running operator (the finalizer): do it before this one stops.
+        kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=60s")
+    assert labelled(kubectl.cluster, f"{kubectl.namespace}.stor") == []
