@@ -526,3 +526,21 @@ async def test_a_restarted_operator_changes_nothing_and_reports_the_same(
         # Deletion needs a running operator (the finalizer): do it before this one stops.
         kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=60s")
     assert labelled(kubectl.cluster, f"{kubectl.namespace}.stor") == []
+
+
+async def test_an_existing_namespace_is_used_and_survives_deletion(
+    kubectl: Kubectl, clusters: Cleanup, dev_cluster: DevCluster
+) -> None:
+    existing = f"{kubectl.namespace}-pre"
+    dev_cluster.kubectl("create", "namespace", existing)
+    try:
+        manifest = storage_cluster(kubectl, "stor", workers(dev_cluster), namespace=existing)
+        clusters.apply(manifest)
+        await wait_status(kubectl, "stor", "Running", lambda s: s.get("phase") == "Running")
+        assert "Namespace" not in " ".join(labelled(dev_cluster, f"{kubectl.namespace}.stor"))
+        kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=60s")
+        assert labelled(dev_cluster, f"{kubectl.namespace}.stor") == []
+        phase = dev_cluster.kubectl("get", "namespace", existing, "-o", "jsonpath={.status.phase}")
+        assert phase == "Active"
+    finally:
+        dev_cluster.kubectl("delete", "namespace", existing, "--wait=false", check=False)

@@ -367,3 +367,9 @@ def test_table_is_ordered() -> None:
 )
 def test_parse_kube_version(info: dict[str, object], version: tuple[int, int]) -> None:
     assert parse_kube_version(info) == version
+
+
+def test_an_existing_namespace_is_used_but_never_owned() -> None:
+    objects = desired(Inputs(cluster(namespace="kube-system"), KUBE, foreign_namespace=True))
+    assert not [o for o in objects if o["kind"] == "Namespace"]
+    assert find(objects, "DaemonSet")["metadata"]["namespace"] == "kube-system"

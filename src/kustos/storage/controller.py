@@ -252,9 +252,14 @@ class StorageClusterReconciler:
             spec.tls_etcd_secret_ref_name, spec.tls_etcd_secret_ref_namespace or own_namespace
         )
         endpoints, waiting = await self._kv_endpoints(cluster)
+        existing = await self.api.get(OWNED["Namespace"], None, spec.namespace)
+        foreign = (
+            existing is not None
+            and (existing["metadata"].get("labels") or {}).get(names.CLUSTER_LABEL) != key
+        )
         inputs = manifests.Inputs(
             cluster=cluster, kube_version=await self.kube_version(), kv_endpoints=endpoints,
-            secret_data=secret_data, etcd_tls_data=etcd_tls,
+            secret_data=secret_data, etcd_tls_data=etcd_tls, foreign_namespace=foreign,
         )  # fmt: skip
         refusals = tuple(manifests.refusals(inputs))
         desired = tuple(manifests.desired(inputs)) if not refusals else ()

@@ -56,6 +56,9 @@ class Inputs:
     """The cluster secret's data (base64 values), None when no secret is named or it is missing."""
     etcd_tls_data: dict[str, str] | None = None
     """The etcd TLS secret's data (base64 values), None when none is named or it is missing."""
+    foreign_namespace: bool = False
+    """spec.namespace exists and was not created by this StorageCluster: use it, never own it
+    (owning it would delete it, and everything else in it, with the StorageCluster)."""
 
 
 # ---- small helpers -------------------------------------------------------------------
@@ -663,8 +666,8 @@ def scheduler(inputs: Inputs) -> list[Obj]:
 
 def namespace(inputs: Inputs) -> Obj | None:
     cluster = inputs.cluster
-    if cluster.spec.namespace == cluster.metadata["namespace"]:
-        return None  # its own namespace exists already and is not the StorageCluster's to delete
+    if cluster.spec.namespace == cluster.metadata["namespace"] or inputs.foreign_namespace:
+        return None  # it exists already and is not the StorageCluster's to delete
     meta = _meta(cluster, cluster.spec.namespace, "namespace", namespaced=False)
     meta["annotations"] = {CREATED_NAMESPACE_ANNOTATION: names.cluster_key(cluster)}
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
