@@ -373,3 +373,9 @@ def test_an_existing_namespace_is_used_but_never_owned() -> None:
     objects = desired(Inputs(cluster(namespace="kube-system"), KUBE, foreign_namespace=True))
     assert not [o for o in objects if o["kind"] == "Namespace"]
     assert find(objects, "DaemonSet")["metadata"]["namespace"] == "kube-system"
+
+
+def test_node_pod_labels_select_the_daemonset_pods() -> None:
+    ds = find(render({}), "DaemonSet")
+    assert ds["spec"]["selector"]["matchLabels"] == names.node_pod_labels(cluster())
+    assert names.node_pod_labels(cluster()).items() <= ds["spec"]["template"]["metadata"]["labels"].items()

@@ -96,7 +96,7 @@ def component_selector(cluster: StorageCluster, component: str) -> dict[str, str
 
 def node_selector(cluster: StorageCluster) -> dict[str, str]:
     """Pod labels that select the node DaemonSet's pods (used by the Service too)."""
-    return component_selector(cluster, "node")
+    return names.node_pod_labels(cluster)
 
 
 def manifest_hash(obj: Obj) -> str:

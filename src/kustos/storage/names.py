@@ -16,6 +16,7 @@ __all__ = [
     "init_container_name",
     "node_container_name",
     "node_daemonset",
+    "node_pod_labels",
     "provisioner",
     "scheduler_name",
     "storage_class",
@@ -49,6 +50,15 @@ def cluster_key(cluster: StorageCluster) -> str:
 def node_daemonset(cluster: StorageCluster) -> tuple[str, str]:
     """(namespace, name) of the node DaemonSet."""
     return cluster.spec.namespace, f"{cluster.metadata['name']}-node"
+
+
+def node_pod_labels(cluster: StorageCluster) -> dict[str, str]:
+    """The labels that select the node DaemonSet's pods (its spec.selector.matchLabels)."""
+    return {
+        "app.kubernetes.io/instance": cluster.metadata["name"],
+        "app.kubernetes.io/component": "node",
+        CLUSTER_LABEL: cluster_key(cluster),
+    }
 
 
 def storage_class(cluster: StorageCluster) -> str:
