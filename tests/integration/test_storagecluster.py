@@ -544,3 +544,22 @@ async def test_an_existing_namespace_is_used_and_survives_deletion(
         assert phase == "Active"
     finally:
         dev_cluster.kubectl("delete", "namespace", existing, "--wait=false", check=False)
+
+
+async def test_external_etcd_with_a_tls_secret(
+    kubectl: Kubectl, clusters: Cleanup, dev_cluster: DevCluster
+) -> None:
+    tls = {"ca.crt": "Q0E=", "tls.crt": "Q0VSVA==", "tls.key": "S0VZ"}
+    kubectl.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "etcd-client"}, "data": tls})
+    manifest = storage_cluster(
+        kubectl, "stor", workers(dev_cluster), tlsEtcdSecretRefName="etcd-client",
+        kvBackend={"backend": "etcd", "address": "10.0.0.1:2379,10.0.0.2:2379"},
+    )  # fmt: skip
+    clusters.apply(manifest)
+    await wait_status(kubectl, "stor", "Running", lambda s: s.get("phase") == "Running")
+    env = node_env(kubectl, manifest)
+    assert env["KV_ADDR"] == "10.0.0.1:2379,10.0.0.2:2379"
+    assert env["ETCD_TLS_CLIENT_CERT"] == "/run/etcd-tls/tls.crt"
+    namespace = manifest["spec"]["namespace"]
+    copied = json.loads(dev_cluster.kubectl("-n", namespace, "get", "secret", "stor-etcd-tls", "-o", "json"))
+    assert copied["data"] == tls
