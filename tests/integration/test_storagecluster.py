@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,10 +187,12 @@ async def test_defaults_create_the_expected_objects_ready_3_of_3_and_deletion_re
 ) -> None:
     chosen = workers(dev_cluster)
     manifest = storage_cluster(kubectl, "stor", chosen)
+    started = time.monotonic()
     clusters.apply(manifest)
     status = await wait_status(
         kubectl, "stor", "3/3 Running", lambda s: s.get("ready") == "3/3" and s.get("phase") == "Running"
     )
+    print(f"StorageCluster READY 3/3 after {time.monotonic() - started:.1f}s")
     assert status["nodes"] == chosen
     assert all(status["nodeHealthStatus"][n]["ready"] for n in chosen)
     key = f"{kubectl.namespace}.stor"
@@ -200,6 +203,7 @@ async def test_defaults_create_the_expected_objects_ready_3_of_3_and_deletion_re
     assert header.split() == ["NAME", "READY", "STATUS", "AGE"]
     assert row.split()[:3] == ["stor", "3/3", "Running"]
 
+    started = time.monotonic()
     dev_cluster.take_node_down(chosen[0])
     try:
         status = await wait_status(
@@ -211,6 +215,7 @@ async def test_defaults_create_the_expected_objects_ready_3_of_3_and_deletion_re
         assert not status["nodeHealthStatus"][chosen[0]]["ready"]
         assert condition(status, "Degraded")["status"] == "True"
     finally:
+        print(f"2/3 Degraded {time.monotonic() - started:.1f}s after the node went down")
         dev_cluster.bring_node_up(chosen[0])
     await wait_status(
         kubectl,
@@ -220,7 +225,9 @@ async def test_defaults_create_the_expected_objects_ready_3_of_3_and_deletion_re
         where=manifest["spec"]["namespace"],
     )
 
+    started = time.monotonic()
     kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=60s")
+    print(f"deletion with cleanup took {time.monotonic() - started:.1f}s")
     assert labelled(dev_cluster, key) == []
     phase = dev_cluster.kubectl(
         "get",
