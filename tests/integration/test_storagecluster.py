@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +27,7 @@ from kustos.storage.manifests import Inputs, desired, listing
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_rejected, etcd_cluster, running_operator, wait_healthy
 from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess
+from tests.integration.operator import REPO, OperatorProcess, free_port
 
 KINDS = (
     "namespaces,serviceaccounts,clusterroles,clusterrolebindings,secrets,configmaps,csidrivers,"
@@ -570,3 +573,39 @@ async def test_external_etcd_with_a_tls_secret(
     namespace = manifest["spec"]["namespace"]
     copied = json.loads(dev_cluster.kubectl("-n", namespace, "get", "secret", "stor-etcd-tls", "-o", "json"))
     assert copied["data"] == tls
+
+
+def operator_without_webhook_url(kubectl: Kubectl, log: Path) -> subprocess.Popen[bytes]:
+    """``kustos run`` as ``kustos dev up`` starts it: no --webhook-url."""
+    args = [
+        sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(kubectl.cluster.kubeconfig),
+        "--metrics-address", f"127.0.0.1:{free_port()}", "--webhook-address", f"127.0.0.1:{free_port()}",
+        "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
+        "--webhook-configuration-name", f"kustos-{kubectl.namespace}", "--controllers", "storagecluster",
+    ]  # fmt: skip
+    with log.open("ab") as sink:
+        return subprocess.Popen(
+            args, stdout=sink, stderr=sink, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
+
+
+async def test_without_a_webhook_url_the_operator_still_runs_storage_clusters(
+    kubectl: Kubectl, crds: None, tmp_path: Path
+) -> None:
+    """`kustos dev up` starts `kustos run` with no webhook URL: the StorageCluster controller
+    must work there, without a webhook configuration the API server would refuse."""
+    log = tmp_path / "operator.log"
+    operator = operator_without_webhook_url(kubectl, log)
+    cleanup = Cleanup(kubectl)
+    try:
+        cleanup.apply(storage_cluster(kubectl, "stor", workers(kubectl.cluster)))
+        await wait_status(kubectl, "stor", "Running", lambda s: s.get("phase") == "Running")
+        assert operator.poll() is None, log.read_text()[-3000:]
+        assert "scheduler webhook is off" in log.read_text()
+        assert not kubectl.cluster.kubectl(
+            "get", "mutatingwebhookconfiguration", f"kustos-{kubectl.namespace}", "--ignore-not-found"
+        )
+        cleanup.finish()
+    finally:
+        operator.terminate()
+        operator.wait(30)

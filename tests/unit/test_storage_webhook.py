@@ -56,3 +56,14 @@ def test_disabled_inactive_and_deleting_clusters_do_not_schedule() -> None:
         {**raw("gone"), "metadata": {"name": "gone", "namespace": "d", "deletionTimestamp": "x"}},
     ]
     assert [c.metadata["name"] for c in scheduling_clusters(clusters)] == ["on"]
+
+
+def test_the_webhook_is_registered_only_where_the_api_server_can_reach_it() -> None:
+    from kustos.runtime.manager import ManagerOptions
+    from kustos.storage.controller import webhook_reachable
+
+    assert not webhook_reachable(ManagerOptions())  # kustos dev up: no URL, no Service
+    assert webhook_reachable(ManagerOptions(webhook_url="https://127.0.0.1:9443"))
+    assert webhook_reachable(
+        ManagerOptions(webhook_service={"namespace": "kustos", "name": "kustos", "port": 443})
+    )

@@ -21,7 +21,7 @@ from kustos.runtime.conditions import is_true, now_rfc3339, set_condition
 from kustos.runtime.controller import Controller, Result
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
-from kustos.runtime.manager import Manager
+from kustos.runtime.manager import Manager, ManagerOptions
 from kustos.runtime.resources import NODES, PODS
 from kustos.storage import manifests, names, planner
 from kustos.storage.images import KubeVersion, parse_kube_version
@@ -424,7 +424,19 @@ def register(manager: Manager) -> None:
     controller.watch(ETCDCLUSTERS, _referencing(reconciler))
     controller.watch(STORAGECLUSTERS, _all_others(reconciler), InformerOptions(namespace=""))
     manager.add_controller(controller)
-    manager.add_webhook(scheduler_webhook(manager, reconciler.clusters))
+    if webhook_reachable(manager.options):
+        manager.add_webhook(scheduler_webhook(manager, reconciler.clusters))
+    else:
+        log.warning(
+            "the StorageCluster scheduler webhook is off: the API server could not reach it "
+            "(give kustos run --webhook-url, or run it in the cluster behind a webhook Service)"
+        )
 
 
-__all__ = ["OWNED", "STORAGECLUSTERS", "StorageClusterReconciler", "register"]
+def webhook_reachable(options: ManagerOptions) -> bool:
+    """Whether a webhook configuration can say where we are: without a URL or a Service the
+    API server refuses the configuration, and the operator must still run (kustos dev up)."""
+    return bool(options.webhook_url or options.webhook_service)
+
+
+__all__ = ["OWNED", "STORAGECLUSTERS", "StorageClusterReconciler", "register", "webhook_reachable"]
