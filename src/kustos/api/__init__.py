@@ -10,8 +10,10 @@ from typing import Any
 
 from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster
+from kustos.api.storage import StorageCluster
 from kustos.runtime.crd import CustomResource
 
-__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster"]
+__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "StorageCluster"]
 
 RESOURCES: list[type[CustomResource[Any, Any]]] = [EtcdCluster, EtcdBackup]
+RESOURCES.append(StorageCluster)
