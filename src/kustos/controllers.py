@@ -6,12 +6,14 @@ from collections.abc import Callable
 
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
+from kustos.nodejob import controller as nodejob_controller
 from kustos.runtime.manager import Manager
 
 CONTROLLERS: dict[str, Callable[[Manager], None]] = {
     "etcdcluster": etcd_controller.register,
     "etcdbackup": backup_controller.register,
 }
+CONTROLLERS["nodejob"] = nodejob_controller.register
 
 
 def register_all(manager: Manager, names: list[str] | None = None) -> None:

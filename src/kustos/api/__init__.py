@@ -10,8 +10,10 @@ from typing import Any
 
 from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster
+from kustos.api.nodejob import NodeJob
 from kustos.runtime.crd import CustomResource
 
-__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster"]
+__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "NodeJob"]
 
 RESOURCES: list[type[CustomResource[Any, Any]]] = [EtcdCluster, EtcdBackup]
+RESOURCES.append(NodeJob)
