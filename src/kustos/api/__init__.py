@@ -11,9 +11,11 @@ from typing import Any
 from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster
 from kustos.api.nodejob import NodeJob
+from kustos.api.storage import StorageCluster
 from kustos.runtime.crd import CustomResource
 
-__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "NodeJob"]
+__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "NodeJob", "StorageCluster"]
 
 RESOURCES: list[type[CustomResource[Any, Any]]] = [EtcdCluster, EtcdBackup]
+RESOURCES.append(StorageCluster)
 RESOURCES.append(NodeJob)
