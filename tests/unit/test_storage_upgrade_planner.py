@@ -97,6 +97,13 @@ def test_scale_down_remembers_then_waits_for_pods_then_records() -> None:
     ]
 
 
+def test_pods_that_never_go_fail_the_upgrade_after_the_timeout() -> None:
+    stuck = WorkloadView("Deployment", "app", "a", 0, remembered=2, owner=ME, pods=1)
+    late = NOW - timedelta(minutes=11)
+    step = up.plan(observed("ScaleDown", workloads=(stuck,), step_started=late))
+    assert isinstance(step, up.Fail) and "1 pod(s)" in step.reason
+
+
 def test_a_remembered_count_is_never_overwritten() -> None:
     # Killed after the patch: replicas is 0 and the annotation holds the truth.
     scaled = WorkloadView("Deployment", "app", "a", 0, remembered=4, owner=ME)

@@ -343,6 +343,8 @@ def _scale_down(o: Observed) -> Step:
             return ScaleDown(w, w.remembered if w.remembered is not None else w.replicas)
     left = sum(w.pods for w in users)
     if left:
+        if _timed_out(o):
+            return Fail(f"{left} pod(s) of the scaled-down workloads still exist after {o.timeout}")
         return Wait(f"waiting for {left} pod(s) of {len(users)} workload(s) to go", after=1.0)
     recorded = tuple(
         WorkloadStatus.model_validate(
