@@ -92,7 +92,8 @@ class NodeJobReconciler:
         wanted = set(planner.selected(job.spec, nodes))
         done = {n.name for n in status.nodes if n.state == "Done"}
         pods: list[PodView] = []
-        for pod in self.pods.list():
+        # A copy: reading logs awaits, and the informer may change its store meanwhile.
+        for pod in list(self.pods.list()):
             meta = pod["metadata"]
             if meta.get("namespace") != namespace or (meta.get("labels") or {}).get(JOB_LABEL) != name:
                 continue

@@ -375,7 +375,11 @@ class StorageUpgradeReconciler:
                 patch = {"spec": {"images": {"nodeContainer": image}}}
                 await self.api.patch(STORAGECLUSTERS, namespace, cluster.metadata["name"], patch)
             case up.Release():
-                await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
+                try:
+                    await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
+                except ApiStatusError as err:
+                    if not err.not_found:  # a stale cache: an earlier pass released it already
+                        raise
 
     # ---- record -----------------------------------------------------------------------------
 
@@ -390,6 +394,10 @@ class StorageUpgradeReconciler:
             status.previous_image = cluster.spec.images.node_container
         if step.to == "RollNodes":
             status.workloads = list(step.workloads)
+        if step.to == "Completed":
+            # The planner completes only once no workload carries this upgrade's annotation.
+            for recorded in status.workloads:
+                recorded.restored = True
         reason, template = ENTER_EVENTS[step.to]
         message = template.format(
             image=upgrade.spec.new_image, cluster=cluster.metadata["name"], count=len(status.workloads)
@@ -427,8 +435,15 @@ class StorageUpgradeReconciler:
             if (recorded.kind, recorded.namespace, recorded.name) == w.key and not recorded.restored:
                 recorded.restored = True
                 changed = True
-        if changed:
+        if not changed:
+            return
+        try:
             await self._write(raw, status)
+        except ApiStatusError as err:
+            # Progress only: the workload itself says it is restored (its annotation is gone),
+            # and completing marks every recorded workload restored.
+            if not err.conflict:
+                raise
 
     async def _fail(
         self, raw: dict[str, Any], status: StorageUpgradeStatus, what: str, reason: str = "UpgradeFailed"
