@@ -52,6 +52,12 @@ def test_pull_creates_the_job_then_waits_then_advances() -> None:
     assert up.plan(done) == up.Advance("PauseClusterCtrl")
 
 
+def test_a_failed_pull_job_fails_at_once() -> None:
+    o = observed("PullImage", pull_job_exists=True, pull_job_failure="spec.nodeSelectorTerms[0]: bad")
+    step = up.plan(o)
+    assert isinstance(step, up.Fail) and "spec.nodeSelectorTerms[0]: bad" in step.reason
+
+
 def test_pull_times_out() -> None:
     o = observed("PullImage", pull_job_exists=True, step_started=NOW - timedelta(minutes=11))
     step = up.plan(o)

@@ -242,6 +242,7 @@ class StorageUpgradeReconciler:
             maintenance_value=name,
             pull_job_exists=job is not None,
             pull_job_completed=bool(job and (job.get("status") or {}).get("completed")),
+            pull_job_failure=_job_failure(job),
             workloads=workloads,
             daemon_set=daemon_set,
             deleting=deleting,
@@ -280,6 +281,11 @@ class StorageUpgradeReconciler:
             case up.Done():
                 return None
             case up.Wait(reason=reason, after=after):
+                if status.step == "PullImage":
+                    meta = raw["metadata"]
+                    reason += _job_progress(
+                        self.jobs.get(f"{meta['namespace']}/{pull_job_name(meta['name'])}")
+                    )
                 if cluster is None and why:
                     reason = why
                     await self._event(raw, WARNING, "ClusterNotFound", why)
@@ -479,7 +485,7 @@ def pull_job(upgrade: StorageUpgrade, cluster: StorageCluster) -> dict[str, Any]
         "metadata": {
             "name": pull_job_name(meta["name"]),
             "namespace": meta["namespace"],
-            "labels": {"app.kubernetes.io/managed-by": "kustos", "kustos.dev/storage-upgrade": meta["name"]},
+            "labels": {"app.kubernetes.io/managed-by": "kustos"},
             "ownerReferences": [
                 {
                     "apiVersion": upgrade.crd.api_version,
@@ -495,11 +501,21 @@ def pull_job(upgrade: StorageUpgrade, cluster: StorageCluster) -> dict[str, Any]
             "image": upgrade.spec.new_image,
             "command": ["sh", "-c", PULL_SCRIPT],
             "completionWord": up.COMPLETION_WORD,
-            "labelSelector": f"kustos.dev/storage-upgrade={meta['name']}",
+            "labelSelector": f"kustos.dev/storage-upgrade={meta['name'][:63].rstrip('-._')}",
             "nodeSelectorTerms": cluster.spec.node_selector_terms,
             "tolerations": cluster.spec.tolerations,
         },
     }
+
+
+def _job_failure(job: dict[str, Any] | None) -> str | None:
+    status = (job or {}).get("status") or {}
+    return str(status.get("message") or "invalid spec") if status.get("phase") == "Failed" else None
+
+
+def _job_progress(job: dict[str, Any] | None) -> str:
+    status = (job or {}).get("status") or {}
+    return f" ({status['progress']} nodes: {status.get('message', '')})" if status.get("progress") else ""
 
 
 def _ready(pod: dict[str, Any]) -> bool:

@@ -115,6 +115,8 @@ class Observed:
     """The value this upgrade puts in the maintenance annotation (its name)."""
     pull_job_exists: bool = False
     pull_job_completed: bool = False
+    pull_job_failure: str | None = None
+    """The NodeJob's message when it failed (an invalid spec: it never runs)."""
     workloads: tuple[WorkloadView, ...] = ()
     daemon_set: DaemonSetView | None = None
     deleting: bool = False
@@ -318,6 +320,8 @@ def plan(o: Observed) -> Step:
 def _pull(o: Observed) -> Step:
     if not o.pull_job_exists:
         return CreatePullJob()
+    if o.pull_job_failure is not None:
+        return Fail(f"the pre-pull NodeJob failed: {o.pull_job_failure}")
     if not o.pull_job_completed:
         if _timed_out(o):
             return Fail(f"the image {o.new_image} was not pulled on every node within {o.timeout}")
