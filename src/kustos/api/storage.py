@@ -103,8 +103,8 @@ class KVBackend(KubeModel):
         json_schema_extra=kube_schema(
             rules=[
                 Rule(
-                    "self.backend != 'etcd' || (has(self.address) && self.address != '') "
-                    "|| has(self.etcdClusterRef)",
+                    "!has(self.backend) || self.backend != 'etcd' "
+                    "|| (has(self.address) && self.address != '') || has(self.etcdClusterRef)",
                     "backend etcd needs address or etcdClusterRef",
                     field_path=".backend",
                 ),

@@ -54,6 +54,7 @@ OWNED: dict[str, ResourceRef] = {
 SECRETS = OWNED["Secret"]
 
 STEADY_RESYNC = 15.0
+UNSEEN = "?"  # not a namespace/name: the cluster-wide cache has not seen this StorageCluster yet
 AFTER_STEP = 0.2
 
 
@@ -131,7 +132,7 @@ class StorageClusterReconciler:
             )
         mine = f"{cluster.metadata['namespace']}/{cluster.metadata['name']}"
         if not any(s.key == mine for s in summaries):
-            return None  # the cluster-wide cache has not seen it yet: judge on the next pass
+            return UNSEEN  # the cluster-wide cache has not caught up yet: judge on the next pass
         active = planner.choose_active(summaries)
         return active if active is not None and active != mine else None
 
@@ -228,6 +229,8 @@ class StorageClusterReconciler:
         if deleting:
             return Observed(**common)
         active_elsewhere = self._active_elsewhere(cluster)
+        if active_elsewhere == UNSEEN:
+            return Observed(**common, waiting="waiting to see every StorageCluster in the cluster")
         if active_elsewhere is not None:
             return Observed(**common, active_elsewhere=active_elsewhere)
         own_namespace = meta["namespace"]
@@ -273,15 +276,17 @@ class StorageClusterReconciler:
             case planner.Wait(seconds=seconds):
                 return seconds
             case planner.Inactive():
-                await self._event(raw, WARNING, "AnotherClusterActive", planner.describe(step))
+                if _news(o, "Active", "False", planner.describe(step)):
+                    await self._event(raw, WARNING, "AnotherClusterActive", planner.describe(step))
                 return STEADY_RESYNC
             case planner.Refuse():
-                await self._event(raw, WARNING, "InvalidSpec", planner.describe(step))
+                if _news(o, "SpecValid", "False", planner.describe(step)):
+                    await self._event(raw, WARNING, "InvalidSpec", planner.describe(step))
                 return STEADY_RESYNC
             case planner.Hold(reason=reason, message=message):
-                await self._event(
-                    raw, NORMAL, "Maintenance" if reason == "StorageUpgrade" else "Paused", message
-                )
+                if _news(o, "Maintenance", "True", message):
+                    event = "Maintenance" if reason == "StorageUpgrade" else "Paused"
+                    await self._event(raw, NORMAL, event, message)
                 return STEADY_RESYNC
             case planner.AddFinalizer():
                 await self.api.add_finalizer(STORAGECLUSTERS, raw, names.FINALIZER)
@@ -330,6 +335,12 @@ class StorageClusterReconciler:
                 await self.api.update_status(STORAGECLUSTERS, fresh, payload)
             except ApiStatusError as err:  # a conflict, or gone: the next pass writes it
                 log.debug("status not written: %s", err)
+
+
+def _news(o: Observed, type_: str, status: str, message: str) -> bool:
+    """Whether the status does not say this yet (an Event per transition, not per pass)."""
+    current = next((c for c in o.previous_conditions if c.get("type") == type_), None)
+    return current is None or current.get("status") != status or current.get("message") != message
 
 
 def _node_image(daemonset: dict[str, Any] | None) -> str | None:
