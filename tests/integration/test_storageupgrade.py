@@ -214,7 +214,9 @@ async def assert_upgraded(kubectl: Kubectl, before: dict[str, set[str]]) -> None
 
 def event_order(kubectl: Kubectl) -> list[str]:
     events = kubectl.get("events", None, "--field-selector", "involvedObject.kind=StorageUpgrade")["items"]
-    events.sort(key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["creationTimestamp"]))
+    # Timestamps have whole seconds; the steps come faster. Events are created one after the
+    # other, so etcd's revision (the resourceVersion of a new object) orders them.
+    events.sort(key=lambda e: int(e["metadata"]["resourceVersion"]))
     return [e["reason"] for e in events]
 
 
@@ -234,13 +236,19 @@ async def delete_and_leave_maintenance(kubectl: Kubectl) -> None:
     assert image == NEW_IMAGE, "leaving maintenance must not roll the nodes back"
 
 
-def remove_cluster(kubectl: Kubectl) -> None:
-    """Delete the StorageCluster while the operator runs (its finalizer needs it)."""
-    kubectl("delete", "storagecluster", "store", "--timeout=90s", check=False)
+@pytest.fixture
+def storage_cleanup(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[None]:
+    """Delete the upgrade and the StorageCluster with an operator running (their finalizers need
+    it), whatever the test left: a StorageCluster left behind would stay active and make the
+    next test's cluster wait."""
+    yield
+    with running_operator(kubectl, tmp_path / "cleanup"):
+        kubectl("delete", "storageupgrades", "--all", "--timeout=60s", check=False)
+        kubectl("delete", "storageclusters", "--all", "--timeout=90s", check=False)
 
 
 async def test_upgrade_scales_down_rolls_and_restores_exact_replicas(
-    crds: None, kubectl: Kubectl, tmp_path: Path, pull_logs: None
+    crds: None, kubectl: Kubectl, tmp_path: Path, pull_logs: None, storage_cleanup: None
 ) -> None:
     with running_operator(kubectl, tmp_path / "operator"):
         kubectl.apply(storage_cluster(kubectl))
@@ -258,12 +266,11 @@ async def test_upgrade_scales_down_rolls_and_restores_exact_replicas(
         assert "Completed" in shown and NEW_IMAGE in shown
 
         await delete_and_leave_maintenance(kubectl)
-        remove_cluster(kubectl)
 
 
 @pytest.mark.parametrize("step", ["ScaleDown", "PatchDaemonSet", "ScaleUp"])
 async def test_operator_killed_mid_upgrade_ends_in_the_same_state(
-    step: str, crds: None, kubectl: Kubectl, tmp_path: Path, pull_logs: None
+    step: str, crds: None, kubectl: Kubectl, tmp_path: Path, pull_logs: None, storage_cleanup: None
 ) -> None:
     marker = tmp_path / "fault"
     with running_operator(kubectl, tmp_path / "a"):
@@ -286,11 +293,10 @@ async def test_operator_killed_mid_upgrade_ends_in_the_same_state(
         await completed(kubectl)
         await assert_upgraded(kubectl, before)
         await delete_and_leave_maintenance(kubectl)
-        remove_cluster(kubectl)
 
 
 async def test_a_failed_upgrade_leaves_workloads_restorable_by_the_command(
-    crds: None, kubectl: Kubectl, tmp_path: Path, pull_logs: None
+    crds: None, kubectl: Kubectl, tmp_path: Path, pull_logs: None, storage_cleanup: None
 ) -> None:
     with running_operator(kubectl, tmp_path / "operator"):
         kubectl.apply(storage_cluster(kubectl))
@@ -350,7 +356,6 @@ async def test_a_failed_upgrade_leaves_workloads_restorable_by_the_command(
             release = '[{"op":"remove","path":"/metadata/finalizers"}]'
             kubectl("patch", "pod", stuck_name, "--type=json", "-p", release, check=False)
         await delete_and_leave_maintenance_without_roll(kubectl)
-        remove_cluster(kubectl)
 
 
 async def delete_and_leave_maintenance_without_roll(kubectl: Kubectl) -> None:
