@@ -307,3 +307,29 @@ def test_selector_and_scaled_down_listing() -> None:
         ("StatefulSet", "app", "s", 2),
     ]
     assert up.scaled_down([annotated, other, plain], ME) == [("Deployment", "app", "a", 3)]
+
+
+def test_the_pull_job_runs_the_new_image_on_the_storage_nodes() -> None:
+    from kustos.api.nodejob import NodeJob
+    from kustos.api.storage import StorageCluster
+    from kustos.api.storageupgrade import StorageUpgrade
+    from kustos.storage.upgrade_controller import pull_job
+
+    name = "u" * 70
+    upgrade = StorageUpgrade.model_validate(
+        {"metadata": {"name": name, "namespace": "ns", "uid": "uid-1"}, "spec": {"newImage": NEW}}
+    )
+    terms = [{"matchExpressions": [{"key": "storage", "operator": "In", "values": ["yes"]}]}]
+    tolerations = [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]
+    cluster = StorageCluster.model_validate(
+        {"metadata": {"name": "c", "namespace": "ns"},
+         "spec": {"nodeSelectorTerms": terms, "tolerations": tolerations}}
+    )  # fmt: skip
+    job = NodeJob.model_validate(pull_job(upgrade, cluster))  # the NodeJob schema accepts it
+    assert job.spec.image == NEW and job.spec.completion_word == "done"
+    assert job.spec.command[:2] == ["sh", "-c"] and "echo done" in job.spec.command[2]
+    assert job.model_dump(by_alias=True, exclude_defaults=True)["spec"]["nodeSelectorTerms"] == terms
+    assert job.spec.tolerations[0].key == "dedicated"
+    assert len(job.metadata["name"]) <= 63 and len(job.spec.label_selector.split("=", 1)[1]) <= 63
+    owner = job.metadata["ownerReferences"][0]
+    assert owner["kind"] == "StorageUpgrade" and owner["uid"] == "uid-1" and owner["controller"] is True
