@@ -21,6 +21,7 @@ from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DEFAULT_NAME, DevCluster, DevClusterConfig, DevClusterError
 from kustos.devcluster.kwokconfig import Timings
 from kustos.etcd import cli as etcd_cli
+from kustos.storage import upgrade_cli
 
 app = typer.Typer(
     help="kustos: operators for clustered data stores and the nodes beneath them.",
@@ -29,6 +30,7 @@ app = typer.Typer(
 dev = typer.Typer(help="The local control plane (etcd, kube-apiserver, kwok) to develop and demo on.")
 app.add_typer(dev, name="dev")
 app.add_typer(etcd_cli.etcd, name="etcd")
+app.add_typer(upgrade_cli.storage, name="storage")
 
 # soft_wrap: paths and export lines must stay copy-pasteable on narrow terminals.
 console = Console(soft_wrap=True)

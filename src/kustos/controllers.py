@@ -6,14 +6,18 @@ from collections.abc import Callable
 
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
+from kustos.nodejob import controller as nodejob_controller
 from kustos.runtime.manager import Manager
 from kustos.storage import controller as storage_controller
+from kustos.storage import upgrade_controller as storageupgrade_controller
 
 CONTROLLERS: dict[str, Callable[[Manager], None]] = {
     "etcdcluster": etcd_controller.register,
     "etcdbackup": backup_controller.register,
 }
 CONTROLLERS["storagecluster"] = storage_controller.register
+CONTROLLERS["nodejob"] = nodejob_controller.register
+CONTROLLERS["storageupgrade"] = storageupgrade_controller.register
 
 
 def register_all(manager: Manager, names: list[str] | None = None) -> None:

@@ -10,10 +10,14 @@ from typing import Any
 
 from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster
+from kustos.api.nodejob import NodeJob
 from kustos.api.storage import StorageCluster
+from kustos.api.storageupgrade import StorageUpgrade
 from kustos.runtime.crd import CustomResource
 
-__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "StorageCluster"]
+__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "NodeJob", "StorageCluster", "StorageUpgrade"]
 
 RESOURCES: list[type[CustomResource[Any, Any]]] = [EtcdCluster, EtcdBackup]
 RESOURCES.append(StorageCluster)
+RESOURCES.append(NodeJob)
+RESOURCES.append(StorageUpgrade)

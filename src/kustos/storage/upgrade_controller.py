@@ -1,0 +1,556 @@
+"""The StorageUpgrade controller: observe, plan (upgrade_planner.plan), act one step, record.
+
+The step lives in the upgrade's status, each scaled-down workload carries its own
+replica count in an annotation, the cluster carries the maintenance annotation, and
+the pre-pull is a NodeJob: a restarted operator reads them all again and carries on.
+The node DaemonSet, its pods and the workloads are read straight from the API on each
+pass (they may live outside the operator's namespace and are only needed while an
+upgrade runs), never from a cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kustos.api.common import Condition
+from kustos.api.nodejob import NodeJob
+from kustos.api.storage import StorageCluster
+from kustos.api.storageupgrade import StorageUpgrade, StorageUpgradeStatus, UpgradeStep, WorkloadStatus
+from kustos.runtime import faults
+from kustos.runtime.api import ApiStatusError
+from kustos.runtime.conditions import is_true, set_condition
+from kustos.runtime.controller import Controller, Result
+from kustos.runtime.events import NORMAL, WARNING
+from kustos.runtime.informer import ResourceRef
+from kustos.runtime.kube import api_path
+from kustos.runtime.manager import Manager
+from kustos.runtime.resources import CLAIMS, PODS, STORAGE_CLASSES
+from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
+from kustos.storage import names
+from kustos.storage import upgrade_planner as up
+from kustos.storage.upgrade_planner import (
+    ClaimView,
+    ClusterView,
+    DaemonSetView,
+    NodePodView,
+    Observed,
+    VolumeMatch,
+    WorkloadView,
+)
+
+log = logging.getLogger(__name__)
+
+STORAGEUPGRADES = ResourceRef(
+    StorageUpgrade.crd.group, StorageUpgrade.crd.version, "storageupgrades", "StorageUpgrade"
+)
+STORAGECLUSTERS = ResourceRef(
+    StorageCluster.crd.group, StorageCluster.crd.version, "storageclusters", "StorageCluster"
+)
+NODEJOBS = ResourceRef(NodeJob.crd.group, NodeJob.crd.version, "nodejobs", "NodeJob")
+DAEMONSETS = ResourceRef("apps", "v1", "daemonsets", "DaemonSet")
+DEPLOYMENTS = ResourceRef("apps", "v1", "deployments", "Deployment")
+STATEFULSETS = ResourceRef("apps", "v1", "statefulsets", "StatefulSet")
+WORKLOAD_KINDS = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS}
+DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+
+PULL_SCRIPT = "echo done; trap 'exit 0' TERM; while true; do sleep 1; done"
+
+ENTER_EVENTS: dict[str, tuple[str, str]] = {
+    "PullImage": ("PullImage", "Pulling the new container image {image} on every storage node"),
+    "PauseClusterCtrl": (
+        "PauseClusterCtrl",
+        "Pausing the cluster controller and enabling cluster maintenance mode on {cluster}",
+    ),
+    "ScaleDown": (
+        "UpgradeInit",
+        "Upgrade of cluster {cluster} started: scaling down the workloads using its volumes",
+    ),
+    "RollNodes": ("RollNodes", "{count} workload(s) scaled down; rolling the node pods to {image}"),
+    "ScaleUp": ("ScaleUp", "Every node pod runs {image}; scaling the workloads back up"),
+    "Completed": (
+        "UpgradeComplete",
+        "Cluster {cluster} upgraded to {image}. "
+        "Delete the upgrade object to disable cluster maintenance mode",
+    ),
+}
+
+
+def pull_job_name(upgrade: str) -> str:
+    return f"{upgrade}-pull"[:63].rstrip("-.")
+
+
+def restore_command(namespace: str, name: str) -> str:
+    return f"kustos storage restore-workloads {name} -n {namespace}"
+
+
+class StorageUpgradeReconciler:
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+        self.api = manager.api
+        self.raw = manager.clients.raw
+        self.upgrades = manager.informer(STORAGEUPGRADES)
+        self.clusters = manager.informer(STORAGECLUSTERS)
+        self.jobs = manager.informer(NODEJOBS)
+
+    # ---- reading straight from the API --------------------------------------------------
+
+    async def _list(
+        self, ref: ResourceRef, namespace: str | None, selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        path = api_path(ref.group, ref.version, ref.plural, namespace if ref.namespaced else None)
+        params = {"labelSelector": selector} if selector else {}
+        response = await self.raw.get(path, params=params)
+        response.raise_for_status()
+        items: list[dict[str, Any]] = response.json().get("items") or []
+        for item in items:
+            item.setdefault("kind", ref.kind)
+        return items
+
+    # ---- observe ---------------------------------------------------------------------------
+
+    def _cluster_of(self, upgrade: StorageUpgrade) -> tuple[StorageCluster | None, str]:
+        """The cluster to upgrade, or None and why."""
+        namespace = upgrade.metadata["namespace"]
+        wanted = (upgrade.status.cluster if upgrade.status else None) or upgrade.spec.cluster_name
+        candidates = [
+            c for c in self.clusters.list()
+            if c["metadata"].get("namespace") == namespace
+            and (wanted is None or c["metadata"]["name"] == wanted)
+        ]  # fmt: skip
+        if not candidates:
+            return None, f"StorageCluster {wanted or '(any)'} not found in namespace {namespace}"
+        if len(candidates) > 1:
+            return None, f"{len(candidates)} StorageClusters in namespace {namespace}: set spec.clusterName"
+        try:
+            return StorageCluster.model_validate(candidates[0]), ""
+        except ValidationError as err:
+            return None, f"StorageCluster {candidates[0]['metadata']['name']} is invalid: {err}"
+
+    async def _daemon_set(self, cluster: StorageCluster) -> DaemonSetView | None:
+        namespace, name = names.node_daemonset(cluster)
+        ds = await self.api.get(DAEMONSETS, namespace, name)
+        if ds is None:
+            return None
+        spec = ds.get("spec") or {}
+        containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or []
+        image = next(
+            (c.get("image", "") for c in containers if c.get("name") == names.node_container_name), ""
+        )
+        labels = (spec.get("selector") or {}).get("matchLabels") or {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        pods = []
+        for pod in await self._list(PODS, namespace, selector):
+            owners = pod["metadata"].get("ownerReferences") or []
+            if not any(o.get("uid") == ds["metadata"]["uid"] for o in owners):
+                continue
+            pod_containers = (pod.get("spec") or {}).get("containers") or []
+            pod_image = next(
+                (c.get("image", "") for c in pod_containers if c.get("name") == names.node_container_name), ""
+            )
+            pods.append(NodePodView(pod["metadata"]["name"], pod_image, _ready(pod),
+                                    bool(pod["metadata"].get("deletionTimestamp"))))  # fmt: skip
+        status = ds.get("status") or {}
+        return DaemonSetView(
+            namespace=namespace,
+            name=name,
+            image=image,
+            generation=int(ds["metadata"].get("generation") or 1),
+            observed_generation=int(status.get("observedGeneration") or 0),
+            desired=int(status.get("desiredNumberScheduled") or 0),
+            on_delete=(spec.get("updateStrategy") or {}).get("type") == "OnDelete",
+            pods=tuple(pods),
+        )
+
+    async def _workloads(self, cluster: StorageCluster, count_pods: bool) -> tuple[WorkloadView, ...]:
+        scope = self.manager.options.namespace
+        classes = await self._list(STORAGE_CLASSES, None)
+        default_class = next(
+            (c["metadata"]["name"] for c in classes
+             if (c["metadata"].get("annotations") or {}).get(DEFAULT_CLASS_ANNOTATION) == "true"),
+            None,
+        )  # fmt: skip
+        match = VolumeMatch(
+            storage_class=names.storage_class(cluster),
+            provisioner=names.provisioner(cluster),
+            default_class=default_class,
+            provisioner_of_class={c["metadata"]["name"]: c.get("provisioner", "") for c in classes},
+        )
+        claims: dict[str, dict[str, ClaimView]] = defaultdict(dict)
+        for claim in await self._list(CLAIMS, scope):
+            claims[claim["metadata"]["namespace"]][claim["metadata"]["name"]] = up.claim_view(claim)
+        views = []
+        for kind, ref in WORKLOAD_KINDS.items():
+            for w in await self._list(ref, scope):
+                meta = w["metadata"]
+                annotations = meta.get("annotations") or {}
+                remembered = annotations.get(up.REPLICAS_ANNOTATION)
+                uses = up.uses_cluster_volumes(w, claims.get(meta["namespace"], {}), match)
+                if not uses and remembered is None:
+                    continue
+                pods = 0
+                selector = up.selector_string(w)
+                if count_pods and selector:
+                    pods = len(await self._list(PODS, meta["namespace"], selector))
+                replicas = (w.get("spec") or {}).get("replicas")
+                views.append(
+                    WorkloadView(
+                        kind=kind, namespace=meta["namespace"], name=meta["name"],
+                        replicas=1 if replicas is None else int(replicas),
+                        remembered=int(remembered) if remembered and remembered.isdigit() else None,
+                        owner=annotations.get(up.OWNER_ANNOTATION), uses_cluster=uses, pods=pods,
+                    )
+                )  # fmt: skip
+        return tuple(views)
+
+    async def observe(self, upgrade: StorageUpgrade, cluster: StorageCluster | None) -> Observed:
+        status = upgrade.status or StorageUpgradeStatus()
+        namespace, name = upgrade.metadata["namespace"], upgrade.metadata["name"]
+        deleting = bool(upgrade.metadata.get("deletionTimestamp"))
+        job = self.jobs.get(f"{namespace}/{pull_job_name(name)}")
+        cluster_view = None
+        daemon_set = None
+        workloads: tuple[WorkloadView, ...] = ()
+        if cluster is not None:
+            annotations = cluster.metadata.get("annotations") or {}
+            conditions = [
+                c.model_dump(by_alias=True) for c in (cluster.status.conditions if cluster.status else [])
+            ]
+            cluster_view = ClusterView(
+                name=cluster.metadata["name"],
+                node_image=cluster.spec.images.node_container,
+                maintenance=annotations.get(names.MAINTENANCE_ANNOTATION),
+                reports_maintenance=is_true(conditions, "Maintenance"),
+            )
+            active = status.step in ("ScaleDown", "RollNodes", "ScaleUp")
+            if status.step == "RollNodes":
+                daemon_set = await self._daemon_set(cluster)
+            if active or deleting:
+                workloads = await self._workloads(cluster, count_pods=status.step == "ScaleDown")
+        return Observed(
+            upgrade=f"{namespace}/{name}",
+            new_image=upgrade.spec.new_image,
+            step=status.step,
+            now=datetime.now(UTC),
+            step_started=parse_rfc3339(status.step_start_time),
+            timeout=parse_duration(upgrade.spec.step_timeout),
+            cluster=cluster_view,
+            maintenance_value=name,
+            pull_job_exists=job is not None,
+            pull_job_completed=bool(job and (job.get("status") or {}).get("completed")),
+            pull_job_failure=_job_failure(job),
+            workloads=workloads,
+            daemon_set=daemon_set,
+            deleting=deleting,
+        )
+
+    # ---- reconcile -------------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> Result | None:
+        raw = self.upgrades.get(key)
+        if raw is None:
+            return None
+        deleting = bool(raw["metadata"].get("deletionTimestamp"))
+        if deleting and up.FINALIZER not in (raw["metadata"].get("finalizers") or []):
+            return None
+        try:
+            upgrade = StorageUpgrade.model_validate(raw)
+        except ValidationError as err:
+            if deleting:
+                await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
+                return None
+            await self._fail(raw, StorageUpgradeStatus(), f"invalid spec: {err}", reason="InvalidSpec")
+            return None
+        if not deleting and up.FINALIZER not in (raw["metadata"].get("finalizers") or []):
+            updated = await self.api.add_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
+            raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
+            raw["metadata"]["finalizers"] = updated["metadata"].get("finalizers")
+        cluster, why = self._cluster_of(upgrade)
+        observed = await self.observe(upgrade, cluster)
+        step = up.plan(observed)
+        if isinstance(step, up.Wait | up.Done):
+            log.debug("planned %s", step)
+        else:
+            log.info("step: %s", step)
+        status = upgrade.status or StorageUpgradeStatus()
+        match step:
+            case up.Done():
+                return None
+            case up.Wait(reason=reason, after=after):
+                if status.step == "PullImage":
+                    meta = raw["metadata"]
+                    reason += _job_progress(
+                        self.jobs.get(f"{meta['namespace']}/{pull_job_name(meta['name'])}")
+                    )
+                if cluster is None and why:
+                    reason = why
+                    await self._event(raw, WARNING, "ClusterNotFound", why)
+                await self._note(raw, status, observed, reason)
+                return Result(requeue_after=after)
+            case up.Fail(reason=reason):
+                await self._fail(raw, status, reason)
+                faults.exit_after("Fail")
+                return None
+            case up.Advance():
+                assert cluster is not None
+                await self._advance(raw, upgrade, status, cluster, step)
+                faults.exit_after(f"Advance{step.to}")
+                return None if step.to == "Completed" else Result(requeue_after=0.2)
+        assert cluster is not None or isinstance(step, up.ScaleUp | up.Release)
+        await self.act(raw, upgrade, cluster, step)
+        faults.exit_after(type(step).__name__)
+        if isinstance(step, up.ScaleUp) and not deleting:
+            await self._mark_restored(raw, status, step.workload)
+        return None if isinstance(step, up.Release) else Result(requeue_after=0.2)
+
+    async def act(
+        self, raw: dict[str, Any], upgrade: StorageUpgrade, cluster: StorageCluster | None, step: up.Step
+    ) -> None:
+        namespace, name = upgrade.metadata["namespace"], upgrade.metadata["name"]
+        patch: dict[str, Any]
+        match step:
+            case up.CreatePullJob():
+                assert cluster is not None
+                try:
+                    await self.api.create(NODEJOBS, pull_job(upgrade, cluster))
+                except ApiStatusError as err:
+                    if not err.conflict:
+                        raise
+            case up.DeletePullJob():
+                await self.api.delete(NODEJOBS, namespace, pull_job_name(name))
+            case up.SetMaintenance():
+                assert cluster is not None
+                patch = {"metadata": {"annotations": {names.MAINTENANCE_ANNOTATION: name}}}
+                await self.api.patch(STORAGECLUSTERS, namespace, cluster.metadata["name"], patch)
+            case up.ClearMaintenance():
+                assert cluster is not None
+                # Guarded: only our own annotation goes, even if another upgrade took over meanwhile.
+                patch_ops = [
+                    {"op": "test", "path": "/metadata/annotations/kustos.dev~1maintenance", "value": name},
+                    {"op": "remove", "path": "/metadata/annotations/kustos.dev~1maintenance"},
+                ]
+                await self.api.patch(
+                    STORAGECLUSTERS, namespace, cluster.metadata["name"], patch_ops, kind="json"
+                )
+                await self._event(
+                    raw, NORMAL, "MaintenanceOff", f"Cluster {cluster.metadata['name']} left maintenance mode"
+                )
+            case up.ScaleDown(workload=w, remember=remember):
+                patch = {
+                    "metadata": {
+                        "annotations": {
+                            up.REPLICAS_ANNOTATION: str(remember),
+                            up.OWNER_ANNOTATION: f"{namespace}/{name}",
+                        }
+                    },
+                    "spec": {"replicas": 0},
+                }
+                await self.api.patch(WORKLOAD_KINDS[w.kind], w.namespace, w.name, patch)
+            case up.ScaleUp(workload=w, replicas=replicas):
+                patch = {
+                    "metadata": {"annotations": {up.REPLICAS_ANNOTATION: None, up.OWNER_ANNOTATION: None}},
+                    "spec": {"replicas": replicas},
+                }
+                await self.api.patch(WORKLOAD_KINDS[w.kind], w.namespace, w.name, patch)
+                await self._event(
+                    raw,
+                    NORMAL,
+                    "WorkloadRestored",
+                    f"{w.kind} {w.namespace}/{w.name} scaled back to {replicas}",
+                )
+            case up.PatchDaemonSet(image=image):
+                assert cluster is not None
+                ds_namespace, ds_name = names.node_daemonset(cluster)
+                patch = {
+                    "spec": {
+                        "template": {
+                            "spec": {"containers": [{"name": names.node_container_name, "image": image}]}
+                        }
+                    }
+                }
+                await self.api.patch(DAEMONSETS, ds_namespace, ds_name, patch, kind="strategic")
+            case up.DeleteNodePod(name=pod):
+                assert cluster is not None
+                await self.api.delete(PODS, names.node_daemonset(cluster)[0], pod)
+            case up.SetClusterImage(image=image):
+                assert cluster is not None
+                patch = {"spec": {"images": {"nodeContainer": image}}}
+                await self.api.patch(STORAGECLUSTERS, namespace, cluster.metadata["name"], patch)
+            case up.Release():
+                try:
+                    await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
+                except ApiStatusError as err:
+                    if not err.not_found:  # a stale cache: an earlier pass released it already
+                        raise
+
+    # ---- record -----------------------------------------------------------------------------
+
+    async def _advance(
+        self, raw: dict[str, Any], upgrade: StorageUpgrade, status: StorageUpgradeStatus,
+        cluster: StorageCluster, step: up.Advance,
+    ) -> None:  # fmt: skip
+        now = rfc3339(datetime.now(UTC))
+        if step.to == "PullImage":
+            status.start_time = status.start_time or now
+            status.cluster = cluster.metadata["name"]
+            status.previous_image = cluster.spec.images.node_container
+        if step.to == "RollNodes":
+            status.workloads = list(step.workloads)
+        if step.to == "Completed":
+            # The planner completes only once no workload carries this upgrade's annotation.
+            for recorded in status.workloads:
+                recorded.restored = True
+        reason, template = ENTER_EVENTS[step.to]
+        message = template.format(
+            image=upgrade.spec.new_image, cluster=cluster.metadata["name"], count=len(status.workloads)
+        )
+        status.step = step.to
+        status.step_start_time = now
+        status.message = message
+        if step.to == "Completed":
+            status.completion_time = now
+            status.conditions = _conditions(raw, "Completed", True, "UpgradeComplete", message)
+        else:
+            status.conditions = _conditions(raw, "Completed", False, step.to, message)
+        await self._write(raw, status)
+        await self._event(raw, NORMAL, reason, message)
+
+    async def _note(
+        self, raw: dict[str, Any], status: StorageUpgradeStatus, o: Observed, message: str
+    ) -> None:
+        nodes = None
+        if o.daemon_set is not None:
+            ready, desired = up.node_progress(o)
+            nodes = f"{ready}/{desired}"
+        if status.message == message and (nodes is None or status.nodes_ready == nodes):
+            return
+        status.message = message
+        if nodes is not None:
+            status.nodes_ready = nodes
+        await self._write(raw, status)
+
+    async def _mark_restored(
+        self, raw: dict[str, Any], status: StorageUpgradeStatus, w: WorkloadView
+    ) -> None:
+        changed = False
+        for recorded in status.workloads:
+            if (recorded.kind, recorded.namespace, recorded.name) == w.key and not recorded.restored:
+                recorded.restored = True
+                changed = True
+        if not changed:
+            return
+        try:
+            await self._write(raw, status)
+        except ApiStatusError as err:
+            # Progress only: the workload itself says it is restored (its annotation is gone),
+            # and completing marks every recorded workload restored.
+            if not err.conflict:
+                raise
+
+    async def _fail(
+        self, raw: dict[str, Any], status: StorageUpgradeStatus, what: str, reason: str = "UpgradeFailed"
+    ) -> None:
+        meta = raw["metadata"]
+        command = restore_command(meta["namespace"], meta["name"])
+        message = (
+            f"{what}. The cluster stays in maintenance; scaled-down workloads keep their replica counts "
+            f"in the {up.REPLICAS_ANNOTATION} annotation: `{command}` "
+            "scales them back (deleting this upgrade does too)"
+        )
+        status.step = "Failed"
+        status.message = message[:2000]
+        status.completion_time = rfc3339(datetime.now(UTC))
+        status.conditions = _conditions(raw, "Failed", True, reason, status.message)
+        await self._write(raw, status)
+        await self._event(raw, WARNING, reason, message[:1000])
+
+    async def _write(self, raw: dict[str, Any], status: StorageUpgradeStatus) -> None:
+        updated = await self.api.update_status(STORAGEUPGRADES, raw, status.model_dump(by_alias=True))
+        raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
+
+    async def _event(self, raw: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        await self.manager.events.record(raw, kind, reason, message)
+
+
+def pull_job(upgrade: StorageUpgrade, cluster: StorageCluster) -> dict[str, Any]:
+    """The NodeJob that runs the new image once on every storage node (pulling it there)."""
+    meta = upgrade.metadata
+    return {
+        "apiVersion": NodeJob.crd.api_version,
+        "kind": "NodeJob",
+        "metadata": {
+            "name": pull_job_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "labels": {"app.kubernetes.io/managed-by": "kustos"},
+            "ownerReferences": [
+                {
+                    "apiVersion": upgrade.crd.api_version,
+                    "kind": upgrade.crd.kind,
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "image": upgrade.spec.new_image,
+            "command": ["sh", "-c", PULL_SCRIPT],
+            "completionWord": up.COMPLETION_WORD,
+            "labelSelector": f"kustos.dev/storage-upgrade={meta['name'][:63].rstrip('-._')}",
+            "nodeSelectorTerms": cluster.spec.node_selector_terms,
+            "tolerations": cluster.spec.tolerations,
+        },
+    }
+
+
+def _job_failure(job: dict[str, Any] | None) -> str | None:
+    status = (job or {}).get("status") or {}
+    return str(status.get("message") or "invalid spec") if status.get("phase") == "Failed" else None
+
+
+def _job_progress(job: dict[str, Any] | None) -> str:
+    status = (job or {}).get("status") or {}
+    return f" ({status['progress']} nodes: {status.get('message', '')})" if status.get("progress") else ""
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+def _conditions(raw: dict[str, Any], type_: str, value: bool, reason: str, message: str) -> list[Condition]:
+    current = (raw.get("status") or {}).get("conditions")
+    updated = set_condition(current, type_, value, reason, message[:1000], raw["metadata"].get("generation"))
+    return [Condition.model_validate(c) for c in updated]
+
+
+def _upgrades_in_namespace(reconciler: StorageUpgradeReconciler) -> Any:
+    """A StorageCluster change wakes every upgrade in its namespace."""
+
+    def keys(cluster: dict[str, Any]) -> list[str]:
+        namespace = cluster["metadata"].get("namespace")
+        return [
+            f"{namespace}/{u['metadata']['name']}"
+            for u in reconciler.upgrades.list()
+            if u["metadata"].get("namespace") == namespace
+        ]
+
+    return keys
+
+
+def register(manager: Manager) -> None:
+    reconciler = StorageUpgradeReconciler(manager)
+    controller = Controller("storageupgrade", STORAGEUPGRADES, reconciler.reconcile, workers=2)
+    controller.owns(NODEJOBS)
+    controller.watch(STORAGECLUSTERS, _upgrades_in_namespace(reconciler))
+    manager.add_controller(controller)
+
+
+__all__ = ["STORAGEUPGRADES", "UpgradeStep", "WorkloadStatus", "pull_job", "register", "restore_command"]
