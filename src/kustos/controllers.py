@@ -6,11 +6,13 @@ from collections.abc import Callable
 
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
+from kustos.etcd.maintenance_controller import register as register_maintenance
 from kustos.runtime.manager import Manager
 
 CONTROLLERS: dict[str, Callable[[Manager], None]] = {
     "etcdcluster": etcd_controller.register,
     "etcdbackup": backup_controller.register,
+    "etcdmaintenance": register_maintenance,
 }
 
 
