@@ -5,12 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
 from kustos.etcd.client import Compacted, EtcdClient
 from tests.integration.conftest import Kubectl
-from tests.integration.etcd_support import endpoint_status, etcd_cluster, status_of, wait_healthy
+from tests.integration.etcd_support import (
+    assert_rejected,
+    endpoint_status,
+    etcd_cluster,
+    status_of,
+    wait_healthy,
+)
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
@@ -157,3 +164,71 @@ async def test_compaction_flags_and_defragmentation_one_member_at_a_time_leader_
     assert final["phase"] == "Running" and final["ready"] == "3/3"
     assert final["maintenance"].get("inProgress") is None
     assert len(kubectl.get("events", None, "--field-selector", "reason=Defragmented")["items"]) == 3
+
+
+def test_invalid_maintenance_settings_are_refused_naming_the_field(crds: None, kubectl: Kubectl) -> None:
+    revision = {"autoCompaction": {"mode": "revision", "retention": "1h"}}
+    assert_rejected(
+        kubectl, etcd_cluster("bad", 1, maintenance=revision), "spec.maintenance.autoCompaction.retention"
+    )
+    threshold = {"defragmentation": {"threshold": 1.5}}
+    assert_rejected(
+        kubectl, etcd_cluster("bad", 1, maintenance=threshold), "spec.maintenance.defragmentation.threshold"
+    )
+    size = {"defragmentation": {"minDbSize": "64 megabytes"}}
+    assert_rejected(
+        kubectl, etcd_cluster("bad", 1, maintenance=size), "spec.maintenance.defragmentation.minDbSize"
+    )
+    cron = {"defragmentation": {"schedule": "nightly"}}
+    assert_rejected(
+        kubectl, etcd_cluster("bad", 1, maintenance=cron), "spec.maintenance.defragmentation.schedule"
+    )
+
+
+async def test_an_impossible_schedule_is_reported_not_retried(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    kubectl.apply(etcd_cluster("s", 1, maintenance={"defragmentation": {"schedule": "61 * * * *"}}))
+
+    async def reported() -> str | None:
+        message = (status_of(kubectl, "s").get("maintenance") or {}).get("message")
+        return str(message) if message else None
+
+    message = await wait_until(reported, "the schedule's error in status", timeout=60)
+    assert "spec.maintenance.defragmentation.schedule" in message and "61 * * * *" in message
+    events = kubectl.get("events", None, "--field-selector", "reason=MaintenanceInvalid")["items"]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    await wait_healthy(kubectl, "s", 1)  # the cluster itself is not held up
+
+
+async def test_a_defragmentation_interrupted_by_an_operator_restart_is_recorded(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """An operator stopped mid-defragmentation leaves status.maintenance.inProgress: the next one
+    waits for that member to answer again, records the outcome, and goes on."""
+    kubectl.apply(etcd_cluster("i", 1, maintenance={"defragmentation": {"enabled": False}}))
+    status = await wait_healthy(kubectl, "i", 1)
+    in_progress = {
+        "member": "i-0",
+        "startedAt": "2026-01-01T00:00:00Z",
+        "dbSizeBefore": 10 * 2**30,
+        "leader": True,
+    }
+    kubectl("patch", "etcdcluster", "i", "--subresource=status", "--type=merge", "-p",
+            json.dumps({"status": {"maintenance": {"inProgress": in_progress}}}))  # fmt: skip
+
+    async def recorded() -> dict[str, Any] | None:
+        maintenance = status_of(kubectl, "i").get("maintenance") or {}
+        records = maintenance.get("defragmentations") or []
+        return records[0] if records and not maintenance.get("inProgress") else None
+
+    record = await wait_until(recorded, "the interrupted defragmentation recorded", timeout=60)
+    async with EtcdClient(status["members"][0]["clientUrl"]) as client:
+        size = (await client.status()).db_size
+    assert record["member"] == "i-0" and record["completedAt"] and record.get("error") is None
+    assert record["dbSizeBefore"] == 10 * 2**30 and 0 < record["dbSizeAfter"] <= size * 2
+    assert record["reclaimed"] == record["dbSizeBefore"] - record["dbSizeAfter"]
+    events = kubectl.get("events", None, "--field-selector", "reason=Defragmented")["items"]
+    assert len(events) == 1 and "i-0" in events[0]["message"]
+    final = status_of(kubectl, "i")
+    assert final["phase"] == "Running" and final["ready"] == "1/1"

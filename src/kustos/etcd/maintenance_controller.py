@@ -65,18 +65,12 @@ class MaintenanceReconciler:
         cached = self.clusters.get(key)
         if cached is None or cached["metadata"].get("deletionTimestamp"):
             return None
-        # Read it afresh: the cache may not hold our own last write to status.maintenance yet.
-        namespace, name = cached["metadata"]["namespace"], cached["metadata"]["name"]
-        raw = await self.api.get(ETCDCLUSTERS, namespace, name)
-        if raw is None:
-            return None
         try:
-            cluster = EtcdCluster.model_validate(raw)
+            cluster = EtcdCluster.model_validate(cached)
         except ValidationError:
             return None  # the EtcdCluster controller reports an invalid spec
         settings = plan.settings(cluster.spec.maintenance)
-        status = cluster.status
-        recorded = (status.maintenance if status else None) or MaintenanceStatus()
+        recorded = (cluster.status.maintenance if cluster.status else None) or MaintenanceStatus()
         if not settings.enabled and recorded.in_progress is None:
             return None
         interval = parse_duration(settings.check_interval).total_seconds() or 1.0
@@ -84,8 +78,26 @@ class MaintenanceReconciler:
         try:
             window_open, next_tick = plan.in_window(settings.schedule, parse_duration(settings.window), now)
         except ValueError as err:
-            await self._note(raw, recorded, f"spec.maintenance.defragmentation.schedule: {err}", warning=True)
+            await self._note(
+                cached, recorded, f"spec.maintenance.defragmentation.schedule: {err}", warning=True
+            )
             return None  # a spec change wakes us
+        if recorded.in_progress is None:
+            # Cheap gates first: no etcd calls and no writes while nothing could start anyway.
+            if not window_open and next_tick is not None:
+                return Result(requeue_after=max(1.0, (next_tick - now).total_seconds()))
+            if (cluster.status.phase if cluster.status else None) != "Running":
+                return Result(requeue_after=WAIT)  # its status changes wake us too
+        # Read it afresh: the cache may not hold our own last write to status.maintenance yet.
+        raw = await self.api.get(ETCDCLUSTERS, cached["metadata"]["namespace"], cached["metadata"]["name"])
+        if raw is None:
+            return None
+        try:
+            cluster = EtcdCluster.model_validate(raw)
+        except ValidationError:
+            return None
+        status = cluster.status
+        recorded = (status.maintenance if status else None) or MaintenanceStatus()
         members = [m for m in (status.members if status else []) if m.client_url]
         views = await asyncio.gather(*(member_view(m.name, m.client_url) for m in members))
         observed = plan.Observed(
@@ -101,11 +113,11 @@ class MaintenanceReconciler:
         if isinstance(step, plan.FinishRecord):
             await self._finish_interrupted(raw, recorded, step.member)
             return Result(requeue_after=AFTER_STEP)
-        await self._note(raw, recorded, step.reason)
+        if plan.wanting(observed):
+            # Only then is a reason worth a status write: most clusters need nothing, most of the time.
+            await self._note(raw, recorded, step.reason)
         if isinstance(step, plan.Wait):
             return Result(requeue_after=min(WAIT, interval))
-        if next_tick is not None and plan.wanting(observed):
-            return Result(requeue_after=max(1.0, (next_tick - now).total_seconds()))
         return Result(requeue_after=interval)
 
     # ---- act ---------------------------------------------------------------------------
