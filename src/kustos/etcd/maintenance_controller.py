@@ -176,6 +176,7 @@ class MaintenanceReconciler:
             )
         else:
             message = f"defragmenting {record.member} failed: {error}"
+        log.info("%s", message)
         recorded.in_progress = None
         recorded.defragmentations = [d for d in recorded.defragmentations if d.member != record.member]
         recorded.defragmentations.append(record)
