@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
+from kustos.etcd.maintenance_controller import register as register_maintenance
 from kustos.nodejob import controller as nodejob_controller
 from kustos.runtime.manager import Manager
 from kustos.storage import controller as storage_controller
@@ -14,6 +15,7 @@ from kustos.storage import upgrade_controller as storageupgrade_controller
 CONTROLLERS: dict[str, Callable[[Manager], None]] = {
     "etcdcluster": etcd_controller.register,
     "etcdbackup": backup_controller.register,
+    "etcdmaintenance": register_maintenance,
 }
 CONTROLLERS["storagecluster"] = storage_controller.register
 CONTROLLERS["nodejob"] = nodejob_controller.register

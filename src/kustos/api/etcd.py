@@ -12,6 +12,8 @@ from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn
 
 VERSION_PATTERN = r"^3\.[0-9]+\.[0-9]+$"
 DEFAULT_VERSION = "3.6.16"
+COMPACTION_RETENTION_PATTERN = r"^([0-9]+|([0-9]+(\.[0-9]+)?(ms|s|m|h))+)$"  # 10000, 1h, 30m
+CRON_PATTERN = r"^\S+(\s+\S+){4}$"  # five fields, checked further when used
 
 
 class ClientServiceSpec(KubeModel):
@@ -88,6 +90,56 @@ class AdoptSpec(KubeModel):
     """Client URLs of one or more of its members; the rest are found in its member list."""
 
 
+class AutoCompactionSpec(KubeModel):
+    """etcd's own automatic compaction of old revisions (its flags --auto-compaction-*)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=kube_schema(
+            rules=[
+                Rule(
+                    "self.mode != 'revision' || self.retention.matches('^[0-9]+$')",
+                    "with mode revision, retention is a number of revisions, like 10000",
+                    field_path=".retention",
+                )
+            ]
+        )
+    )
+
+    mode: Literal["periodic", "revision"] = "periodic"
+    """periodic: keep `retention` worth of history (a duration; a bare number means hours);
+    revision: keep the last `retention` revisions."""
+    retention: str = Field(pattern=COMPACTION_RETENTION_PATTERN)
+    """How much history to keep: like 1h or 30m (periodic), or 10000 (revision)."""
+
+
+class DefragmentationSpec(KubeModel):
+    """When the operator defragments members: one at a time, followers first, the leader last."""
+
+    enabled: bool = True
+    """Defragment members whose database is mostly free space."""
+    threshold: float = Field(default=0.5, ge=0, le=1)
+    """Defragment a member when this fraction of its database file is free:
+    (dbSize - dbSizeInUse) / dbSize greater than the threshold."""
+    min_db_size: str = Field(default="64Mi", pattern=QUANTITY_PATTERN)
+    """Members whose database file is smaller than this are left alone (too little to gain)."""
+    schedule: str | None = Field(default=None, pattern=CRON_PATTERN)
+    """Only start defragmenting within `window` after a tick of this cron schedule (UTC),
+    like "0 3 * * *"; at any time when unset."""
+    window: str = Field(default="1h", pattern=DURATION_PATTERN)
+    """How long after each tick of `schedule` a defragmentation may start."""
+    check_interval: str = Field(default="5m", pattern=DURATION_PATTERN)
+    """How often every member's database size is checked."""
+
+
+class MaintenanceSpec(KubeModel):
+    """Compaction and defragmentation of the members' databases."""
+
+    auto_compaction: AutoCompactionSpec | None = None
+    """etcd's automatic compaction; etcd's own default (none) when unset."""
+    defragmentation: DefragmentationSpec = Field(default_factory=DefragmentationSpec)
+    """Defragmentation by the operator."""
+
+
 class EtcdClusterSpec(KubeModel):
     """The etcd cluster the user wants."""
 
@@ -144,6 +196,9 @@ class EtcdClusterSpec(KubeModel):
     adopt: AdoptSpec | None = None
     """Take over an existing etcd cluster (only when the cluster is created): its members are
     replaced one at a time by member pods, without downtime or data loss."""
+
+    maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
+    """Automatic compaction and defragmentation."""
 
 
 class MemberStatus(KubeModel):
@@ -206,6 +261,40 @@ class AdoptionStatus(KubeModel):
     completed_at: str | None = None
 
 
+class DefragmentationRecord(KubeModel):
+    """The last defragmentation of one member."""
+
+    member: str
+    """The member (its pod's name)."""
+    started_at: str
+    """When it started (RFC 3339)."""
+    completed_at: str | None = None
+    """When it ended (RFC 3339)."""
+    db_size_before: int = 0
+    """The database file's size before, in bytes."""
+    db_size_after: int = 0
+    """The database file's size after, in bytes."""
+    reclaimed: int = 0
+    """Bytes given back: dbSizeBefore - dbSizeAfter."""
+    leader: bool = False
+    """Whether the member was the leader when it was defragmented."""
+    error: str | None = None
+    """Why it failed, if it did."""
+
+
+class MaintenanceStatus(KubeModel):
+    """What the maintenance controller did last (it writes only this subtree)."""
+
+    in_progress: DefragmentationRecord | None = None
+    """The defragmentation under way: a restarted operator finishes its record."""
+    defragmentations: list[DefragmentationRecord] = Field(
+        default_factory=list, json_schema_extra=list_map("member")
+    )
+    """The last defragmentation of each member."""
+    message: str | None = None
+    """What the controller is waiting for, or did last."""
+
+
 class EtcdClusterStatus(KubeModel):
     """What the operator last observed and did."""
 
@@ -233,6 +322,9 @@ class EtcdClusterStatus(KubeModel):
     """The recovery under way, or the last one (completedAt set)."""
     adoption: AdoptionStatus | None = None
     """The takeover of an existing cluster (spec.adopt)."""
+
+    maintenance: MaintenanceStatus | None = None
+    """Defragmentations (written by the maintenance controller)."""
     observed_generation: int | None = None
     """The generation of the spec this status describes."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))

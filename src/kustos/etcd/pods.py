@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kustos.api.etcd import EtcdCluster
+from kustos.etcd.maintenance import compaction_args
 from kustos.etcd.planner import dns_name, peer_service, pod_name
 
 Obj = dict[str, Any]
@@ -92,6 +93,7 @@ def member_pod(
         "--initial-cluster=" + ",".join(f"{n}={url}" for n, url in initial_cluster),
         f"--initial-cluster-state={state}",
         f"--initial-cluster-token={cluster_token(cluster, epoch)}",
+        *compaction_args(spec.maintenance),
         *spec.extra_args,
     ]
     container: Obj = {

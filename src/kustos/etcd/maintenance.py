@@ -1,0 +1,181 @@
+"""Compaction flags and the defragmentation planner (pure: no I/O, time is an input).
+
+Defragmenting a member rewrites its whole database file and blocks its reads and
+writes while it runs, so the plan takes at most one member at a time, only when the
+cluster is settled and every member healthy, followers before the leader: the leader
+goes last, and only once no follower needs it any more.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from cronsim import CronSim, CronSimError
+
+from kustos.api.etcd import AutoCompactionSpec, DefragmentationSpec, MaintenanceSpec
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_FACTORS = {
+    None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}  # fmt: skip
+
+
+def parse_quantity(text: str) -> int:
+    """A storage size as Kubernetes writes it (64Mi, 1G, 1000) in bytes."""
+    match = _QUANTITY.match(text.strip())
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (like 64Mi or 1Gi)")
+    return int(float(match.group(1)) * _FACTORS[match.group(2)])
+
+
+def compaction_args(spec: MaintenanceSpec | None) -> list[str]:
+    """etcd flags for automatic compaction; none (etcd's defaults) when it is not configured."""
+    compaction: AutoCompactionSpec | None = spec.auto_compaction if spec else None
+    if compaction is None:
+        return []
+    return [
+        f"--auto-compaction-mode={compaction.mode}",
+        f"--auto-compaction-retention={compaction.retention}",
+    ]
+
+
+def free_fraction(db_size: int, db_size_in_use: int) -> float:
+    """The fraction of the database file that is free pages: what a defragmentation gives back."""
+    if db_size <= 0:
+        return 0.0
+    return max(0, db_size - db_size_in_use) / db_size
+
+
+def needs_defragmentation(db_size: int, db_size_in_use: int, threshold: float, min_db_size: int) -> bool:
+    return db_size >= min_db_size and db_size > 0 and free_fraction(db_size, db_size_in_use) > threshold
+
+
+def in_window(schedule: str | None, window: timedelta, now: datetime) -> tuple[bool, datetime | None]:
+    """Whether ``now`` is within ``window`` after a tick of the cron ``schedule``, and if not,
+    when the next tick is. No schedule: always. An invalid schedule raises ValueError."""
+    if schedule is None:
+        return True, None
+    try:
+        tick = next(CronSim(schedule, now - window))
+    except (CronSimError, StopIteration) as err:
+        raise ValueError(f"invalid cron schedule {schedule!r}: {err}") from err
+    if tick <= now:
+        return True, None
+    return False, tick
+
+
+# ---- the planner -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """One member as observed for maintenance."""
+
+    name: str
+    url: str
+    healthy: bool
+    """Answered its status without errors and passed etcd's /health."""
+    learner: bool = False
+    leader: bool = False
+    db_size: int = 0
+    db_size_in_use: int = 0
+
+
+@dataclass(frozen=True)
+class Observed:
+    phase: str | None
+    """The EtcdCluster's phase, as its own controller last wrote it."""
+    size: int
+    """spec.size: a cluster that has fewer or more members is not settled."""
+    members: tuple[MemberView, ...]
+    threshold: float
+    min_db_size: int
+    enabled: bool = True
+    window_open: bool = True
+    in_progress: str | None = None
+    """The member a recorded, unfinished defragmentation was started on."""
+
+
+@dataclass(frozen=True)
+class Defragment:
+    member: MemberView
+    reason: str
+
+
+@dataclass(frozen=True)
+class FinishRecord:
+    """A defragmentation was started (by an operator that then stopped) and its member is
+    healthy again: record how it ended."""
+
+    member: MemberView
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Something is in the way; look again soon."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Idle:
+    """Nothing to do until the next check."""
+
+    reason: str
+
+
+Step = Defragment | FinishRecord | Wait | Idle
+
+
+def wanting(o: Observed) -> list[MemberView]:
+    """Members whose database is fragmented enough, followers first (most to gain first), leader last."""
+    needy = [
+        m for m in o.members if needs_defragmentation(m.db_size, m.db_size_in_use, o.threshold, o.min_db_size)
+    ]
+    return sorted(needy, key=lambda m: (m.leader, -(m.db_size - m.db_size_in_use), m.name))
+
+
+def plan(o: Observed) -> Step:
+    """The one next maintenance step for a cluster."""
+    if o.in_progress is not None:
+        member = next((m for m in o.members if m.name == o.in_progress), None)
+        if member is None:
+            return FinishRecord(MemberView(o.in_progress, "", healthy=False))  # it is gone
+        if not member.healthy:
+            return Wait(f"{o.in_progress} is still being defragmented or has not recovered")
+        return FinishRecord(member)
+    if not o.enabled:
+        return Idle("defragmentation is disabled")
+    if o.phase != "Running":
+        return Wait(f"the cluster is {o.phase or 'not yet formed'}, not Running")
+    if len(o.members) != o.size:
+        return Wait(f"{len(o.members)} members, not {o.size}")
+    unhealthy = sorted(m.name for m in o.members if not m.healthy)
+    if unhealthy:
+        return Wait(f"members not healthy: {', '.join(unhealthy)}")
+    learners = sorted(m.name for m in o.members if m.learner)
+    if learners:
+        return Wait(f"learners still catching up: {', '.join(learners)}")
+    leaders = [m for m in o.members if m.leader]
+    if len(leaders) != 1:
+        return Wait(f"{len(leaders)} members claim to lead, not one")
+    candidates = wanting(o)
+    if not candidates:
+        return Idle("no member's database is fragmented beyond the threshold")
+    if not o.window_open:
+        return Idle(f"{len(candidates)} members to defragment, outside the schedule's window")
+    chosen = candidates[0]
+    free = chosen.db_size - chosen.db_size_in_use
+    role = "leader" if chosen.leader else "follower"
+    return Defragment(
+        chosen,
+        f"{role} {chosen.name}: {free} of {chosen.db_size} bytes free "
+        f"({free_fraction(chosen.db_size, chosen.db_size_in_use):.0%} > {o.threshold:.0%})",
+    )
+
+
+def settings(spec: MaintenanceSpec | None) -> DefragmentationSpec:
+    return spec.defragmentation if spec is not None else DefragmentationSpec()
