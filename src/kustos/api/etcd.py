@@ -8,6 +8,7 @@ from pydantic import ConfigDict, Field
 
 from kustos.api.backup import BackupSchedule
 from kustos.api.common import DURATION_PATTERN, QUANTITY_PATTERN, Condition
+from kustos.api.etcd_tls import TLSSpec, TLSStatus
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
 VERSION_PATTERN = r"^3\.[0-9]+\.[0-9]+$"
@@ -71,7 +72,12 @@ class EtcdClusterSpec(KubeModel):
                     "oldSelf.storage.type == self.storage.type",
                     "storage.type cannot change on a live cluster",
                     field_path=".storage.type",
-                )
+                ),
+                Rule(
+                    "has(oldSelf.tls) == has(self.tls)",
+                    "tls cannot be turned on or off on a live cluster",
+                    field_path=".tls",
+                ),
             ]
         )
     )
@@ -97,6 +103,8 @@ class EtcdClusterSpec(KubeModel):
     """Extra etcd flags, like --quota-backend-bytes=4294967296."""
     backup: BackupSchedule | None = None
     """Scheduled backups."""
+    tls: TLSSpec | None = None
+    """Peer and client TLS with client certificate authentication (see docs/etcdcluster.md)."""
 
 
 class MemberStatus(KubeModel):
@@ -149,6 +157,8 @@ class EtcdClusterStatus(KubeModel):
     """The generation of the spec this status describes."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
     """Available, Progressing, Degraded."""
+    tls: TLSStatus | None = None
+    """Certificates in use, when spec.tls is set."""
 
 
 class EtcdCluster(CustomResource[EtcdClusterSpec, EtcdClusterStatus]):

@@ -22,10 +22,11 @@ The rules, in the order they are tried:
    member is unhealthy), or shrink by one: an unhealthy member first, else an
    outdated one, else the newest follower; the leader only after moving
    leadership away.
-9. Roll members onto ``version`` one at a time, followers first and the leader
-   last: with PVC storage restart a member's pod on its volume; otherwise surge
-   (add a member at the new version, then remove an outdated one by rule 8).
-   A member at the new version that dies mid-upgrade halts the upgrade.
+9. Roll members onto ``version`` (or onto renewed certificates: ``PodView.tls_stale``)
+   one at a time, followers first and the leader last: with PVC storage restart a
+   member's pod on its volume; otherwise surge (add a member at the new version,
+   then remove an outdated one by rule 8). A member at the new version that dies
+   mid-upgrade halts the upgrade.
 
 Each step changes the membership by at most one member, and a removal is only
 planned when the healthy voters that remain are still a majority of the smaller
@@ -34,6 +35,7 @@ cluster, so no step ever costs quorum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -54,6 +56,7 @@ class PodView:
     member_id: int | None = None  # from the pod's annotation, once it became a member
     node_lost: bool = False
     version: str | None = None  # the etcd version its container runs
+    tls_stale: str | None = None  # why it must restart onto a new certificate (certs.py)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Observed:
     unhealthy_since: dict[str, datetime] = field(default_factory=dict)  # by member name
     version: str | None = None  # the version members should run (None: whatever they run)
     recorded_members: tuple[tuple[str, int], ...] = ()  # (name, ID) from status: who to bring back
+    tls: bool = False  # members speak https
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -208,17 +212,19 @@ def dns_name(cluster: str, namespace: str, pod: str) -> str:
 def peer_url(o: Observed, pod: PodView | str) -> str | None:
     """The peer URL a member pod has (or will have, for DNS addressing)."""
     name = pod if isinstance(pod, str) else pod.name
+    scheme = "https" if o.tls else "http"
     if o.addressing == "dns":
-        return f"http://{dns_name(o.cluster, o.namespace, name)}:2380"
+        return f"{scheme}://{dns_name(o.cluster, o.namespace, name)}:2380"
     if isinstance(pod, str) or not pod.ip:
         return None
-    return f"http://{pod.ip}:2380"
+    return f"{scheme}://{pod.ip}:2380"
 
 
 def client_url(o: Observed, pod: PodView) -> str | None:
+    scheme = "https" if o.tls else "http"
     if o.addressing == "dns":
-        return f"http://{dns_name(o.cluster, o.namespace, pod.name)}:2379"
-    return f"http://{pod.ip}:2379" if pod.ip else None
+        return f"{scheme}://{dns_name(o.cluster, o.namespace, pod.name)}:2379"
+    return f"{scheme}://{pod.ip}:2379" if pod.ip else None
 
 
 # ---- planning -----------------------------------------------------------------------------
@@ -336,7 +342,7 @@ def plan(o: Observed) -> Step:
     for m in members:
         if is_dead(o, m, pods.get(m.id)):
             pod = pods.get(m.id)
-            if pod is not None and _rolling(o, pods) and not is_outdated(o, pod):
+            if pod is not None and _rolling(o, pods, is_old_version) and not is_old_version(o, pod):
                 return UpgradeHalted(
                     f"member {m.name or pod.name} failed on etcd {o.version}: upgrade halted; "
                     f"set spec.version back to continue on the old version"
@@ -367,10 +373,13 @@ def plan(o: Observed) -> Step:
             if target is not None:
                 return MoveLeader(victim.id, target.id)
         if removal_keeps_quorum(members, victim):
-            outdated = victim.id in pods and is_outdated(o, pods[victim.id])
+            outdated = victim.id in pods and is_old_version(o, pods[victim.id])
+            why = pods[victim.id].tls_stale if victim.id in pods else None
             reason = (
                 f"replaced by a member on etcd {o.version}"
                 if outdated
+                else f"replaced by a member with a new certificate ({why})"
+                if why
                 else "the cluster is larger than its size"
             )
             return RemoveMember(victim.id, victim.name, reason)
@@ -390,16 +399,24 @@ def plan(o: Observed) -> Step:
             if target is not None:
                 return MoveLeader(victim.id, target.id)
         pod = pods[victim.id]
-        return DeletePod(pod.name, pod.uid, f"restarting it on etcd {o.version}")
+        reason = f"restarting it on etcd {o.version}" if is_old_version(o, pod) else ""
+        return DeletePod(pod.name, pod.uid, reason or f"restarting it: {pod.tls_stale}")
     return Done()
 
 
-def is_outdated(o: Observed, pod: PodView) -> bool:
+def is_old_version(o: Observed, pod: PodView) -> bool:
     return o.version is not None and pod.version is not None and pod.version != o.version
 
 
-def _rolling(o: Observed, pods: dict[int, PodView]) -> bool:
-    return any(is_outdated(o, p) for p in pods.values() if not p.deleting)
+def is_outdated(o: Observed, pod: PodView) -> bool:
+    """Runs another version than wanted, or must restart onto a new certificate."""
+    return is_old_version(o, pod) or pod.tls_stale is not None
+
+
+def _rolling(
+    o: Observed, pods: dict[int, PodView], outdated: Callable[[Observed, PodView], bool] = is_outdated
+) -> bool:
+    return any(outdated(o, p) for p in pods.values() if not p.deleting)
 
 
 def _leadership_heir(
