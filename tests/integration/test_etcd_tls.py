@@ -142,3 +142,43 @@ async def test_tls_cluster_works_refuses_clients_without_certificates_renews_and
         assert await served_serial(member["clientUrl"], user) == serials[member["name"]]
     async with EtcdClient(status["members"][-1]["clientUrl"], user) as client:
         assert (await client.get("/hello")).value == b"tls"  # type: ignore[union-attr]
+
+
+async def test_pvc_members_restart_on_their_volumes_onto_renewed_certificates(
+    kubectl: Kubectl, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    kubectl.apply(etcd_cluster("pv", 3, tls={}, storage={"type": "pvc", "size": "64Mi"}))
+    status = await wait_healthy(kubectl, "pv", 3, timeout=180)
+    user = user_client_certificate(kubectl, "pv", tmp_path / "user")
+    async with EtcdClient(status["members"][0]["clientUrl"], user) as client:
+        for i in range(100):
+            await client.put(f"/kept/{i:03d}", str(i))
+    before = member_serials(status)
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.get("pods")["items"]}
+    ids = {m["name"]: m["id"] for m in status["members"]}
+
+    kubectl("annotate", "etcdcluster", "pv", "kustos.dev/renew-certificates=now")
+
+    async def renewed() -> dict[str, Any] | None:
+        current = status_of(kubectl, "pv")
+        serials = member_serials(current)
+        done = (
+            current.get("ready") == "3/3"
+            and not (current.get("tls") or {}).get("renewing")
+            and sorted(serials) == sorted(before)
+            and not set(serials.values()) & set(before.values())
+        )
+        return current if done else None
+
+    status = await wait_until(renewed, "every certificate renewed", timeout=240,
+                              cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    status = await wait_healthy(kubectl, "pv", 3)
+    # The same members (names and etcd IDs) in new pods, on their own volumes.
+    assert {m["name"]: m["id"] for m in status["members"]} == ids
+    pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.get("pods")["items"]}
+    assert sorted(pods) == sorted(uids) and not set(pods.values()) & set(uids.values())
+    async with EtcdClient(status["members"][-1]["clientUrl"], user) as client:
+        found = await client.range("/kept/", prefix=True, keys_only=True)
+    assert len(found.kvs) == 100
+    restarts = events(kubectl, "pv")
+    assert "restarting it: a renewal was asked for" in restarts and "CertificatesRenewed" in restarts

@@ -293,3 +293,21 @@ def test_renewal_restarts_every_member_once_one_at_a_time_leader_last(
         raise AssertionError("the renewal did not converge")
     assert not any(p.tls_stale for p in model.pods.values()) and len(model.pods) == size
     assert len(model.members) == size and all(m.healthy for m in model.members.values())
+
+
+def test_a_backup_pod_of_a_tls_cluster_gets_the_client_certificate() -> None:
+    from kustos.api.backup import BackupStorage, EtcdBackup, PVCStorage
+    from kustos.etcd.backup import agent_pod
+
+    backup = EtcdBackup.model_validate({
+        "apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdBackup",
+        "metadata": {"name": "b", "namespace": "ns", "uid": "b1"}, "spec": {"clusterName": "e"},
+    })  # fmt: skip
+    pod = agent_pod(backup, cluster(), BackupStorage(pvc=PVCStorage()), ("e-0", "https://m:2379"), 1, "img")
+    container = pod["spec"]["containers"][0]
+    command = container["command"]
+    assert command[command.index("--cacert") + 1] == "/etc/etcd/client-tls/ca.crt"
+    assert command[command.index("--cert") + 1] == "/etc/etcd/client-tls/tls.crt"
+    assert command[command.index("--key") + 1] == "/etc/etcd/client-tls/tls.key"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["etcd-client-tls"]["secret"] == {"secretName": "e-client-tls"}

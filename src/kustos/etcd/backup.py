@@ -10,6 +10,7 @@ from cronsim import CronSim
 
 from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStorage
 from kustos.api.etcd import EtcdCluster
+from kustos.etcd.certs import CLIENT_DIR, client_secret_name
 from kustos.etcd.pods import CLUSTER_LABEL
 from kustos.runtime.times import parse_duration
 
@@ -114,6 +115,13 @@ def agent_pod(
         ]
         container["volumeMounts"].append({"name": "scratch", "mountPath": SCRATCH_MOUNT})
         volumes.append({"name": "scratch", "emptyDir": {}})
+    if cluster.spec.tls is not None:  # the operator's client certificate, and the members' CA
+        container["command"] += ["--cacert", f"{CLIENT_DIR}/ca.crt", "--cert", f"{CLIENT_DIR}/tls.crt",
+                                 "--key", f"{CLIENT_DIR}/tls.key"]  # fmt: skip
+        container["volumeMounts"].append(
+            {"name": "etcd-client-tls", "mountPath": CLIENT_DIR, "readOnly": True}
+        )
+        volumes.append({"name": "etcd-client-tls", "secret": {"secretName": client_secret_name(cluster)}})
     return {
         "apiVersion": "v1",
         "kind": "Pod",
