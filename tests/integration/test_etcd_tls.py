@@ -182,3 +182,24 @@ async def test_pvc_members_restart_on_their_volumes_onto_renewed_certificates(
     assert len(found.kvs) == 100
     restarts = events(kubectl, "pv")
     assert "restarting it: a renewal was asked for" in restarts and "CertificatesRenewed" in restarts
+
+
+async def test_a_backup_of_a_tls_cluster_uses_the_operators_client_certificate(
+    kubectl: Kubectl, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    kubectl.apply(etcd_cluster("bt", 1, tls={}))
+    status = await wait_healthy(kubectl, "bt", 1, timeout=120)
+    user = user_client_certificate(kubectl, "bt", tmp_path / "user")
+    async with EtcdClient(status["members"][0]["clientUrl"], user) as client:
+        for i in range(50):
+            revision = await client.put(f"/b/{i}", "x" * 100)
+    kubectl.apply({"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdBackup", "metadata": {"name": "bt-now"},
+                   "spec": {"clusterName": "bt"}})  # fmt: skip
+
+    async def succeeded() -> dict[str, Any] | None:
+        current = dict(kubectl.get("etcdbackup", "bt-now").get("status") or {})
+        return current if current.get("phase") == "Succeeded" else None
+
+    result = await wait_until(succeeded, "the backup to succeed", timeout=120, cluster=kubectl.cluster,
+                              namespace=kubectl.namespace)  # fmt: skip
+    assert result["revision"] >= revision and result["size"] > 0 and result["attempts"] == 1
