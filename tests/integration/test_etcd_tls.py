@@ -131,6 +131,8 @@ async def test_tls_cluster_works_refuses_clients_without_certificates_renews_and
         assert await served_serial(member["clientUrl"], user) == after[member["name"]]
     client_serial = next(c["serial"] for c in status["tls"]["certificates"] if c["name"] == "sec-client-tls")
     assert status["tls"]["renewalRequest"] == "1" and client_serial
+    # The CA is kept: certificates users issued from it before the renewal stay valid.
+    assert secret_data(kubectl, "sec-ca")["ca.crt"] == ca
     assert "CertificatesRenewed" in events(kubectl, "sec")
 
     # The operator still talks to it (it reports members healthy) and it grows with TLS.
