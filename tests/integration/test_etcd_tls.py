@@ -205,3 +205,76 @@ async def test_a_backup_of_a_tls_cluster_uses_the_operators_client_certificate(
     result = await wait_until(succeeded, "the backup to succeed", timeout=120, cluster=kubectl.cluster,
                               namespace=kubectl.namespace)  # fmt: skip
     assert result["revision"] >= revision and result["size"] > 0 and result["attempts"] == 1
+
+
+async def test_certificates_are_renewed_before_they_expire(
+    kubectl: Kubectl, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """No annotation: a 60 s lifetime renewed with half of it left."""
+    kubectl.apply(etcd_cluster("exp", 1, tls={"lifetime": "60s", "renewBeforePercent": 50}))
+    status = await wait_healthy(kubectl, "exp", 1, timeout=120)
+    first = member_serials(status)
+    member = next(c for c in status["tls"]["certificates"] if c.get("pod"))
+    not_after = datetime.fromisoformat(member["notAfter"])
+    renew_after = datetime.fromisoformat(member["renewAfter"])
+    assert timedelta(seconds=25) <= not_after - renew_after <= timedelta(seconds=35)
+
+    async def renewed() -> dict[str, Any] | None:
+        current = status_of(kubectl, "exp")
+        serials = member_serials(current)
+        fresh = serials and not set(serials.values()) & set(first.values())
+        return current if fresh and current.get("ready") == "1/1" else None
+
+    status = await wait_until(renewed, "the member's certificate renewed", timeout=120,
+                              cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    # Renewed before the old certificate expired (the cluster never ran on an expired one).
+    assert datetime.now(UTC) < not_after + timedelta(seconds=10)
+    assert "due for renewal" in events(kubectl, "exp")
+
+
+def _user_tls_secret(name: str, pair: tls.KeyPair, ca: tls.KeyPair) -> dict[str, Any]:
+    data = {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": ca.cert}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}  # fmt: skip
+
+
+async def test_user_secrets_missing_are_reported_then_used_once_they_exist(
+    kubectl: Kubectl, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    secrets = {"peer": "my-peer", "server": "my-server", "operatorClient": "my-client"}
+    kubectl.apply(etcd_cluster("own", 1, tls={"secrets": secrets}))
+
+    async def reported() -> bool:
+        conditions = {c["type"]: c for c in status_of(kubectl, "own").get("conditions") or []}
+        ready = conditions.get("CertificatesReady") or {}
+        return ready.get("status") == "False" and "my-peer does not exist" in ready.get("message", "")
+
+    await wait_until(reported, "the missing Secret reported", timeout=60)
+    assert "TLSSecretInvalid" in events(kubectl, "own")
+
+    # The member waits for its Secrets; a user who knows its address can now issue them.
+    async def pod_ip() -> str | None:
+        pod = kubectl.get("pod", "own-0")
+        return (pod.get("status") or {}).get("podIP")
+
+    ip = await wait_until(pod_ip, "the member's pod IP", timeout=60)
+    now = datetime.now(UTC)
+    ca = tls.new_ca("my CA", now)
+    member = tls.issue(ca, "own", now, timedelta(hours=1), dns_names=("localhost",), ips=(ip,))
+    client = tls.issue(ca, "me", now, timedelta(hours=1), server=False)
+    kubectl.apply(
+        _user_tls_secret("my-peer", member, ca),
+        _user_tls_secret("my-server", member, ca),
+        _user_tls_secret("my-client", client, ca),
+    )
+    status = await wait_healthy(kubectl, "own", 1, timeout=120)
+    (tmp_path / "ca.crt").write_bytes(ca.cert)
+    (tmp_path / "me.crt").write_bytes(client.cert)
+    (tmp_path / "me.key").write_bytes(client.key)
+    mine = EtcdTLS(tmp_path / "ca.crt", tmp_path / "me.crt", tmp_path / "me.key")
+    async with EtcdClient(status["members"][0]["clientUrl"], mine) as etcd:
+        await etcd.put("/mine", "yes")
+    assert await served_serial(status["members"][0]["clientUrl"], mine) == tls.info(member.cert).serial
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions["CertificatesReady"] == "True"
+    assert {c["name"] for c in status["tls"]["certificates"]} == {"my-peer", "my-server", "my-client"}

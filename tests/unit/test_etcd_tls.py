@@ -85,6 +85,11 @@ def test_lifetime_backdating_and_the_ca_bound(ca: tls.KeyPair) -> None:
     assert info.not_after == NOW + DAY
     assert info.not_before == NOW - tls.BACKDATE
     # Never valid beyond the CA that signed it.
+    # A short lifetime is backdated by a tenth only, or it would be due for renewal at once.
+    minute = tls.info(tls.issue(ca, "m", NOW, timedelta(seconds=60)).cert)
+    assert minute.not_before == NOW - timedelta(seconds=6)
+    assert not tls.needs_renewal(minute, NOW + timedelta(seconds=20), 50)
+    assert tls.needs_renewal(minute, NOW + timedelta(seconds=28), 50)
     short = tls.new_ca("short", NOW, lifetime=timedelta(hours=2))
     assert tls.info(tls.issue(short, "m", NOW, DAY).cert).not_after == NOW + timedelta(hours=2)
 

@@ -125,6 +125,9 @@ def issue(
         raise ValueError("the CA key must be an ECDSA key")
     key = _new_key()
     not_after = min(now + lifetime, ca_cert.not_valid_after_utc)
+    # Backdated by at most a tenth of the lifetime: renewal is a share of the whole validity,
+    # which a fixed backdate would dwarf for short lifetimes (and renew at once).
+    backdate = min(BACKDATE, lifetime / 10)
     usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
     usages += [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     builder = (
@@ -133,7 +136,7 @@ def issue(
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
+        .not_valid_before(now - backdate)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(ca=False), critical=True)
