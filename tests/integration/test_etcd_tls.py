@@ -277,4 +277,13 @@ async def test_user_secrets_missing_are_reported_then_used_once_they_exist(
     assert await served_serial(status["members"][0]["clientUrl"], mine) == tls.info(member.cert).serial
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions["CertificatesReady"] == "True"
+
+    # It started on the Secrets as they are now: that is recorded, and nothing restarts.
+    async def fingerprinted() -> bool:
+        annotations = kubectl.get("pod", "own-0")["metadata"].get("annotations") or {}
+        return "kustos.dev/tls-fingerprint" in annotations
+
+    await wait_until(fingerprinted, "the member's TLS fingerprint", timeout=30)
+    await asyncio.sleep(5)
+    assert [p["metadata"]["name"] for p in kubectl.get("pods")["items"]] == ["own-0"]
     assert {c["name"] for c in status["tls"]["certificates"]} == {"my-peer", "my-server", "my-client"}

@@ -21,6 +21,7 @@ from kustos.etcd.certs import (
     POD_UID_ANNOTATION,
     REQUEST_ANNOTATION,
     MemberPod,
+    ca_verdict,
     client_secret_name,
     member_renewal_reason,
     secret_manifest,
@@ -316,3 +317,32 @@ def test_a_backup_pod_of_a_tls_cluster_gets_the_client_certificate() -> None:
     assert command[command.index("--key") + 1] == "/etc/etcd/client-tls/tls.key"
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["etcd-client-tls"]["secret"] == {"secretName": "e-client-tls"}
+
+
+def _ca_secret(pair: tls.KeyPair) -> dict[str, Any]:
+    return secret_manifest(cluster(), "e-ca", {"ca.crt": pair.cert, "ca.key": pair.key}, {"uid": "c"})
+
+
+def test_the_ca_is_created_once_then_reused(ca: tls.KeyPair) -> None:
+    assert ca_verdict(None, NOW, 90 * DAY) == (None, None, None)  # none yet: create one
+    reused, problem, warning = ca_verdict(_ca_secret(ca), NOW + 30 * DAY, 90 * DAY)
+    assert reused == ca and problem is None and warning is None
+
+
+def test_a_ca_is_never_replaced_silently(ca: tls.KeyPair) -> None:
+    other = tls.new_ca("other", NOW)
+    mixed = _ca_secret(tls.KeyPair(ca.cert, other.key))
+    assert ca_verdict(mixed, NOW, DAY)[1] == "its ca.key does not belong to its ca.crt"
+    broken = _ca_secret(tls.KeyPair(b"not a certificate", ca.key))
+    assert "unusable" in str(ca_verdict(broken, NOW, DAY)[1])
+    empty = _ca_secret(ca)
+    del empty["data"]["ca.key"]
+    assert ca_verdict(empty, NOW, DAY)[1] == "it lacks ca.crt or ca.key"
+    old = tls.new_ca("old", NOW - 2 * DAY, lifetime=DAY)
+    assert "expired" in str(ca_verdict(_ca_secret(old), NOW, DAY)[1])
+
+
+def test_a_ca_close_to_its_end_is_reused_with_a_warning() -> None:
+    ending = tls.new_ca("ending", NOW, lifetime=100 * DAY)
+    reused, problem, warning = ca_verdict(_ca_secret(ending), NOW, 90 * DAY)
+    assert reused == ending and problem is None and "expires at" in str(warning)

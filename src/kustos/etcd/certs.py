@@ -24,7 +24,7 @@ import base64
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from kustos.etcd import tls
 from kustos.etcd.client import EtcdTLS
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.informer import Informer, ResourceRef
+from kustos.runtime.resources import PODS
 from kustos.runtime.times import parse_duration, rfc3339
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,33 @@ class MemberPod:
     fingerprint: str | None = None  # user Secrets the pod started with (annotation)
 
 
+def ca_verdict(
+    secret: Obj | None, now: datetime, lifetime: timedelta
+) -> tuple[tls.KeyPair | None, str | None, str | None]:
+    """(the CA to reuse, why it cannot be used, a warning) from its Secret (pure).
+
+    (None, None, None): there is none yet, create one. A CA that exists is never
+    replaced silently: every member trusts it, so a new one would split the cluster.
+    """
+    pair = _pair(secret, "ca.crt", "ca.key")
+    if secret is None:
+        return None, None, None
+    if pair is None:
+        return None, "it lacks ca.crt or ca.key", None
+    try:
+        info = tls.info(pair.cert)
+        if info.not_after <= now:
+            return None, f"it expired at {rfc3339(info.not_after)}", None
+        probe = tls.issue(pair, "probe", now, timedelta(minutes=1))
+    except ValueError as err:
+        return None, f"it is unusable ({err})", None
+    if not tls.signed_by(probe.cert, pair.cert):
+        return None, "its ca.key does not belong to its ca.crt", None
+    if not tls.ca_usable(info, now, lifetime):
+        return pair, None, f"it expires at {rfc3339(info.not_after)}; certificates it issues are cut short"
+    return pair, None, None
+
+
 def member_renewal_reason(
     secret: Obj | None, pod: MemberPod, ca_pem: bytes, request: str, now: datetime, renew_before_percent: int
 ) -> str | None:
@@ -200,7 +228,8 @@ class ClusterTLS:
     stale: dict[str, str] = field(default_factory=dict)  # pod name -> why it must restart
     status: TLSStatus = field(default_factory=TLSStatus)
     issued: list[str] = field(default_factory=list)  # Secrets issued this pass
-    problem: str | None = None  # a user Secret missing or unusable
+    problem: str | None = None  # a user Secret missing or unusable, or an unusable CA
+    warning: str | None = None  # the CA expires soon
 
 
 class CertificateManager:
@@ -265,6 +294,12 @@ class CertificateManager:
             for m in members
             if not m.deleting and m.fingerprint is not None and m.fingerprint != current
         }
+        for m in members:
+            if m.fingerprint is None and m.running and not m.deleting:
+                # It waited for the Secrets and started on what is there now.
+                patch = {"metadata": {"annotations": {FINGERPRINT_ANNOTATION: current}}}
+                with contextlib.suppress(ApiStatusError):
+                    await self.api.patch(PODS, cluster.metadata["namespace"], m.name, patch)
         certificates = [
             _status_of(name, found[name], "", spec.renew_before_percent) for name in sorted(found)
         ]
@@ -282,7 +317,9 @@ class CertificateManager:
         issued: list[str] = []
 
         ca_secret = await self._secret(namespace, ca_secret_name(name))
-        ca = _pair(ca_secret, "ca.crt", "ca.key")
+        ca, problem, warning = ca_verdict(ca_secret, now, lifetime)
+        if problem is not None:
+            return ClusterTLS(client=None, problem=f"CA Secret {ca_secret_name(name)}: {problem}")
         if ca is None:
             ca = tls.new_ca(f"{name}.{namespace} etcd CA", now)
             data = {"ca.crt": ca.cert, "ca.key": ca.key}
@@ -337,12 +374,13 @@ class CertificateManager:
             renewal_request=request or None,
         )  # fmt: skip
         return ClusterTLS(
-            client=self._client_files(cluster, client_secret), stale=stale, status=status, issued=issued
-        )
+            client=self._client_files(cluster, client_secret), stale=stale, status=status, issued=issued,
+            warning=warning and f"CA Secret {ca_secret_name(name)}: {warning}",
+        )  # fmt: skip
 
     async def _issue_member(
         self, cluster: EtcdCluster, ca: tls.KeyPair, pod: MemberPod, request: str, now: datetime,
-        lifetime: Any,
+        lifetime: timedelta,
     ) -> Obj:  # fmt: skip
         name, namespace = cluster.metadata["name"], cluster.metadata["namespace"]
         pair = tls.issue(

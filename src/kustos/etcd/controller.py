@@ -174,7 +174,8 @@ class EtcdClusterReconciler:
         views = [v for p in pod_objects if (v := self._pod_view(cluster, p)) is not None]
         certs: ClusterTLS | None = None
         if spec.tls is not None:
-            certs = await self.certs.reconcile(cluster, pod_objects, now)
+            member_pods = [p for p in pod_objects if p["metadata"]["name"] in {v.name for v in views}]
+            certs = await self.certs.reconcile(cluster, member_pods, now)
             views = [replace(v, tls_stale=certs.stale.get(v.name)) for v in views]
         skeleton = Observed(
             cluster=cluster.metadata["name"], namespace=cluster.metadata["namespace"], size=spec.size,
@@ -389,7 +390,8 @@ class EtcdClusterReconciler:
         manifest = member_pod(cluster, index, state, initial_cluster, target_version(cluster))
         if cluster.spec.tls is not None and cluster.spec.tls.secrets is not None:
             fingerprint = await self._user_tls_fingerprint(cluster)
-            manifest["metadata"]["annotations"][FINGERPRINT_ANNOTATION] = fingerprint
+            if fingerprint is not None:
+                manifest["metadata"]["annotations"][FINGERPRINT_ANNOTATION] = fingerprint
         if cluster.spec.storage.type == "pvc":
             await self.api.apply(CLAIMS, member_claim(cluster, manifest["metadata"]["name"]))
         try:
@@ -398,14 +400,15 @@ class EtcdClusterReconciler:
             if not err.conflict:
                 raise
 
-    async def _user_tls_fingerprint(self, cluster: EtcdCluster) -> str:
-        """Which contents of the user's TLS Secrets a new member starts with."""
+    async def _user_tls_fingerprint(self, cluster: EtcdCluster) -> str | None:
+        """Which contents of the user's TLS Secrets a new member starts with (None: not
+        there yet; the member waits for them and is fingerprinted once it runs)."""
         secrets = cluster.spec.tls.secrets if cluster.spec.tls else None
         assert secrets is not None
         namespace = cluster.metadata["namespace"]
-        peer = await self.api.get(SECRETS, namespace, secrets.peer) or {}
-        server = await self.api.get(SECRETS, namespace, secrets.server) or {}
-        return user_fingerprint(peer, server)
+        peer = await self.api.get(SECRETS, namespace, secrets.peer)
+        server = await self.api.get(SECRETS, namespace, secrets.server)
+        return user_fingerprint(peer, server) if peer and server else None
 
     async def _leader_call(self, etcd: EtcdView, call: Any, raise_for: type[Exception] | None = None) -> Any:
         """Send a membership call to the leader (or any healthy member), with a result or None."""
@@ -527,6 +530,8 @@ class EtcdClusterReconciler:
             await self._event(cluster, "CertificatesRenewed", "every member runs on a current certificate")
         if certs.problem is not None:
             await self._event(cluster, "TLSSecretInvalid", certs.problem, warning=True)
+        if certs.warning is not None:
+            await self._event(cluster, "CAExpiring", certs.warning, warning=True)
         return set_condition(
             conditions, "CertificatesReady", certs.problem is None,
             "SecretInvalid" if certs.problem else "Renewing" if certs.stale else "Current",
