@@ -27,7 +27,7 @@ from kustos.etcd.certs import (
     secret_manifest,
     user_fingerprint,
 )
-from kustos.etcd.planner import plan, quorum
+from kustos.etcd.planner import MemberView, PodView, plan, quorum
 from kustos.etcd.pods import member_pod, member_urls
 from tests.unit.test_etcd_planner import Model, healthy_cluster, observed
 
@@ -346,3 +346,16 @@ def test_a_ca_close_to_its_end_is_reused_with_a_warning() -> None:
     ending = tls.new_ca("ending", NOW, lifetime=100 * DAY)
     reused, problem, warning = ca_verdict(_ca_secret(ending), NOW, 90 * DAY)
     assert reused == ending and problem is None and "expires at" in str(warning)
+
+
+def test_a_member_that_surged_in_is_not_shrunk_away_while_it_starts() -> None:
+    members, pods = healthy_cluster(3, leader=0)
+    pods = [dataclasses.replace(p, tls_stale="due") for p in pods]
+    pods.append(PodView("e-3", 3, uid="u3", ip="127.1.1.4", running=True, member_id=103))
+    members.append(MemberView(103, "e-3", "http://127.1.1.4:2380", healthy=False))
+    step = plan(observed(members, pods, 3))
+    assert isinstance(step, planner.Wait) and "e-3" in step.reason
+    # Once it answers, an outdated member goes.
+    members[3] = dataclasses.replace(members[3], healthy=True)
+    step = plan(observed(members, pods, 3))
+    assert isinstance(step, planner.RemoveMember) and step.name == "e-2"

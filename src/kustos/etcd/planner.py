@@ -368,6 +368,15 @@ def plan(o: Observed) -> Step:
         return CreatePod(index)
     if len(members) > o.size:
         victim = _scale_down_victim(o, members, pods)
+        if (
+            not victim.healthy
+            and _rolling(o, pods)
+            and victim.id in pods
+            and not is_outdated(o, pods[victim.id])
+        ):
+            # The member that surged in is still starting: removing it would only start the
+            # surge over (rule 7 removes it if it never becomes healthy).
+            return Wait(f"new member {victim.name or pods[victim.id].name} is not healthy yet", 1.0)
         if victim.leader:
             target = _leadership_heir(o, members, pods, victim)
             if target is not None:
