@@ -18,7 +18,7 @@ from cryptography import x509
 from kustos.etcd import tls
 from kustos.etcd.client import EtcdClient, EtcdTLS, EtcdTLSError
 from tests.integration.conftest import Kubectl
-from tests.integration.etcd_support import Writer, etcd_cluster, status_of, wait_healthy
+from tests.integration.etcd_support import Writer, etcd_cluster, running_operator, status_of, wait_healthy
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
@@ -289,3 +289,39 @@ async def test_user_secrets_missing_are_reported_then_used_once_they_exist(
     await asyncio.sleep(5)
     assert [p["metadata"]["name"] for p in kubectl.get("pods")["items"]] == ["own-0"]
     assert {c["name"] for c in status["tls"]["certificates"]} == {"my-peer", "my-server", "my-client"}
+
+
+async def test_a_renewal_cut_short_by_an_operator_crash_resumes(
+    crds: None, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """The roll lives in Secrets, pods and status, not in the operator's memory."""
+    with running_operator(kubectl, tmp_path / "a"):
+        kubectl.apply(etcd_cluster("cr", 3, tls={}, storage={"type": "pvc", "size": "64Mi"}))
+        status = await wait_healthy(kubectl, "cr", 3, timeout=180)
+    before = member_serials(status)
+    kubectl("annotate", "etcdcluster", "cr", "kustos.dev/renew-certificates=after-crash")
+    faulty_env = {"KUSTOS_FAULT_EXIT_AFTER": "DeletePod", "KUSTOS_FAULT_MARKER": str(tmp_path / "fault")}
+    with running_operator(kubectl, tmp_path / "b", env=faulty_env) as faulty:
+
+        async def crashed() -> bool:
+            return not faulty.alive()
+
+        await wait_until(crashed, "the operator to exit after restarting a member", timeout=90)
+        assert faulty.process.returncode == 137
+    with running_operator(kubectl, tmp_path / "c"):
+
+        async def renewed() -> dict[str, Any] | None:
+            current = status_of(kubectl, "cr")
+            serials = member_serials(current)
+            done = (
+                current.get("ready") == "3/3"
+                and not (current.get("tls") or {}).get("renewing")
+                and sorted(serials) == sorted(before)
+                and not set(serials.values()) & set(before.values())
+            )
+            return current if done else None
+
+        await wait_until(renewed, "the renewal finished by the next operator", timeout=240,
+                         cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+        await wait_healthy(kubectl, "cr", 3)
+    assert "CertificatesRenewed" in events(kubectl, "cr")
