@@ -18,7 +18,14 @@ from cryptography import x509
 from kustos.etcd import tls
 from kustos.etcd.client import EtcdClient, EtcdTLS, EtcdTLSError
 from tests.integration.conftest import Kubectl
-from tests.integration.etcd_support import Writer, etcd_cluster, running_operator, status_of, wait_healthy
+from tests.integration.etcd_support import (
+    Writer,
+    assert_rejected,
+    etcd_cluster,
+    running_operator,
+    status_of,
+    wait_healthy,
+)
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
@@ -330,3 +337,17 @@ async def test_a_renewal_cut_short_by_an_operator_crash_resumes(
                          cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
         await wait_healthy(kubectl, "cr", 3)
     assert "CertificatesRenewed" in events(kubectl, "cr")
+
+
+def test_bad_tls_specs_are_rejected_naming_the_field(crds: None, kubectl: Kubectl) -> None:
+    assert_rejected(kubectl, etcd_cluster("bad", 1, tls={"lifetime": "90 days"}), "spec.tls.lifetime")
+    assert_rejected(
+        kubectl, etcd_cluster("bad", 1, tls={"renewBeforePercent": 0}), "spec.tls.renewBeforePercent"
+    )
+    assert_rejected(
+        kubectl, etcd_cluster("bad", 1, tls={"secrets": {"peer": "p"}}), "spec.tls.secrets.server"
+    )
+    kubectl.apply(etcd_cluster("plain", 1))
+    assert_rejected(
+        kubectl, etcd_cluster("plain", 1, tls={}), "tls cannot be turned on or off on a live cluster"
+    )
