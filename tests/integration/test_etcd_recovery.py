@@ -23,6 +23,7 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 from tests.integration.test_etcd_backup import BUCKET, s3, s3_secret, s3_storage  # noqa: F401  (fixture)
+from tests.integration.test_etcd_tls import user_client_certificate
 
 AUTOMATIC = {"automatic": True, "delay": "3s"}
 
@@ -226,3 +227,25 @@ async def test_an_operator_killed_mid_rebuild_finishes_it(
         status = await wait_recovered(kubectl, "drk", 3)
     assert status["recovery"]["attempts"] == 1, "a restarted operator started a second seed"
     assert await missing_keys(status["members"][0]["clientUrl"], keys, "/k/") == []
+
+
+async def test_a_tls_cluster_is_rebuilt_from_its_survivor_over_tls(
+    kubectl: Kubectl, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    kubectl.apply(
+        etcd_cluster("drt", 3, recovery=AUTOMATIC, tls={"lifetime": "24h"}, memberFailureTimeout="15s")
+    )
+    status = await wait_healthy(kubectl, "drt", 3, timeout=180)
+    client = user_client_certificate(kubectl, "drt", tmp_path / "tls")
+    writer = Writer([m["clientUrl"] for m in status["members"]], tls=client)
+    writer.start()
+    await asyncio.sleep(2)
+    await writer.stop()
+    survivor = next(m["name"] for m in status["members"] if not m["leader"])
+    kill_members(kubectl, [m["name"] for m in status["members"] if m["name"] != survivor])
+
+    status = await wait_recovered(kubectl, "drt", 3, timeout=240)
+    assert status["recovery"]["source"] == survivor
+    assert all(m["clientUrl"].startswith("https://") for m in status["members"])
+    assert len(writer.acknowledged) > 0
+    assert await writer.missing(status["members"][0]["clientUrl"]) == []

@@ -8,6 +8,7 @@ from pydantic import ConfigDict, Field
 
 from kustos.api.backup import BackupSchedule
 from kustos.api.common import DURATION_PATTERN, QUANTITY_PATTERN, Condition
+from kustos.api.etcd_tls import TLSSpec, TLSStatus
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
 VERSION_PATTERN = r"^3\.[0-9]+\.[0-9]+$"
@@ -164,6 +165,11 @@ class EtcdClusterSpec(KubeModel):
                     "adopt is set when the cluster is created and cannot change",
                     field_path=".adopt",
                 ),
+                Rule(
+                    "has(oldSelf.tls) == has(self.tls)",
+                    "tls cannot be turned on or off on a live cluster",
+                    field_path=".tls",
+                ),
             ]
         )
     )
@@ -199,6 +205,8 @@ class EtcdClusterSpec(KubeModel):
 
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
     """Automatic compaction and defragmentation."""
+    tls: TLSSpec | None = None
+    """Peer and client TLS with client certificate authentication (see docs/etcdcluster.md)."""
 
 
 class MemberStatus(KubeModel):
@@ -329,6 +337,8 @@ class EtcdClusterStatus(KubeModel):
     """The generation of the spec this status describes."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
     """Available, Progressing, Degraded."""
+    tls: TLSStatus | None = None
+    """Certificates in use, when spec.tls is set."""
 
 
 class EtcdCluster(CustomResource[EtcdClusterSpec, EtcdClusterStatus]):

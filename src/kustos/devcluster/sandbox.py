@@ -22,6 +22,7 @@ HOLD_SUFFIX = ".hold"
 PID_SUFFIX = ".pid"
 # The exit code a kubelet reports for a container whose process could not be started.
 START_ERROR_EXIT = 128
+SOURCE_RETRY = 0.5  # seconds between looks for a missing Secret or ConfigMap
 
 
 @dataclass
@@ -230,6 +231,11 @@ class Sandbox:
         source = volume[kind]
         name = source.get("name") or source.get("secretName")
         data = await self.context.read_source(kind, self.pod["metadata"]["namespace"], str(name))
+        # As a kubelet does: a pod whose (non-optional) Secret or ConfigMap does not exist
+        # yet waits for it (ContainerCreating) instead of starting without its files.
+        while data is None and not source.get("optional"):
+            await asyncio.sleep(SOURCE_RETRY)
+            data = await self.context.read_source(kind, self.pod["metadata"]["namespace"], str(name))
         local.mkdir(parents=True, exist_ok=True)
         if data is None:
             return

@@ -10,6 +10,7 @@ from cronsim import CronSim
 
 from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStorage
 from kustos.api.etcd import EtcdCluster
+from kustos.etcd.certs import CLIENT_DIR, client_secret_name
 from kustos.etcd.pods import CLUSTER_LABEL
 from kustos.runtime.times import parse_duration
 
@@ -108,6 +109,7 @@ def agent_pod(
         container["env"] = s3_credentials_env(s3.credentials_secret)
         container["volumeMounts"].append({"name": "scratch", "mountPath": SCRATCH_MOUNT})
         volumes.append({"name": "scratch", "emptyDir": {}})
+    mount_client_tls(cluster, container, volumes)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -122,6 +124,19 @@ def agent_pod(
         },
         "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes},
     }  # fmt: skip
+
+
+def mount_client_tls(cluster: EtcdCluster, container: Obj, volumes: list[Obj]) -> None:
+    """For a TLS cluster: the operator's client certificate and the members' CA, mounted into an
+    agent container whose command takes --cacert/--cert/--key."""
+    if cluster.spec.tls is None:
+        return
+    container["command"] += ["--cacert", f"{CLIENT_DIR}/ca.crt", "--cert", f"{CLIENT_DIR}/tls.crt",
+                             "--key", f"{CLIENT_DIR}/tls.key"]  # fmt: skip
+    container.setdefault("volumeMounts", []).append(
+        {"name": "etcd-client-tls", "mountPath": CLIENT_DIR, "readOnly": True}
+    )
+    volumes.append({"name": "etcd-client-tls", "secret": {"secretName": client_secret_name(cluster)}})
 
 
 def s3_credentials_env(secret: str) -> list[Obj]:

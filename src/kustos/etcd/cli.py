@@ -27,11 +27,15 @@ def snapshot(
     s3_path_style: Annotated[bool, typer.Option()] = True,
     scratch: Annotated[Path, typer.Option(help="Where to spool before verifying.")] = Path("/tmp/kustos"),
     keep: Annotated[int | None, typer.Option(help="Keep this many scheduled snapshots.")] = None,
+    cacert: Annotated[Path | None, typer.Option(help="CA of a TLS cluster's members.")] = None,
+    cert: Annotated[Path | None, typer.Option(help="Client certificate for a TLS cluster.")] = None,
+    key: Annotated[Path | None, typer.Option(help="Key of the client certificate.")] = None,
 ) -> None:
     """Stream a snapshot, verify etcd's checksum, store it; print the result as the last line.
 
     S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
     """
+    from kustos.etcd.client import EtcdTLS
     from kustos.etcd.snapshot import (
         ERROR_MARKER,
         Destination,
@@ -52,7 +56,8 @@ def snapshot(
     else:
         raise typer.BadParameter("give --dir or --s3-endpoint")
     try:
-        result = asyncio.run(take_snapshot(endpoint, member, name, destination, spool, cluster, keep))
+        tls = EtcdTLS(cacert, cert, key) if endpoint.startswith("https://") else None
+        result = asyncio.run(take_snapshot(endpoint, member, name, destination, spool, cluster, keep, tls))
     except Exception as err:  # the operator reads this line from the pod's log
         first_line = (str(err).strip().splitlines() or [""])[0]
         print(f"{ERROR_MARKER}{type(err).__name__}: {first_line}", flush=True)
@@ -71,16 +76,21 @@ def fetch_snapshot(
     s3_region: Annotated[str, typer.Option()] = "us-east-1",
     s3_path_style: Annotated[bool, typer.Option()] = True,
     sha256: Annotated[str | None, typer.Option(help="The checksum the backup recorded.")] = None,
+    cacert: Annotated[Path | None, typer.Option(help="CA of a TLS cluster's members.")] = None,
+    cert: Annotated[Path | None, typer.Option(help="Client certificate for a TLS cluster.")] = None,
+    key: Annotated[Path | None, typer.Option(help="Its key.")] = None,
 ) -> None:
     """Fetch a snapshot for a restoring seed and verify it; print the result as the last line.
 
     S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
     """
+    from kustos.etcd.client import EtcdTLS
     from kustos.etcd.snapshot import ERROR_MARKER, fetch_snapshot, s3_store
 
     s3 = (s3_store(s3_endpoint, s3_bucket, s3_region, s3_path_style), s3_key) if s3_endpoint else None
+    tls = EtcdTLS(cacert, cert, key) if endpoint and endpoint.startswith("https://") else None
     try:
-        result = asyncio.run(fetch_snapshot(out, endpoint=endpoint, file=file, s3=s3, sha256=sha256))
+        result = asyncio.run(fetch_snapshot(out, endpoint=endpoint, file=file, s3=s3, sha256=sha256, tls=tls))
     except Exception as err:
         first_line = (str(err).strip().splitlines() or [""])[0]
         print(f"{ERROR_MARKER}{type(err).__name__}: {first_line}", flush=True)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -20,7 +22,14 @@ from pydantic import ValidationError
 from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import AdoptionStatus, EtcdCluster, EtcdClusterStatus, MemberStatus
 from kustos.etcd import planner, recovery
-from kustos.etcd.client import EtcdClient, EtcdError, LearnerNotReady, MemberList, Status
+from kustos.etcd.certs import (
+    FINGERPRINT_ANNOTATION,
+    SECRETS,
+    CertificateManager,
+    ClusterTLS,
+    user_fingerprint,
+)
+from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, LearnerNotReady, MemberList, Status
 from kustos.etcd.planner import MemberView, Observed, PodView, Step
 from kustos.etcd.pods import (
     CLUSTER_LABEL,
@@ -68,6 +77,11 @@ class EtcdView:
     members: MemberList | None
     statuses: dict[str, Status]  # by client URL: members that answered without errors
     answered: dict[str, Status]  # by client URL: every member that answered, with a leader or not
+    tls: ClusterTLS | None = None  # spec.tls: how to connect, and the certificates to record
+
+    @property
+    def client_tls(self) -> EtcdTLS | None:
+        return self.tls.client if self.tls is not None else None
 
 
 def _pod_running(pod: dict[str, Any]) -> bool:
@@ -110,6 +124,9 @@ class EtcdClusterReconciler:
         self.nodes = manager.informer(NODES)
         self.services = manager.informer(SERVICES)
         self.rebuilder = Rebuilder(self, agent_image or configured_agent_image())
+        self.secrets = manager.informer(SECRETS, InformerOptions(label_selector=CLUSTER_LABEL))
+        workdir = Path(tempfile.mkdtemp(prefix="kustos-etcd-tls-"))  # the client certificate as files
+        self.certs = CertificateManager(self.api, self.secrets, workdir)
 
     # ---- observe -----------------------------------------------------------------------
 
@@ -121,6 +138,7 @@ class EtcdClusterReconciler:
             cluster=cluster.metadata["name"], namespace=cluster.metadata["namespace"], size=spec.size,
             addressing=spec.addressing, storage=status.storage_type or spec.storage.type,
             failure_timeout=parse_duration(spec.member_failure_timeout), now=datetime.now(UTC),
+            tls=spec.tls is not None,
         )  # fmt: skip
 
     @staticmethod
@@ -159,12 +177,12 @@ class EtcdClusterReconciler:
             running_since=_running_since(pod),
         )
 
-    async def _ask_etcd(self, urls: list[str]) -> EtcdView:
+    async def _ask_etcd(self, urls: list[str], tls: EtcdTLS | None = None) -> EtcdView:
         """Status of every member that answers, and the membership from one that can say."""
 
         async def status(url: str) -> tuple[str, Status | None]:
             try:
-                async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
+                async with EtcdClient(url, tls, timeout=STATUS_TIMEOUT) as client:
                     return url, await client.status()
             except (EtcdError, OSError, TimeoutError):
                 return url, None
@@ -175,7 +193,7 @@ class EtcdClusterReconciler:
         members: MemberList | None = None
         for url in sorted(statuses, key=lambda u: statuses[u].is_learner):
             try:
-                async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
+                async with EtcdClient(url, tls, timeout=STATUS_TIMEOUT) as client:
                     members = await client.member_list()
                 break
             except (EtcdError, OSError, TimeoutError):
@@ -189,6 +207,11 @@ class EtcdClusterReconciler:
         # Pods of an earlier epoch belong to a cluster that a rebuild replaced (and deleted).
         pod_objects = [p for p in self.pods_of(cluster) if pod_epoch(p) == status.epoch]
         views = [v for p in pod_objects if (v := self.pod_view(cluster, p)) is not None]
+        certs: ClusterTLS | None = None
+        if spec.tls is not None:
+            member_pods = [p for p in pod_objects if p["metadata"]["name"] in {v.name for v in views}]
+            certs = await self.certs.reconcile(cluster, member_pods, now)
+            views = [replace(v, tls_stale=certs.stale.get(v.name)) for v in views]
         skeleton = self.skeleton(cluster)
         client_urls = {
             v.name: url
@@ -198,7 +221,8 @@ class EtcdClusterReconciler:
         adoption = status.adoption if status.adoption and status.adoption.phase == "Migrating" else None
         # An adopted cluster's original members are asked too, until they have all left.
         external = [u for u in (adoption.endpoints if adoption else []) if u not in client_urls.values()]
-        etcd = await self._ask_etcd([*client_urls.values(), *external])
+        etcd = await self._ask_etcd([*client_urls.values(), *external], certs.client if certs else None)
+        etcd.tls = certs
         members: tuple[MemberView, ...] | None = None
         if etcd.members is not None:
             leader_ids = {s.leader_id for s in etcd.statuses.values()}
@@ -228,6 +252,7 @@ class EtcdClusterReconciler:
             version=target_version(cluster),
             recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
+            tls=skeleton.tls,
         )  # fmt: skip
         return observed, etcd, client_urls
 
@@ -452,6 +477,8 @@ class EtcdClusterReconciler:
                 await self.event(cluster, "MemberRemoved", f"removed {member} from etcd: {reason}")
             case planner.DeletePod(name=pod, uid=uid, reason=reason, force=force):
                 await self.api.delete(PODS, o.namespace, pod, uid=uid, grace_seconds=0 if force else None)
+                if cluster.spec.tls is not None:
+                    await self.certs.forget(cluster, pod)
                 await self.event(cluster, "MemberPodDeleted", f"deleted pod {pod}: {reason}")
             case planner.AnnotatePod(name=pod, member_id=member_id):
                 patch = {"metadata": {"annotations": {MEMBER_ID_ANNOTATION: f"{member_id:x}"}}}
@@ -494,6 +521,10 @@ class EtcdClusterReconciler:
     ) -> None:
         epoch = cluster.status.epoch if cluster.status else 0
         manifest = member_pod(cluster, index, state, initial_cluster, target_version(cluster), epoch)
+        if cluster.spec.tls is not None and cluster.spec.tls.secrets is not None:
+            fingerprint = await self._user_tls_fingerprint(cluster)
+            if fingerprint is not None:
+                manifest["metadata"]["annotations"][FINGERPRINT_ANNOTATION] = fingerprint
         if cluster.spec.storage.type == "pvc":
             await self.api.apply(CLAIMS, member_claim(cluster, manifest["metadata"]["name"]))
         try:
@@ -502,6 +533,16 @@ class EtcdClusterReconciler:
             if not err.conflict:
                 raise
 
+    async def _user_tls_fingerprint(self, cluster: EtcdCluster) -> str | None:
+        """Which contents of the user's TLS Secrets a new member starts with (None: not
+        there yet; the member waits for them and is fingerprinted once it runs)."""
+        secrets = cluster.spec.tls.secrets if cluster.spec.tls else None
+        assert secrets is not None
+        namespace = cluster.metadata["namespace"]
+        peer = await self.api.get(SECRETS, namespace, secrets.peer)
+        server = await self.api.get(SECRETS, namespace, secrets.server)
+        return user_fingerprint(peer, server) if peer and server else None
+
     async def _leader_call(self, etcd: EtcdView, call: Any, raise_for: type[Exception] | None = None) -> Any:
         """Send a membership call to the leader (or any healthy member), with a result or None."""
         urls = sorted(etcd.statuses, key=lambda u: etcd.statuses[u].member_id != etcd.statuses[u].leader_id)
@@ -509,7 +550,7 @@ class EtcdClusterReconciler:
             if etcd.statuses[url].is_learner:
                 continue
             try:
-                async with EtcdClient(url, timeout=5.0) as client:
+                async with EtcdClient(url, etcd.client_tls, timeout=5.0) as client:
                     result = await call(client)
                     return result if result is not None else True
             except EtcdError as err:
@@ -601,6 +642,8 @@ class EtcdClusterReconciler:
             conditions, "VersionAccepted", refusal is None, "UpgradeRefused" if refusal else "Accepted",
             refusal or f"etcd {cluster.spec.version}", generation,
         )  # fmt: skip
+        if etcd.tls is not None:
+            conditions = await self._record_tls(cluster, old, status, etcd.tls, conditions, generation)
         if old.get("currentVersion") and status.current_version != old.get("currentVersion"):
             await self.event(cluster, "Upgraded", f"every member runs etcd {status.current_version}")
         payload = status.model_dump(by_alias=True, exclude_none=True)
@@ -610,6 +653,36 @@ class EtcdClusterReconciler:
             with contextlib.suppress(ApiStatusError):  # a conflict: the next pass writes it
                 await self.api.update_status(ETCDCLUSTERS, fresh, payload)
 
+    async def _record_tls(
+        self, cluster: EtcdCluster, old: dict[str, Any], status: EtcdClusterStatus, certs: ClusterTLS,
+        conditions: list[dict[str, Any]], generation: int | None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """Certificates in status; CertificatesIssued, CertificatesRenewed and problems as events."""
+        was_renewing = bool((old.get("tls") or {}).get("renewing"))
+        if certs.problem is None:
+            status.tls = certs.status
+        if certs.issued:
+            await self.event(cluster, "CertificatesIssued", "issued " + ", ".join(certs.issued))
+        if certs.stale and not was_renewing:
+            reasons = sorted(set(certs.stale.values()))
+            await self.event(
+                cluster, "CertificatesRenewing",
+                f"restarting {len(certs.stale)} member(s) one at a time onto new certificates: "
+                + "; ".join(reasons),
+            )  # fmt: skip
+        if was_renewing and not certs.stale and certs.problem is None:
+            await self.event(cluster, "CertificatesRenewed", "every member runs on a current certificate")
+        if certs.problem is not None:
+            await self.event(cluster, "TLSSecretInvalid", certs.problem, warning=True)
+        if certs.warning is not None:
+            await self.event(cluster, "CAExpiring", certs.warning, warning=True)
+        return set_condition(
+            conditions, "CertificatesReady", certs.problem is None,
+            "SecretInvalid" if certs.problem else "Renewing" if certs.stale else "Current",
+            certs.problem or (f"{len(certs.stale)} member(s) to restart" if certs.stale else "current"),
+            generation,
+        )  # fmt: skip
+
     @staticmethod
     def _phase(cluster: EtcdCluster, o: Observed, step: Step, healthy_voters: int) -> Phase:
         if not o.ever_formed or (
@@ -618,7 +691,7 @@ class EtcdClusterReconciler:
             return "Creating"
         if isinstance(step, planner.Done):
             return "Running"
-        if any(planner.is_outdated(o, p) for p in o.pods) or isinstance(step, planner.UpgradeHalted):
+        if any(planner.is_old_version(o, p) for p in o.pods) or isinstance(step, planner.UpgradeHalted):
             return "Upgrading"
         if (o.members is not None and any(not m.healthy for m in o.members)) or isinstance(
             step, planner.RecreatePod
@@ -728,6 +801,7 @@ def register(manager: Manager) -> None:
     controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.owns(SERVICES)
     controller.owns(CLAIMS)
+    controller.watch(SECRETS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(NODES, _clusters_on_node(reconciler))
     controller.watch(ETCDBACKUPS, _clusters_of_backup(reconciler))
     manager.add_controller(controller)

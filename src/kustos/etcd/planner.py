@@ -24,10 +24,11 @@ The rules, in the order they are tried:
    follower; the leader only after moving leadership away. While an adopted
    cluster still has original members, grow one past size, then shrink: each of
    them is replaced by a member pod, one at a time.
-9. Roll members onto ``version`` one at a time, followers first and the leader
-   last: with PVC storage restart a member's pod on its volume; otherwise surge
-   (add a member at the new version, then remove an outdated one by rule 8).
-   A member at the new version that dies mid-upgrade halts the upgrade.
+9. Roll members onto ``version`` (or onto renewed certificates: ``PodView.tls_stale``)
+   one at a time, followers first and the leader last: with PVC storage restart a
+   member's pod on its volume; otherwise surge (add a member at the new version,
+   then remove an outdated one by rule 8). A member at the new version that dies
+   mid-upgrade halts the upgrade.
 
 Each step changes the membership by at most one member, and a removal is only
 planned when the healthy voters that remain are still a majority of the smaller
@@ -36,6 +37,7 @@ cluster, so no step ever costs quorum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -62,6 +64,7 @@ class PodView:
     node_lost: bool = False
     version: str | None = None  # the etcd version its container runs
     running_since: datetime | None = None  # when its etcd process last started
+    tls_stale: str | None = None  # why it must restart onto a new certificate (certs.py)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Observed:
     version: str | None = None  # the version members should run (None: whatever they run)
     recorded_members: tuple[tuple[str, int], ...] = ()  # (name, ID) from status: who to bring back
     external_ids: frozenset[int] = frozenset()  # members of an adopted cluster not yet replaced by pods
+    tls: bool = False  # members speak https
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -217,17 +221,19 @@ def dns_name(cluster: str, namespace: str, pod: str) -> str:
 def peer_url(o: Observed, pod: PodView | str) -> str | None:
     """The peer URL a member pod has (or will have, for DNS addressing)."""
     name = pod if isinstance(pod, str) else pod.name
+    scheme = "https" if o.tls else "http"
     if o.addressing == "dns":
-        return f"http://{dns_name(o.cluster, o.namespace, name)}:2380"
+        return f"{scheme}://{dns_name(o.cluster, o.namespace, name)}:2380"
     if isinstance(pod, str) or not pod.ip:
         return None
-    return f"http://{pod.ip}:2380"
+    return f"{scheme}://{pod.ip}:2380"
 
 
 def client_url(o: Observed, pod: PodView) -> str | None:
+    scheme = "https" if o.tls else "http"
     if o.addressing == "dns":
-        return f"http://{dns_name(o.cluster, o.namespace, pod.name)}:2379"
-    return f"http://{pod.ip}:2379" if pod.ip else None
+        return f"{scheme}://{dns_name(o.cluster, o.namespace, pod.name)}:2379"
+    return f"{scheme}://{pod.ip}:2379" if pod.ip else None
 
 
 # ---- planning -----------------------------------------------------------------------------
@@ -345,7 +351,7 @@ def plan(o: Observed) -> Step:
     for m in members:
         if is_dead(o, m, pods.get(m.id)):
             pod = pods.get(m.id)
-            if pod is not None and _rolling(o, pods) and not is_outdated(o, pod):
+            if pod is not None and _rolling(o, pods, is_old_version) and not is_old_version(o, pod):
                 return UpgradeHalted(
                     f"member {m.name or pod.name} failed on etcd {o.version}: upgrade halted; "
                     f"set spec.version back to continue on the old version"
@@ -376,17 +382,29 @@ def plan(o: Observed) -> Step:
         return CreatePod(index)
     if len(members) > o.size:
         victim = _scale_down_victim(o, members, pods)
+        if (
+            not victim.healthy
+            and _rolling(o, pods)
+            and victim.id in pods
+            and not is_outdated(o, pods[victim.id])
+        ):
+            # The member that surged in is still starting: removing it would only start the
+            # surge over (rule 7 removes it if it never becomes healthy).
+            return Wait(f"new member {victim.name or pods[victim.id].name} is not healthy yet", 1.0)
         if victim.leader:
             target = _leadership_heir(o, members, pods, victim)
             if target is not None:
                 return MoveLeader(victim.id, target.id)
         if removal_keeps_quorum(members, victim):
-            outdated = victim.id in pods and is_outdated(o, pods[victim.id])
+            outdated = victim.id in pods and is_old_version(o, pods[victim.id])
+            why = pods[victim.id].tls_stale if victim.id in pods else None
             reason = (
                 "replaced by a member pod (adoption)"
                 if victim.id in o.external_ids
                 else f"replaced by a member on etcd {o.version}"
                 if outdated
+                else f"replaced by a member with a new certificate ({why})"
+                if why
                 else "the cluster is larger than its size"
             )
             return RemoveMember(victim.id, victim.name, reason)
@@ -406,11 +424,12 @@ def plan(o: Observed) -> Step:
             if target is not None:
                 return MoveLeader(victim.id, target.id)
         pod = pods[victim.id]
-        return DeletePod(pod.name, pod.uid, f"restarting it on etcd {o.version}")
+        reason = f"restarting it on etcd {o.version}" if is_old_version(o, pod) else ""
+        return DeletePod(pod.name, pod.uid, reason or f"restarting it: {pod.tls_stale}")
     return Done()
 
 
-def is_outdated(o: Observed, pod: PodView) -> bool:
+def is_old_version(o: Observed, pod: PodView) -> bool:
     return o.version is not None and pod.version is not None and pod.version != o.version
 
 
@@ -427,8 +446,15 @@ def _settling(o: Observed, members: tuple[MemberView, ...], pods: dict[int, PodV
     return max(0.0, (newest + RECONFIG_SETTLE - o.now).total_seconds())
 
 
-def _rolling(o: Observed, pods: dict[int, PodView]) -> bool:
-    return any(is_outdated(o, p) for p in pods.values() if not p.deleting)
+def is_outdated(o: Observed, pod: PodView) -> bool:
+    """Runs another version than wanted, or must restart onto a new certificate."""
+    return is_old_version(o, pod) or pod.tls_stale is not None
+
+
+def _rolling(
+    o: Observed, pods: dict[int, PodView], outdated: Callable[[Observed, PodView], bool] = is_outdated
+) -> bool:
+    return any(outdated(o, p) for p in pods.values() if not p.deleting)
 
 
 def _leadership_heir(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kustos.api.etcd import EtcdCluster
+from kustos.etcd.certs import secure_member_pod
 from kustos.etcd.maintenance import compaction_args
 from kustos.etcd.planner import dns_name, peer_service, pod_name
 
@@ -51,7 +52,12 @@ def member_urls(cluster: EtcdCluster, name: str) -> tuple[str, str]:
         host = dns_name(cluster.metadata["name"], cluster.metadata["namespace"], name)
     else:
         host = "$(POD_IP)"
-    return f"http://{host}:2380", f"http://{host}:2379"
+    scheme = scheme_of(cluster)
+    return f"{scheme}://{host}:2380", f"{scheme}://{host}:2379"
+
+
+def scheme_of(cluster: EtcdCluster) -> str:
+    return "https" if cluster.spec.tls is not None else "http"
 
 
 def claim_name(pod: str) -> str:
@@ -86,8 +92,8 @@ def member_pod(
     args = [
         f"--name={name}",
         f"--data-dir={DATA_DIR}",
-        "--listen-client-urls=http://0.0.0.0:2379",
-        "--listen-peer-urls=http://0.0.0.0:2380",
+        f"--listen-client-urls={scheme_of(cluster)}://0.0.0.0:2379",
+        f"--listen-peer-urls={scheme_of(cluster)}://0.0.0.0:2380",
         f"--advertise-client-urls={client}",
         f"--initial-advertise-peer-urls={peer}",
         "--initial-cluster=" + ",".join(f"{n}={url}" for n, url in initial_cluster),
@@ -135,7 +141,7 @@ def member_pod(
     affinity = spec.pod.affinity or _anti_affinity(cluster)
     if affinity:
         pod_spec["affinity"] = affinity
-    return {
+    pod: Obj = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -147,6 +153,7 @@ def member_pod(
         },
         "spec": pod_spec,
     }
+    return secure_member_pod(cluster, pod) if spec.tls is not None else pod
 
 
 def _anti_affinity(cluster: EtcdCluster) -> Obj | None:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus, RecoveryStatus
 from kustos.etcd import planner, recovery
-from kustos.etcd.client import EtcdClient, EtcdError
+from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
 from kustos.etcd.pods import member_claim, pod_epoch
 from kustos.etcd.recovery import BackupCandidate, Source, Survivor
 from kustos.etcd.restore import (
@@ -151,10 +151,15 @@ class Rebuilder:
         new = [(p, v) for p, v in views.values() if pod_epoch(p) == rebuild.epoch]
         old = tuple(v for p, v in views.values() if pod_epoch(p) != rebuild.epoch)
         seed_raw, seed = max(new, key=lambda pv: pv[1].index) if new else (None, None)
+        client_tls: EtcdTLS | None = None
+        if cluster.spec.tls is not None:
+            # The seed waits for its own certificate (issued once it has an IP), like any member.
+            certs = await self.r.certs.reconcile(cluster, [p for p, _ in new], datetime.now(UTC))
+            client_tls = certs.client
         answers: tuple[str, int] | None = None
         if seed is not None and not seed.deleting:
             url = planner.client_url(skeleton, seed)
-            answers = await self._seed_answers(url) if url else None
+            answers = await self._seed_answers(url, client_tls) if url else None
         source = Source(rebuild.source_kind, rebuild.source, rebuild.revision)
         status = cluster.status or EtcdClusterStatus()
         observed = recovery.RecoveryObserved(
@@ -171,6 +176,7 @@ class Rebuilder:
                 requeue = seconds
             case planner.DeletePod(name=pod, uid=uid, reason=reason, force=force):
                 await self.api.delete(PODS, namespace, pod, uid=uid, grace_seconds=0 if force else None)
+                await self.r.certs.forget(cluster, pod)
                 await self.r.event(cluster, "MemberPodDeleted", f"deleted pod {pod}: {reason}")
             case recovery.CreateRestoreSeed(index=index):
                 where = self._snapshot_source(cluster, source, old, skeleton)
@@ -198,10 +204,10 @@ class Rebuilder:
         faults.exit_after(type(step).__name__)
         return requeue
 
-    async def _seed_answers(self, url: str) -> tuple[str, int] | None:
+    async def _seed_answers(self, url: str, tls: EtcdTLS | None) -> tuple[str, int] | None:
         """(member name, cluster ID) once the seed leads a one-member cluster."""
         try:
-            async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
+            async with EtcdClient(url, tls, timeout=STATUS_TIMEOUT) as client:
                 status = await client.status()
                 members = await client.member_list()
         except (EtcdError, OSError, TimeoutError):

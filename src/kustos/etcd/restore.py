@@ -15,7 +15,7 @@ from typing import Any
 
 from kustos.api.backup import BackupStorage, EtcdBackup, S3Storage
 from kustos.api.etcd import EtcdCluster
-from kustos.etcd.backup import s3_credentials_env
+from kustos.etcd.backup import mount_client_tls, s3_credentials_env
 from kustos.etcd.planner import pod_name
 from kustos.etcd.pods import DATA_DIR, cluster_token, image, member_pod, member_urls
 from kustos.etcd.recovery import BUMP_REVISION, Source
@@ -116,6 +116,8 @@ def restore_seed_pod(
         fetch["volumeMounts"].append({"name": "backups", "mountPath": BACKUPS_MOUNT, "readOnly": True})
     if source.s3 is not None:
         fetch["env"] = s3_credentials_env(source.s3.credentials_secret)
+    if source.member_url:  # streamed from a member of a TLS cluster: the operator's client certificate
+        mount_client_tls(cluster, fetch, spec["volumes"])
     restore: Obj = {
         "name": RESTORE_CONTAINER,
         "image": image(cluster, version),

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from kustos.etcd.client import EtcdClient
+from kustos.etcd.client import EtcdClient, EtcdTLS
 from kustos.runtime.times import rfc3339
 
 if TYPE_CHECKING:
@@ -173,6 +173,7 @@ async def take_snapshot(
     scratch: Path,
     cluster: str,
     keep: int | None = None,
+    tls: EtcdTLS | None = None,
 ) -> SnapshotResult:
     """Spool, verify, store, then prune scheduled snapshots beyond ``keep``."""
     started_at = datetime.now(UTC)
@@ -187,7 +188,7 @@ async def take_snapshot(
             digest.update(chunk)
             sink.write(chunk)
 
-        async with EtcdClient(endpoint, timeout=30.0) as client:
+        async with EtcdClient(endpoint, tls, timeout=30.0) as client:
             before = await client.status()
             info = await client.snapshot(write, timeout=3600)  # raises unless etcd's checksum matches
         sink.flush()
@@ -234,6 +235,7 @@ async def fetch_snapshot(
     file: Path | None = None,
     s3: tuple[S3Store, str] | None = None,
     sha256: str | None = None,
+    tls: EtcdTLS | None = None,
 ) -> FetchResult:
     """Put a verified snapshot at ``out`` (written as .part, renamed once verified).
 
@@ -251,7 +253,7 @@ async def fetch_snapshot(
             sink.write(chunk)
 
         if endpoint is not None:
-            async with EtcdClient(endpoint, timeout=30.0) as client:
+            async with EtcdClient(endpoint, tls, timeout=30.0) as client:
                 info = await client.snapshot(write, timeout=3600)
             revision, source = info.revision, endpoint
         elif file is not None:
