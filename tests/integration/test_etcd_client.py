@@ -337,6 +337,23 @@ async def test_maintenance(single: tuple[EtcdProcess, EtcdClient], version: str)
     await client.put("x", "y")
 
 
+@pytest.mark.parametrize("version", ["v3.6.16"])
+async def test_downgrade_api(single: tuple[EtcdProcess, EtcdClient], version: str) -> None:
+    """etcd 3.6's downgrade API: validate, enable (seen in status), cancel; 3.4 is refused."""
+    _, client = single
+    assert await client.downgrade("VALIDATE", "3.5") == "3.6"
+    assert not (await client.status()).downgrade_enabled
+    assert await client.downgrade("ENABLE", "3.5") == "3.6"
+    status = await client.status()
+    assert (status.downgrade_enabled, status.downgrade_target) == (True, "3.5.0")
+    with pytest.raises(EtcdError, match="invalid downgrade target version"):
+        await client.downgrade("VALIDATE", "3.4")
+    assert await client.downgrade("CANCEL") == "3.6"
+    assert not (await client.status()).downgrade_enabled
+    with pytest.raises(ValueError, match="downgrade action"):
+        await client.downgrade("FORCE", "3.5")
+
+
 @each_version
 async def test_snapshot(single: tuple[EtcdProcess, EtcdClient], version: str, tmp_path: Path) -> None:
     _, client = single

@@ -387,3 +387,20 @@ async def test_client_rejects_inconsistent_settings() -> None:
         EtcdTLS(key_file=Path("k.pem")).ssl_context()
     async with EtcdClient("https://etcd-0.etcd.ns.svc:2379/") as client:
         assert client.endpoint == "https://etcd-0.etcd.ns.svc:2379"
+
+
+# Captured from etcd v3.6.16 after POST /v3/maintenance/downgrade {"action":"ENABLE","version":"3.5"}.
+STATUS_V36_DOWNGRADING = """{"header":{"cluster_id":"15118495548433857066",
+"member_id":"13668033151171901709","revision":"1","raft_term":"2"},"version":"3.6.16",
+"dbSize":"20480","leader":"13668033151171901709","raftIndex":"5","raftTerm":"2",
+"raftAppliedIndex":"5","dbSizeInUse":"16384","storageVersion":"3.6.0",
+"dbSizeQuota":"2147483648","downgradeInfo":{"enabled":true,"targetVersion":"3.5.0"}}"""
+
+
+def test_status_downgrade_info() -> None:
+    status = parse_status(load(STATUS_V36_DOWNGRADING))
+    assert (status.downgrade_enabled, status.downgrade_target) == (True, "3.5.0")
+    # after CANCEL v3.6.16 answers "downgradeInfo":{}; v3.5 has no such field
+    cancelled = parse_status({**load(STATUS_V36_DOWNGRADING), "downgradeInfo": {}})
+    assert (cancelled.downgrade_enabled, cancelled.downgrade_target) == (False, "")
+    assert not parse_status(load(STATUS_V36)).downgrade_enabled

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kustos.etcd.versions import image_version, parse, upgrade_refusal
+from kustos.etcd.versions import image_version, parse, rollback_target, upgrade_refusal
 
 
 @pytest.mark.parametrize(
@@ -34,3 +34,21 @@ def test_versions_from_image_tags() -> None:
     assert image_version("localhost:5000/etcd") is None
     assert image_version("etcd:latest") is None
     assert parse("3.6") is None
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "target"),
+    [
+        ("3.6.16", "3.5.35", "3.5"),
+        ("3.6.0", "3.5.0", "3.5"),
+        ("v3.6.16", "3.5.35-0", "3.5"),
+        ("3.5.35", "3.4.33", None),  # 3.5 has no downgrade API
+        ("3.6.16", "3.4.33", None),  # two minors
+        ("3.6.16", "3.6.15", None),  # patch change: a plain roll
+        ("3.5.35", "3.6.16", None),  # upgrade
+        ("4.0.0", "3.6.16", None),  # major
+        ("garbage", "3.5.35", None),
+    ],
+)
+def test_rollback_target(current: str, wanted: str, target: str | None) -> None:
+    assert rollback_target(current, wanted) == target

@@ -392,6 +392,10 @@ class Status:
     """v3.6 and later; empty on v3.5."""
     db_size_quota: int = 0
     """v3.6 and later; 0 on v3.5."""
+    downgrade_enabled: bool = False
+    """v3.6 and later: a cluster downgrade is enabled (``downgradeInfo.enabled``)."""
+    downgrade_target: str = ""
+    """v3.6 and later: the downgrade's target version (``downgradeInfo.targetVersion``, e.g. 3.5.0)."""
 
     @property
     def is_leader(self) -> bool:
@@ -547,7 +551,12 @@ def parse_status(payload: Mapping[str, Any]) -> Status:
         errors=_strings(payload, "errors"),
         storage_version=_str(payload, "storageVersion"),
         db_size_quota=_int(payload, "dbSizeQuota"),
+        downgrade_enabled=_bool(_get(payload, "downgrade_info") or {}, "enabled"),
+        downgrade_target=_str(_get(payload, "downgrade_info") or {}, "target_version"),
     )
+
+
+DOWNGRADE_ACTIONS = ("VALIDATE", "ENABLE", "CANCEL")
 
 
 def _parse_kv(obj: Mapping[str, Any]) -> KeyValue:
@@ -770,6 +779,20 @@ class EtcdClient:
         so do one member at a time. The default timeout is longer than for other calls.
         """
         await self._post("/v3/maintenance/defragment", {}, timeout=timeout)
+
+    async def downgrade(self, action: str, version: str = "") -> str:
+        """etcd's downgrade API (v3.6+): VALIDATE or ENABLE a downgrade of the cluster to
+        ``version`` ("3.5"), or CANCEL one. Answers the cluster version etcd reports
+        (checked on v3.6.16: "3.6" for all three; an invalid target is an EtcdError with
+        "invalid downgrade target version"). ``status()`` shows the enabled downgrade.
+        """
+        if action not in DOWNGRADE_ACTIONS:
+            raise ValueError(f"downgrade action must be one of {DOWNGRADE_ACTIONS}, not {action!r}")
+        body: dict[str, Any] = {"action": action}
+        if version:
+            body["version"] = version
+        payload = await self._post("/v3/maintenance/downgrade", body)
+        return _str(payload, "version")
 
     async def move_leader(self, target_member_id: int, timeout: float | None = None) -> None:
         """Hand leadership to a voting member.

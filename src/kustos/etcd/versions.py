@@ -45,3 +45,22 @@ def upgrade_refusal(current: str | None, wanted: str) -> str | None:
             "which kustos does not drive; set spec.version back to the running version"
         )
     return None
+
+
+# The minors whose etcd can downgrade its cluster to the previous minor through the
+# downgrade API (Maintenance.Downgrade, added in v3.6; checked on v3.6.16 -> "3.5").
+_DOWNGRADE_CAPABLE_MINORS = frozenset({(3, 6)})
+
+
+def rollback_target(current: str, wanted: str) -> str | None:
+    """The ``major.minor`` to pass to etcd's downgrade API when going from ``current`` to
+    ``wanted`` is a one-minor rollback etcd supports (3.6.x -> 3.5.y gives "3.5"), else None.
+
+    Not yet used by upgrade_refusal: the planner does not drive the downgrade protocol yet.
+    """
+    have, want = parse(current), parse(wanted)
+    if have is None or want is None or have[0] != want[0] or want[1] != have[1] - 1:
+        return None
+    if (have[0], have[1]) not in _DOWNGRADE_CAPABLE_MINORS:
+        return None
+    return f"{want[0]}.{want[1]}"
