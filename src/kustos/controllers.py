@@ -16,10 +16,10 @@ CONTROLLERS: dict[str, Callable[[Manager], None]] = {
     "etcdcluster": etcd_controller.register,
     "etcdbackup": backup_controller.register,
     "etcdmaintenance": register_maintenance,
+    "storagecluster": storage_controller.register,
+    "nodejob": nodejob_controller.register,
+    "storageupgrade": storageupgrade_controller.register,
 }
-CONTROLLERS["storagecluster"] = storage_controller.register
-CONTROLLERS["nodejob"] = nodejob_controller.register
-CONTROLLERS["storageupgrade"] = storageupgrade_controller.register
 
 
 def register_all(manager: Manager, names: list[str] | None = None) -> None:

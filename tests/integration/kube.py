@@ -61,3 +61,17 @@ def condition(obj: dict[str, Any], kind: str) -> str | None:
 
 def is_ready(pod: dict[str, Any]) -> bool:
     return condition(pod, "Ready") == "True"
+
+
+def claim(name: str, storage_class: str) -> dict[str, Any]:
+    """A 1Gi ReadWriteOnce PersistentVolumeClaim of ``storage_class``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": storage_class,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }

@@ -26,7 +26,7 @@ from kustos.storage.images import parse_kube_version
 from kustos.storage.manifests import Inputs, desired, listing
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_rejected, etcd_cluster, running_operator, wait_healthy
-from tests.integration.kube import wait_until
+from tests.integration.kube import claim, wait_until
 from tests.integration.operator import REPO, OperatorProcess, free_port
 
 KINDS = (
@@ -424,19 +424,6 @@ def test_unknown_deployment_strategy_is_rejected_by_the_api_server(kubectl: Kube
 
 
 # ---- F-STOR-6: the scheduler webhook ------------------------------------------------------
-
-
-def claim(name: str, storage_class: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": storage_class,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
 
 
 def pod(name: str, claim_name: str) -> dict[str, Any]:

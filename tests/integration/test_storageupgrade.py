@@ -26,7 +26,7 @@ import pytest
 from kustos.devcluster.cluster import DevCluster
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import running_operator
-from tests.integration.kube import condition, wait_until
+from tests.integration.kube import claim, condition, wait_until
 
 NEW_IMAGE = "registry.example.com/storage/node:9.9.9"
 REPLICAS = {"deployment/app-a": 2, "deployment/app-b": 3, "statefulset/app-s": 2}
@@ -48,19 +48,6 @@ def upgrade(name: str = "up") -> dict[str, Any]:
         "kind": "StorageUpgrade",
         "metadata": {"name": name},
         "spec": {"newImage": NEW_IMAGE, "stepTimeout": "3m"},
-    }
-
-
-def claim(name: str, storage_class: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": storage_class,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
     }
 
 

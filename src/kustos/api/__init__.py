@@ -17,7 +17,10 @@ from kustos.runtime.crd import CustomResource
 
 __all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "NodeJob", "StorageCluster", "StorageUpgrade"]
 
-RESOURCES: list[type[CustomResource[Any, Any]]] = [EtcdCluster, EtcdBackup]
-RESOURCES.append(StorageCluster)
-RESOURCES.append(NodeJob)
-RESOURCES.append(StorageUpgrade)
+RESOURCES: list[type[CustomResource[Any, Any]]] = [
+    EtcdCluster,
+    EtcdBackup,
+    StorageCluster,
+    NodeJob,
+    StorageUpgrade,
+]

@@ -525,6 +525,10 @@ class EtcdClusterReconciler:
             fingerprint = await self._user_tls_fingerprint(cluster)
             if fingerprint is not None:
                 manifest["metadata"]["annotations"][FINGERPRINT_ANNOTATION] = fingerprint
+        await self.submit_pod(cluster, manifest)
+
+    async def submit_pod(self, cluster: EtcdCluster, manifest: dict[str, Any]) -> None:
+        """Create a member pod (and its claim first, with PVC storage); one that exists is fine."""
         if cluster.spec.storage.type == "pvc":
             await self.api.apply(CLAIMS, member_claim(cluster, manifest["metadata"]["name"]))
         try:

@@ -18,7 +18,7 @@ from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus, RecoveryStatus
 from kustos.etcd import planner, recovery
 from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
-from kustos.etcd.pods import member_claim, pod_epoch
+from kustos.etcd.pods import pod_epoch
 from kustos.etcd.recovery import BackupCandidate, Source, Survivor
 from kustos.etcd.restore import (
     SnapshotSource,
@@ -28,9 +28,8 @@ from kustos.etcd.restore import (
     restore_seed_pod,
 )
 from kustos.runtime import faults
-from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import set_condition
-from kustos.runtime.resources import CLAIMS, PODS
+from kustos.runtime.resources import PODS
 from kustos.runtime.times import parse_rfc3339, rfc3339
 
 if TYPE_CHECKING:
@@ -238,13 +237,7 @@ class Rebuilder:
     ) -> None:
         version = self.r.target_version(cluster)
         manifest = restore_seed_pod(cluster, index, version, rebuild.epoch, where, self.agent_image)
-        if cluster.spec.storage.type == "pvc":
-            await self.api.apply(CLAIMS, member_claim(cluster, manifest["metadata"]["name"]))
-        try:
-            await self.api.create(PODS, manifest)
-        except ApiStatusError as err:
-            if not err.conflict:
-                raise
+        await self.r.submit_pod(cluster, manifest)
         await self.r.event(
             cluster, "RecoverySeedCreated",
             f"created seed {manifest['metadata']['name']} restoring from {where.description}",
