@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kustos.api.storage import StorageCluster, StorageImages
+from kustos.api.storage import StorageCluster, StorageClusterSpec, StorageImages
 from kustos.storage import names
 from kustos.storage.images import KubeVersion, resolve_images
 
@@ -313,16 +313,7 @@ def node_daemonset(inputs: Inputs) -> Obj:
         "containers": containers,
         "volumes": volumes,
     }
-    if spec.node_selector_terms:
-        pod_spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": spec.node_selector_terms
-                }
-            }
-        }
-    if spec.tolerations:
-        pod_spec["tolerations"] = spec.tolerations
+    _place(pod_spec, spec)
     pod_labels = node_selector(cluster)
     template_meta: Obj = {"labels": {**labels(cluster, "node"), **pod_labels}}
     if spec.k8s_distro:
@@ -482,16 +473,7 @@ def csi_helper(inputs: Inputs) -> Obj:
             {"name": "plugin-dir", "hostPath": {"path": CSI_SOCKET_DIR, "type": "DirectoryOrCreate"}}
         ],
     }
-    if spec.node_selector_terms:
-        pod_spec["affinity"] = {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": spec.node_selector_terms
-                }
-            }
-        }
-    if spec.tolerations:
-        pod_spec["tolerations"] = spec.tolerations
+    _place(pod_spec, spec)
     body: Obj = {
         "replicas": 1,
         "selector": {"matchLabels": selector},
@@ -718,3 +700,17 @@ __all__ = [
     "node_selector",
     "refusals",
 ]
+
+
+def _place(pod_spec: Obj, spec: StorageClusterSpec) -> None:
+    """The cluster's nodeSelectorTerms and tolerations, for every pod it runs on its nodes."""
+    if spec.node_selector_terms:
+        pod_spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": spec.node_selector_terms
+                }
+            }
+        }
+    if spec.tolerations:
+        pod_spec["tolerations"] = spec.tolerations
