@@ -130,6 +130,34 @@ async def test_pvc_backed_etcd_keeps_its_data_across_pod_recreation(kubectl: Kub
     assert value.stdout.strip() == "still-here"
 
 
+async def test_a_new_image_restarts_the_container_in_place_keeping_its_empty_dir(
+    kubectl: Kubectl,
+) -> None:
+    """As a kubelet does: the one mutable field of a container restarts it, same pod, same volumes."""
+    old, new = ETCD_VERSIONS
+    kubectl.apply(single_member("inplace", version=old))
+    first = await ready_pod(kubectl, "inplace")
+    ip = first["status"]["podIP"]
+    etcdctl(ip, "put", "kept", "across-images")
+
+    new_image = demo.etcd_image(new)
+    patch = {"spec": {"containers": [{"name": "etcd", "image": new_image}]}}
+    kubectl("patch", "pod", "inplace", "--type=strategic", "-p", json.dumps(patch))
+
+    async def restarted() -> dict[str, Any] | None:
+        pod = kubectl.get("pod", "inplace")
+        state = pod["status"]["containerStatuses"][0]
+        return pod if state["image"] == new_image and is_ready(pod) else None
+
+    second = await wait_until(restarted, f"the container running {new_image}", timeout=60,
+                              cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    assert second["metadata"]["uid"] == first["metadata"]["uid"]
+    assert second["status"]["containerStatuses"][0]["restartCount"] == 1
+    version = json.loads(etcdctl(ip, "endpoint", "status", "-w", "json").stdout)[0]["Status"]["version"]
+    assert version == new.lstrip("v")
+    assert etcdctl(ip, "get", "kept", "--print-value-only").stdout.strip() == "across-images"
+
+
 async def test_crashed_container_is_reported_and_restarted(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
     kubectl.apply(single_member("crashy"))
     await ready_pod(kubectl, "crashy")

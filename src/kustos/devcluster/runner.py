@@ -163,6 +163,7 @@ class PodRunner:
             sandbox = self._sandboxes.get(uid)
             if sandbox is not None:
                 sandbox.pod["metadata"] = pod["metadata"]
+                sandbox.update_images(pod["spec"])
                 return
             status = pod.get("status") or {}
             if status.get("phase") in ("Succeeded", "Failed"):

@@ -95,6 +95,7 @@ class Sandbox:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _stopping: bool = False
+    _replacing: set[str] = field(default_factory=set)  # containers restarting onto a new image
 
     @property
     def uid(self) -> str:
@@ -159,6 +160,30 @@ class Sandbox:
         if write_status:
             for state in self.states.values():
                 state.ready, state.running_since = False, None
+
+    def grace_seconds(self) -> float:
+        return float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+    def update_images(self, spec: Mapping[str, Any]) -> None:
+        """Restart each container whose image the pod spec changed, keeping the pod's volumes.
+
+        A container's image is the one field of a running pod that may change: a kubelet
+        stops the old container (grace period) and starts one from the new image at once.
+        """
+        wanted = {c["name"]: c["image"] for c in spec.get("containers") or []}
+        for container in self.pod["spec"]["containers"]:
+            image = wanted.get(container["name"])
+            if image is None or image == container["image"]:
+                continue
+            log.info("image of %s in %s changed to %s: restarting it", container["name"], self.name, image)
+            container["image"] = image  # the next start, below or after a back-off, uses it
+            process = self.processes.get(container["name"])
+            if process is not None:
+                self._replacing.add(container["name"])
+                self._tasks.append(asyncio.create_task(self._stop_process(process)))
+
+    async def _stop_process(self, process: ContainerProcess) -> None:
+        await process.stop(self.grace_seconds())
 
     def kill_all(self) -> None:
         """A node dies: processes go at once and nobody writes status any more."""
@@ -310,6 +335,7 @@ class Sandbox:
             self.invocation(container), self.log_file(name), self.pid_file(name)
         )
         self.processes[name] = process
+        state.image = container["image"]  # what runs now: a kubelet reports the running image
         state.running_since, state.started = process.started_at, True
         state.waiting_reason = ""
         self._mark_dirty()
@@ -359,6 +385,9 @@ class Sandbox:
                 self._mark_dirty()
                 return
             state.restart_count += 1
+            if name in self._replacing:
+                self._replacing.discard(name)
+                continue  # stopped for a new image, not crashed: no back-off
             state.waiting_reason = "CrashLoopBackOff"
             self._mark_dirty()
             await asyncio.sleep(delay)
@@ -415,7 +444,7 @@ class Sandbox:
                 self._mark_dirty()
             if changed and kind == "liveness" and not counter.passing and process is not None:
                 log.info("liveness probe of %s in %s failed: restarting", state.name, self.name)
-                await process.stop(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)))
+                await process.stop(self.grace_seconds())
                 return
             await asyncio.sleep(timing.period)
 
