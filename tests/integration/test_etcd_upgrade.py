@@ -1,7 +1,8 @@
-"""Rolling etcd upgrades (F-ETCD-9) between the two real etcd versions the dev cluster builds."""
+"""Rolling etcd upgrades and rollbacks (F-ETCD-9) between the two real etcd versions of the dev cluster."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -31,14 +32,27 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
 
 
-@pytest.mark.parametrize("storage", ["emptyDir", "pvc"])
-async def test_upgrade_one_member_at_a_time_leader_last_keeping_every_write(
-    storage: str, kubectl: Kubectl, operator: OperatorProcess
-) -> None:
-    name = f"up-{storage.lower()}"
-    kubectl.apply(etcd_cluster(name, 3, version=OLD, storage={"type": storage}))
+@dataclass
+class Roll:
+    """What a version change looked like from outside, polled through the whole roll."""
+
+    status: dict[str, Any]
+    seen: list[dict[str, Any]]
+    first_leader: str
+    pods_before: dict[str, str]  # name -> uid
+    restarts_before: dict[str, int]  # name -> restarts of its etcd container
+    written_during: int
+    writer: Writer
+
+
+async def roll(kubectl: Kubectl, name: str, storage: str, start: str, to: str) -> Roll:
+    """Create a 3-member cluster on ``start``, then change spec.version to ``to`` under a writer."""
+    kubectl.apply(etcd_cluster(name, 3, version=start, storage={"type": storage}))
     status = await wait_healthy(kubectl, name, 3)
     leader = next(m["name"] for m in status["members"] if m["leader"])
+    pods = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
+    pods_before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+    restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods}
     writer = Writer([m["clientUrl"] for m in status["members"]])
     writer.start()
     seen: list[dict[str, Any]] = []
@@ -49,70 +63,116 @@ async def test_upgrade_one_member_at_a_time_leader_last_keeping_every_write(
 
         await wait_until(writing, "the writer to get going", timeout=30)
         before = len(writer.acknowledged)
-        kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{NEW}"}}}}')
+        kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{to}"}}}}')
 
-        async def upgraded() -> bool:
+        async def rolled() -> bool:
             current = status_of(kubectl, name)
             writer.update(current)
             seen.append(current)
             members = current.get("members") or []
             return (
-                current.get("currentVersion") == NEW and current.get("phase") == "Running"
+                current.get("currentVersion") == to and current.get("phase") == "Running"
                 and len(members) == 3 and all(m["healthy"] for m in members)
             )  # fmt: skip
 
-        await wait_until(upgraded, f"{name} on etcd {NEW}", timeout=240, cluster=kubectl.cluster,
+        await wait_until(rolled, f"{name} on etcd {to}", timeout=240, cluster=kubectl.cluster,
                          namespace=kubectl.namespace)  # fmt: skip
         during = len(writer.acknowledged) - before
     finally:
         await writer.stop()
     status = await wait_healthy(kubectl, name, 3)
-    assert set(pod_versions(kubectl, name).values()) == {NEW}
-    assert {m["version"] for m in status["members"]} == {NEW}
+    return Roll(status, seen, leader, pods_before, restarts, during, writer)
+
+
+async def assert_rolled_one_at_a_time_leader_last(
+    kubectl: Kubectl, name: str, r: Roll, start: str, to: str
+) -> None:
+    assert set(pod_versions(kubectl, name).values()) == {to}
+    assert {m["version"] for m in r.status["members"]} == {to}
     # Never more than one member away from its place at any moment.
-    assert all(len(s.get("members") or []) <= 4 for s in seen)
-    assert all(sum(1 for m in s.get("members") or [] if not m["healthy"]) <= 1 for s in seen)
+    assert all(len(s.get("members") or []) <= 4 for s in r.seen)
+    assert all(sum(1 for m in s.get("members") or [] if not m["healthy"]) <= 1 for s in r.seen)
     # The first leader was the last member on the old version.
-    last_old = [
-        {m["name"] for m in s.get("members") or [] if m.get("version") == OLD} for s in seen
-    ]  # fmt: skip
+    last_old = [{m["name"] for m in s.get("members") or [] if m.get("version") == start} for s in r.seen]
     last_non_empty = [names for names in last_old if names][-1]
-    assert last_non_empty == {leader}, last_old
-    assert "Upgrading" in {s.get("phase") for s in seen}
-    assert_consistent(kubectl, name, 3, status)
-    assert during > 0, f"no write was acknowledged during the upgrade ({writer.failures} failed)"
-    assert await writer.missing(status["members"][0]["clientUrl"]) == []
+    assert last_non_empty == {r.first_leader}, last_old
+    assert "Upgrading" in {s.get("phase") for s in r.seen}
+    assert_consistent(kubectl, name, 3, r.status)
+    assert r.written_during > 0, f"no write was acknowledged while rolling ({r.writer.failures} failed)"
+    assert await r.writer.missing(r.status["members"][0]["clientUrl"]) == []
+
+
+@pytest.mark.parametrize("storage", ["emptyDir", "pvc"])
+async def test_upgrade_one_member_at_a_time_leader_last_keeping_every_write(
+    storage: str, kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    name = f"up-{storage.lower()}"
+    r = await roll(kubectl, name, storage, OLD, NEW)
+    await assert_rolled_one_at_a_time_leader_last(kubectl, name, r, OLD, NEW)
     events = kubectl("get", "events", "--field-selector", f"involvedObject.name={name}")
     assert "Upgraded" in events
 
 
-async def test_a_downgrade_or_a_skipped_minor_is_refused_without_touching_the_cluster(
-    kubectl: Kubectl, operator: OperatorProcess
+@pytest.mark.parametrize("storage", ["emptyDir", "pvc"])
+async def test_rollback_to_the_previous_minor_through_etcds_downgrade_keeping_every_write(
+    storage: str, kubectl: Kubectl, operator: OperatorProcess
 ) -> None:
-    kubectl.apply(etcd_cluster("down", 1, version=NEW))
-    await wait_healthy(kubectl, "down", 1)
-    before = kubectl.get("pods", "-l", "kustos.dev/cluster=down")["items"]
-    major, minor, _ = NEW.split(".")
-    for wanted, why in ((OLD, "downgrading"), (f"{major}.{int(minor) + 2}.0", "skips a minor version")):
-        kubectl("patch", "etcdcluster", "down", "--type=merge", "-p", f'{{"spec":{{"version":"{wanted}"}}}}')
+    name = f"back-{storage.lower()}"
+    r = await roll(kubectl, name, storage, NEW, OLD)
+    await assert_rolled_one_at_a_time_leader_last(kubectl, name, r, NEW, OLD)
+    # In place: the same pods (a new member of the older minor could not join), each restarted once.
+    pods = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods} == r.pods_before
+    restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods}
+    assert restarts == {name: r.restarts_before[name] + 1 for name in restarts}, restarts
+    events = kubectl("get", "events", "--field-selector", f"involvedObject.name={name}")
+    for reason in ("DowngradeEnabled", "MemberRollingBack", "Downgraded"):
+        assert reason in events, events
+    # etcd finished its downgrade by itself once every member ran the old minor.
+    assert r.status["members"] and all(m["version"] == OLD for m in r.status["members"])
 
-        async def refused(why: str = why) -> dict[str, Any] | None:
-            accepted = condition(status_of(kubectl, "down"), "VersionAccepted")
+
+def _minor(version: str, delta: int) -> str:
+    major, minor, _ = version.split(".")
+    return f"{major}.{int(minor) + delta}.0"
+
+
+@pytest.mark.parametrize(
+    ("running", "refused"),
+    [
+        (NEW, [(_minor(NEW, -2), "skips a minor version"), (_minor(NEW, 2), "skips a minor version")]),
+        (OLD, [(_minor(OLD, -1), "has no downgrade protocol")]),
+    ],
+    ids=["skips", "no-downgrade-protocol"],
+)
+async def test_a_skip_or_an_unsupported_downgrade_is_refused_without_touching_the_cluster(
+    running: str, refused: list[tuple[str, str]], kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    name = f"down-{running.replace('.', '')}"
+    kubectl.apply(etcd_cluster(name, 1, version=running))
+    await wait_healthy(kubectl, name, 1)
+    before = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
+    for wanted, why in refused:
+        kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{wanted}"}}}}')
+
+        async def refused_now(why: str = why) -> dict[str, Any] | None:
+            accepted = condition(status_of(kubectl, name), "VersionAccepted")
             return accepted if accepted.get("status") == "False" and why in accepted["message"] else None
 
-        await wait_until(refused, f"{wanted} refused", timeout=30)
+        await wait_until(refused_now, f"{wanted} refused", timeout=30)
         events = kubectl(
-            "get", "events", "--field-selector", "involvedObject.name=down,reason=UpgradeRefused"
+            "get", "events", "--field-selector", f"involvedObject.name={name},reason=UpgradeRefused"
         )
         assert why in events
-    status = await wait_healthy(kubectl, "down", 1)
-    after = kubectl.get("pods", "-l", "kustos.dev/cluster=down")["items"]
+    status = await wait_healthy(kubectl, name, 1)
+    after = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
     assert [p["metadata"]["uid"] for p in after] == [p["metadata"]["uid"] for p in before]
-    assert status["currentVersion"] == NEW
+    assert all(s["restartCount"] == 0 for p in after for s in p["status"]["containerStatuses"])
+    assert status["currentVersion"] == running
     # Back to the running version: accepted again.
-    kubectl("patch", "etcdcluster", "down", "--type=merge", "-p", f'{{"spec":{{"version":"{NEW}"}}}}')
+    kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{running}"}}}}')
 
     async def accepted() -> bool:
-        return condition(status_of(kubectl, "down"), "VersionAccepted").get("status") == "True"
+        return condition(status_of(kubectl, name), "VersionAccepted").get("status") == "True"
 
     await wait_until(accepted, "the running version accepted again", timeout=30)

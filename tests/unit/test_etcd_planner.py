@@ -456,3 +456,94 @@ def test_the_first_joiner_does_not_wait_for_the_seed_which_leads() -> None:
     members, pods = healthy_cluster(1, leader=0)
     pods[0] = dataclasses.replace(pods[0], running_since=NOW)
     assert plan(observed(members, pods, 3)) == planner.CreatePod(1)
+
+
+# ---- rollback to the previous minor through etcd's downgrade protocol -------------------
+
+
+def rollback_cluster(
+    n: int, leader: int = 0, storage_version: str = "3.6.0"
+) -> tuple[list[MemberView], list[PodView]]:
+    members, pods = healthy_cluster(n, leader)
+    members = [dataclasses.replace(m, version="3.6.16", storage_version=storage_version) for m in members]
+    return members, [dataclasses.replace(p, version="3.6.16") for p in pods]
+
+
+def rolling_back(members: list[MemberView], pods: list[PodView], **kwargs: object) -> Observed:
+    return observed(members, pods, len(members), version="3.5.35", rollback="3.5", **kwargs)
+
+
+@given(storage=st.sampled_from(["emptyDir", "pvc"]))
+def test_a_rollback_first_enables_etcds_downgrade_and_never_surges(storage: str) -> None:
+    members, pods = rollback_cluster(3)
+    assert plan(rolling_back(members, pods, storage=storage)) == planner.EnableDowngrade("3.5")
+
+
+def test_a_member_is_rolled_back_only_once_etcd_rewrote_its_storage() -> None:
+    members, pods = rollback_cluster(3, leader=0)
+    step = plan(rolling_back(members, pods, downgrade_enabled=True))
+    assert isinstance(step, planner.Wait) and "storage of e-1" in step.reason
+    members = [dataclasses.replace(m, storage_version="3.5.0") for m in members]
+    step = plan(rolling_back(members, pods, downgrade_enabled=True))
+    assert step == planner.ReplaceImage("e-1", "u1", "3.5.35")
+
+
+def test_the_next_member_waits_until_the_last_one_restarted_on_the_old_version() -> None:
+    members, pods = rollback_cluster(3, leader=0, storage_version="3.5.0")
+    pods[1] = dataclasses.replace(pods[1], version="3.5.35")  # patched, process not restarted yet
+    step = plan(rolling_back(members, pods, downgrade_enabled=True))
+    assert isinstance(step, planner.Wait) and "e-1 is restarting" in step.reason
+    members[1] = dataclasses.replace(members[1], version="3.5.35", storage_version="")
+    assert plan(rolling_back(members, pods, downgrade_enabled=True)) == planner.ReplaceImage(
+        "e-2", "u2", "3.5.35"
+    )
+
+
+def test_the_leader_hands_over_to_a_rolled_back_member_before_its_own_turn() -> None:
+    members, pods = rollback_cluster(3, leader=0, storage_version="3.5.0")
+    for i in (1, 2):
+        members[i] = dataclasses.replace(members[i], version="3.5.35", storage_version="")
+        pods[i] = dataclasses.replace(pods[i], version="3.5.35")
+    assert plan(rolling_back(members, pods, downgrade_enabled=True)) == planner.MoveLeader(100, 101)
+
+
+def test_a_downgrade_nobody_wants_any_more_is_cancelled() -> None:
+    members, pods = rollback_cluster(3, storage_version="3.5.0")
+    step = plan(observed(members, pods, 3, version="3.6.16", downgrade_enabled=True))
+    assert step == planner.CancelDowngrade()
+
+
+@given(size=st.integers(1, 7), storage=st.sampled_from(["emptyDir", "pvc"]), leader=st.integers(0, 6))
+@settings(max_examples=100, deadline=None)
+def test_a_rollback_converges_in_place_one_member_at_a_time_leader_last(
+    size: int, storage: str, leader: int
+) -> None:
+    members, pods = rollback_cluster(size, leader=leader % size)
+    by_id = {m.id: m for m in members}
+    by_name = {p.name: p for p in pods}
+    enabled = False
+    for _ in range(100):
+        step = plan(rolling_back(list(by_id.values()), list(by_name.values()), storage=storage,
+                                 downgrade_enabled=enabled))  # fmt: skip
+        match step:
+            case planner.EnableDowngrade():
+                enabled = True  # etcd rewrites every member's storage for the old minor
+                by_id = {i: dataclasses.replace(m, storage_version="3.5.0") for i, m in by_id.items()}
+            case planner.MoveLeader(from_id=a, to_id=b):
+                assert by_id[b].version == "3.5.35" or all(m.version != "3.5.35" for m in by_id.values())
+                by_id[a] = dataclasses.replace(by_id[a], leader=False)
+                by_id[b] = dataclasses.replace(by_id[b], leader=True)
+            case planner.ReplaceImage(name=name, version=version):
+                member = next(m for m in by_id.values() if m.name == name)
+                assert enabled and member.storage_version == "3.5.0"
+                others_old = [m for m in by_id.values() if m.version == "3.6.16" and m.id != member.id]
+                assert not member.leader or not others_old, "the leader goes last"
+                by_name[name] = dataclasses.replace(by_name[name], version=version)
+                by_id[member.id] = dataclasses.replace(member, version=version, storage_version="")
+            case planner.Done():
+                break
+            case _:
+                raise AssertionError(f"unexpected step {step}")
+    else:
+        raise AssertionError("the rollback did not converge")
+    assert {m.version for m in by_id.values()} == {"3.5.35"} and len(by_id) == size

@@ -9,8 +9,12 @@ from kustos.etcd.versions import image_version, parse, rollback_target, upgrade_
 
 @pytest.mark.parametrize(
     ("current", "wanted"),
-    [(None, "3.6.16"), ("3.6.16", "3.6.16"), ("3.5.35", "3.5.36"), ("3.5.35", "3.5.1"), ("3.5.35", "3.6.16")],
-)
+    [
+        (None, "3.6.16"), ("3.6.16", "3.6.16"), ("3.5.35", "3.5.36"), ("3.5.35", "3.5.1"),
+        ("3.5.35", "3.6.16"),
+        ("3.6.16", "3.5.35"),  # one minor back, through etcd's downgrade protocol
+    ],
+)  # fmt: skip
 def test_allowed_changes(current: str | None, wanted: str) -> None:
     assert upgrade_refusal(current, wanted) is None
 
@@ -19,7 +23,8 @@ def test_allowed_changes(current: str | None, wanted: str) -> None:
     ("current", "wanted", "why"),
     [
         ("3.4.30", "3.6.16", "skips a minor version: upgrade to 3.5.x first"),
-        ("3.6.16", "3.5.35", "downgrading from 3.6.16 to 3.5.35"),
+        ("3.5.35", "3.4.33", "etcd 3.5 has no downgrade protocol"),
+        ("3.6.16", "3.4.33", "skips a minor version: etcd rolls back one minor at a time"),
         ("3.6.16", "4.0.0", "major version"),
     ],
 )

@@ -36,6 +36,7 @@ from kustos.etcd.pods import (
     MEMBER_ID_ANNOTATION,
     VERSION_ANNOTATION,
     claim_name,
+    image,
     member_claim,
     member_pod,
     member_urls,
@@ -43,7 +44,7 @@ from kustos.etcd.pods import (
     services,
 )
 from kustos.etcd.rebuild import Rebuilder, requested_recovery
-from kustos.etcd.versions import image_version, upgrade_refusal
+from kustos.etcd.versions import image_version, rollback_target, upgrade_refusal
 from kustos.images import configured_agent_image
 from kustos.runtime import faults
 from kustos.runtime.api import ApiStatusError
@@ -227,6 +228,7 @@ class EtcdClusterReconciler:
         if etcd.members is not None:
             leader_ids = {s.leader_id for s in etcd.statuses.values()}
             healthy_ids = {s.member_id for s in etcd.statuses.values()}
+            said = {s.member_id: s for s in etcd.answered.values()}
             members = tuple(
                 MemberView(
                     id=m.id,
@@ -235,6 +237,8 @@ class EtcdClusterReconciler:
                     learner=m.is_learner,
                     healthy=m.id in healthy_ids,
                     leader=m.id in leader_ids and len(leader_ids) == 1,
+                    version=said[m.id].version if m.id in said else "",
+                    storage_version=said[m.id].storage_version if m.id in said else "",
                 )
                 for m in etcd.members.members
             )
@@ -252,7 +256,8 @@ class EtcdClusterReconciler:
             version=target_version(cluster),
             recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
-            tls=skeleton.tls,
+            tls=skeleton.tls, rollback=rollback(cluster),
+            downgrade_enabled=any(s.downgrade_enabled for s in etcd.statuses.values()),
         )  # fmt: skip
         return observed, etcd, client_urls
 
@@ -483,6 +488,27 @@ class EtcdClusterReconciler:
             case planner.AnnotatePod(name=pod, member_id=member_id):
                 patch = {"metadata": {"annotations": {MEMBER_ID_ANNOTATION: f"{member_id:x}"}}}
                 await self.api.patch(PODS, o.namespace, pod, patch)
+            case planner.EnableDowngrade(target=target):
+                for action in ("VALIDATE", "ENABLE"):
+                    said = await self._leader_call(etcd, lambda c, a=action: c.downgrade(a, target))
+                    if said is None:
+                        return 2.0  # etcd refused (logged); the next pass asks again
+                await self.event(
+                    cluster, "DowngradeEnabled",
+                    f"etcd downgrade to {target} enabled: members restart on etcd {o.version} one at a time",
+                )  # fmt: skip
+            case planner.CancelDowngrade():
+                if await self._leader_call(etcd, lambda c: c.downgrade("CANCEL")) is None:
+                    return 2.0
+                message = "etcd downgrade cancelled: spec.version went back up"
+                await self.event(cluster, "DowngradeCancelled", message)
+            case planner.ReplaceImage(name=pod, uid=uid, version=version):
+                await self.api.patch(PODS, o.namespace, pod, {
+                    "metadata": {"uid": uid, "annotations": {VERSION_ANNOTATION: version}},
+                    "spec": {"containers": [{"name": "etcd", "image": image(cluster, version)}]},
+                }, kind="strategic")  # fmt: skip
+                message = f"restarting {pod} in place on etcd {version}, keeping its data"
+                await self.event(cluster, "MemberRollingBack", message)
             case planner.MoveLeader(from_id=from_id, to_id=to_id):
                 moved = await self._leader_call(etcd, lambda c: c.move_leader(to_id))
                 if moved is not None:
@@ -649,7 +675,9 @@ class EtcdClusterReconciler:
         if etcd.tls is not None:
             conditions = await self._record_tls(cluster, old, status, etcd.tls, conditions, generation)
         if old.get("currentVersion") and status.current_version != old.get("currentVersion"):
-            await self.event(cluster, "Upgraded", f"every member runs etcd {status.current_version}")
+            went_down = rollback_target(old["currentVersion"], status.current_version or "") is not None
+            message = f"every member runs etcd {status.current_version}"
+            await self.event(cluster, "Downgraded" if went_down else "Upgraded", message)
         payload = status.model_dump(by_alias=True, exclude_none=True)
         payload["conditions"] = conditions
         payload["observedGeneration"] = generation
@@ -695,7 +723,11 @@ class EtcdClusterReconciler:
             return "Creating"
         if isinstance(step, planner.Done):
             return "Running"
-        if any(planner.is_old_version(o, p) for p in o.pods) or isinstance(step, planner.UpgradeHalted):
+        if (
+            any(planner.is_old_version(o, p) for p in o.pods)
+            or planner.rolling_back(o)
+            or isinstance(step, planner.UpgradeHalted)
+        ):
             return "Upgrading"
         if (o.members is not None and any(not m.healthy for m in o.members)) or isinstance(
             step, planner.RecreatePod
@@ -724,6 +756,9 @@ async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList,
     versions = {s.version for s in statuses.values()}
     version = min(versions, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
     refusal = upgrade_refusal(version, wanted)
+    if refusal is None and rollback_target(version, wanted) is not None:
+        # Adoption replaces members by new pods, and a new member of the older minor cannot join.
+        refusal = f"adopt it on etcd {version} first, then roll back to {wanted}"
     if refusal is not None:
         return f"its members run etcd {', '.join(sorted(versions))}: {refusal}"
     async with EtcdClient(endpoints[0], timeout=STATUS_TIMEOUT) as client:
@@ -737,6 +772,12 @@ def version_refusal(cluster: EtcdCluster) -> str | None:
     """Why spec.version cannot be rolled out from the version the members run, if it cannot."""
     current = cluster.status.current_version if cluster.status else None
     return upgrade_refusal(current, cluster.spec.version)
+
+
+def rollback(cluster: EtcdCluster) -> str | None:
+    """The minor ("3.5") etcd's downgrade protocol takes the cluster to, if spec.version asks for it."""
+    current = cluster.status.current_version if cluster.status else None
+    return rollback_target(current, cluster.spec.version) if current else None
 
 
 def target_version(cluster: EtcdCluster) -> str:

@@ -29,6 +29,11 @@ The rules, in the order they are tried:
    member's pod on its volume; otherwise surge (add a member at the new version,
    then remove an outdated one by rule 8). A member at the new version that dies
    mid-upgrade halts the upgrade.
+   A rollback to the previous minor (``Observed.rollback``) goes through etcd's
+   downgrade protocol instead: enable the downgrade, wait until etcd has rewritten the
+   member's storage to the old version, then give its pod the old image in place (a
+   fresh member of the old minor cannot join, so neither surge nor a new volume), one
+   member at a time, the leader last. A downgrade nobody wants any more is cancelled.
 
 Each step changes the membership by at most one member, and a removal is only
 planned when the healthy voters that remain are still a majority of the smaller
@@ -75,6 +80,8 @@ class MemberView:
     learner: bool = False
     healthy: bool = False
     leader: bool = False
+    version: str = ""  # the etcd version the member itself reports ("" when it did not answer)
+    storage_version: str = ""  # v3.6+: the version its data is written for ("3.5.0" once downgraded)
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ class Observed:
     recorded_members: tuple[tuple[str, int], ...] = ()  # (name, ID) from status: who to bring back
     external_ids: frozenset[int] = frozenset()  # members of an adopted cluster not yet replaced by pods
     tls: bool = False  # members speak https
+    rollback: str | None = None  # "3.5": ``version`` is the previous minor, reached by etcd's downgrade
+    downgrade_enabled: bool = False  # etcd reports a downgrade in progress
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -168,6 +177,27 @@ class MoveLeader:
 
 
 @dataclass(frozen=True)
+class EnableDowngrade:
+    """Validate, then enable etcd's downgrade of the cluster to ``target`` ("3.5")."""
+
+    target: str
+
+
+@dataclass(frozen=True)
+class CancelDowngrade:
+    """spec.version went back up: etcd's downgrade is no longer wanted."""
+
+
+@dataclass(frozen=True)
+class ReplaceImage:
+    """Restart a member's container in place on another etcd version, keeping its data dir."""
+
+    name: str
+    uid: str
+    version: str
+
+
+@dataclass(frozen=True)
 class Wait:
     reason: str
     seconds: float = 2.0
@@ -192,7 +222,8 @@ class Done:
 
 Step = (
     CreateSeed | CreatePod | RecreatePod | AddMember | PromoteMember | UpdatePeerURL | RemoveMember
-    | DeletePod | AnnotatePod | MoveLeader | Wait | QuorumLost | UpgradeHalted | Done
+    | DeletePod | AnnotatePod | MoveLeader | EnableDowngrade | CancelDowngrade | ReplaceImage | Wait
+    | QuorumLost | UpgradeHalted | Done
 )  # fmt: skip
 
 
@@ -365,7 +396,9 @@ def plan(o: Observed) -> Step:
     if joining:
         return Wait("a member is joining", 1.0)
     adopting = any(m.id in o.external_ids for m in members)
-    surge = len(members) == o.size and (adopting or (o.storage != "pvc" and _rolling(o, pods)))
+    surge = len(members) == o.size and (
+        adopting or (o.storage != "pvc" and o.rollback is None and _rolling(o, pods))
+    )
     if len(members) < o.size or surge:
         if any(not m.healthy for m in members):
             return Wait("not growing while a member is unhealthy")
@@ -412,6 +445,14 @@ def plan(o: Observed) -> Step:
     if any(not m.healthy for m in members):
         return Wait("a member is unhealthy", 2.0)
 
+    # 9a. Roll back a minor through etcd's downgrade protocol; cancel one nobody wants.
+    if o.rollback is not None:
+        step = _plan_rollback(o, o.rollback, members, pods)
+        if step is not None:
+            return step
+    elif o.downgrade_enabled:
+        return CancelDowngrade()
+
     # 9. Restart PVC-backed members on the new version, one at a time, the leader last.
     stale = [m for m in members if is_outdated(o, pods[m.id])]
     if stale:
@@ -427,6 +468,40 @@ def plan(o: Observed) -> Step:
         reason = f"restarting it on etcd {o.version}" if is_old_version(o, pod) else ""
         return DeletePod(pod.name, pod.uid, reason or f"restarting it: {pod.tls_stale}")
     return Done()
+
+
+def _plan_rollback(
+    o: Observed, target: str, members: tuple[MemberView, ...], pods: dict[int, PodView]
+) -> Step | None:
+    """The next step of a rollback to ``target`` ("3.5"); None once every pod names it."""
+    for m in members:
+        if not is_old_version(o, pods[m.id]) and m.version and minor(m.version) != target:
+            return Wait(f"member {m.name} is restarting on etcd {o.version}", 1.0)
+    pending = [m for m in members if is_old_version(o, pods[m.id])]
+    if not pending:
+        return None
+    if not o.downgrade_enabled and any(minor(m.version) != target for m in members):
+        return EnableDowngrade(target)
+    victim = min(pending, key=lambda m: (m.leader, pods[m.id].index))
+    if victim.leader:
+        heir = _leadership_heir(o, members, pods, victim)
+        if heir is not None:
+            return MoveLeader(victim.id, heir.id)
+    if minor(victim.version) != target and victim.storage_version != f"{target}.0":
+        # etcd of the old minor refuses data written for the newer one.
+        return Wait(f"etcd is downgrading the storage of {victim.name} to {target}", 1.0)
+    pod = pods[victim.id]
+    return ReplaceImage(pod.name, pod.uid, o.version or "")
+
+
+def minor(version: str) -> str:
+    """``major.minor`` of a version ("3.6.16" -> "3.6"); "" when unknown."""
+    return ".".join(version.split(".")[:2]) if version.count(".") >= 1 else ""
+
+
+def rolling_back(o: Observed) -> bool:
+    """A rollback is under way: some member does not run the target minor yet."""
+    return o.rollback is not None and any(minor(m.version) != o.rollback for m in o.members or ())
 
 
 def is_old_version(o: Observed, pod: PodView) -> bool:

@@ -1,9 +1,9 @@
 """Which etcd version changes a cluster may make (pure).
 
 etcd supports rolling a cluster one minor version up at a time (3.5 -> 3.6) and any
-patch change within a minor. Going down a minor needs etcd's downgrade protocol
-(``etcdctl downgrade enable``), which kustos does not drive yet, so it is refused
-rather than attempted; so are skipped minors and major changes.
+patch change within a minor. Going down one minor is possible only where etcd has a
+downgrade protocol (``etcdctl downgrade enable``, from v3.6): kustos drives it for those
+minors and refuses every other downgrade, skipped minors and major changes.
 """
 
 from __future__ import annotations
@@ -39,10 +39,15 @@ def upgrade_refusal(current: str | None, wanted: str) -> str | None:
             f"upgrading from {current} to {wanted} skips a minor version: "
             f"upgrade to {have[0]}.{have[1] + 1}.x first"
         )
-    if want[1] < have[1]:
+    if want[1] < have[1] and rollback_target(current, wanted) is None:
+        if want[1] < have[1] - 1:
+            return (
+                f"downgrading from {current} to {wanted} skips a minor version: etcd rolls back "
+                f"one minor at a time; set spec.version to {have[0]}.{have[1] - 1}.x first"
+            )
         return (
-            f"downgrading from {current} to {wanted} needs etcd's downgrade protocol, "
-            "which kustos does not drive; set spec.version back to the running version"
+            f"etcd {have[0]}.{have[1]} has no downgrade protocol: it cannot roll back to "
+            f"{wanted}; set spec.version back to {current}"
         )
     return None
 
@@ -55,8 +60,6 @@ _DOWNGRADE_CAPABLE_MINORS = frozenset({(3, 6)})
 def rollback_target(current: str, wanted: str) -> str | None:
     """The ``major.minor`` to pass to etcd's downgrade API when going from ``current`` to
     ``wanted`` is a one-minor rollback etcd supports (3.6.x -> 3.5.y gives "3.5"), else None.
-
-    Not yet used by upgrade_refusal: the planner does not drive the downgrade protocol yet.
     """
     have, want = parse(current), parse(wanted)
     if have is None or want is None or have[0] != want[0] or want[1] != have[1] - 1:
