@@ -547,3 +547,14 @@ def test_a_rollback_converges_in_place_one_member_at_a_time_leader_last(
     else:
         raise AssertionError("the rollback did not converge")
     assert {m.version for m in by_id.values()} == {"3.5.35"} and len(by_id) == size
+
+
+def test_a_cluster_rolling_back_does_not_grow_until_every_member_runs_the_old_minor() -> None:
+    members, pods = rollback_cluster(3, storage_version="3.5.0")
+    members[0] = dataclasses.replace(members[0], version="3.5.35", storage_version="")
+    pods[0] = dataclasses.replace(pods[0], version="3.5.35")
+    o = observed(members[:2], pods[:2], 3, version="3.5.35", rollback="3.5", downgrade_enabled=True)
+    step = plan(o)
+    assert isinstance(step, planner.Wait) and "not growing until every member runs etcd 3.5" in step.reason
+    done = [dataclasses.replace(m, version="3.5.35", storage_version="") for m in members[:2]]
+    assert plan(dataclasses.replace(o, members=tuple(done))) == planner.CreatePod(2)

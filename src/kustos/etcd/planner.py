@@ -33,7 +33,8 @@ The rules, in the order they are tried:
    downgrade protocol instead: enable the downgrade, wait until etcd has rewritten the
    member's storage to the old version, then give its pod the old image in place (a
    fresh member of the old minor cannot join, so neither surge nor a new volume), one
-   member at a time, the leader last. A downgrade nobody wants any more is cancelled.
+   member at a time, the leader last. The cluster does not grow meanwhile (a new member of
+   the older minor could not join). A downgrade nobody wants any more is cancelled.
 
 Each step changes the membership by at most one member, and a removal is only
 planned when the healthy voters that remain are still a majority of the smaller
@@ -402,6 +403,9 @@ def plan(o: Observed) -> Step:
     if len(members) < o.size or surge:
         if any(not m.healthy for m in members):
             return Wait("not growing while a member is unhealthy")
+        if rolling_back(o):
+            # A member of the older minor is refused by members of the newer one.
+            return Wait(f"not growing until every member runs etcd {o.rollback}", 5.0)
         index = max(o.next_index, *(p.index + 1 for p in o.pods)) if o.pods else o.next_index
         if o.addressing == "dns":
             name = pod_name(o.cluster, index)
