@@ -558,3 +558,20 @@ def test_a_cluster_rolling_back_does_not_grow_until_every_member_runs_the_old_mi
     assert isinstance(step, planner.Wait) and "not growing until every member runs etcd 3.5" in step.reason
     done = [dataclasses.replace(m, version="3.5.35", storage_version="") for m in members[:2]]
     assert plan(dataclasses.replace(o, members=tuple(done))) == planner.CreatePod(2)
+
+
+def test_the_next_member_restarts_only_once_the_last_one_caught_up_with_the_leader() -> None:
+    members, pods = healthy_cluster(3, leader=0)
+    pods = [dataclasses.replace(p, version="3.6.16" if p.index == 1 else "3.5.35") for p in pods]
+    members[1] = dataclasses.replace(members[1], lag=50_000)  # back on its volume, replaying
+    step = plan(observed(members, pods, 3, storage="pvc", version="3.6.16"))
+    assert isinstance(step, planner.Wait) and "e-1 is catching up: 50000 raft entries" in step.reason
+    members[1] = dataclasses.replace(members[1], lag=3)  # a few entries apart is normal under writes
+    assert plan(observed(members, pods, 3, storage="pvc", version="3.6.16")) == planner.DeletePod(
+        "e-2", "u2", "restarting it on etcd 3.6.16"
+    )
+    rolled, rolled_pods = rollback_cluster(3, leader=0, storage_version="3.5.0")
+    rolled[1] = dataclasses.replace(rolled[1], version="3.5.35", storage_version="", lag=50_000)
+    rolled_pods[1] = dataclasses.replace(rolled_pods[1], version="3.5.35")
+    step = plan(rolling_back(rolled, rolled_pods, downgrade_enabled=True))
+    assert isinstance(step, planner.Wait) and "catching up" in step.reason

@@ -229,6 +229,7 @@ class EtcdClusterReconciler:
             leader_ids = {s.leader_id for s in etcd.statuses.values()}
             healthy_ids = {s.member_id for s in etcd.statuses.values()}
             said = {s.member_id: s for s in etcd.answered.values()}
+            leader_index = max((s.raft_index for s in etcd.statuses.values() if s.is_leader), default=0)
             members = tuple(
                 MemberView(
                     id=m.id,
@@ -239,6 +240,7 @@ class EtcdClusterReconciler:
                     leader=m.id in leader_ids and len(leader_ids) == 1,
                     version=said[m.id].version if m.id in said else "",
                     storage_version=said[m.id].storage_version if m.id in said else "",
+                    lag=max(0, leader_index - said[m.id].raft_applied_index) if m.id in said else 0,
                 )
                 for m in etcd.members.members
             )

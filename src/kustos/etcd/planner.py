@@ -25,7 +25,8 @@ The rules, in the order they are tried:
    cluster still has original members, grow one past size, then shrink: each of
    them is replaced by a member pod, one at a time.
 9. Roll members onto ``version`` (or onto renewed certificates: ``PodView.tls_stale``)
-   one at a time, followers first and the leader last: with PVC storage restart a
+   one at a time, followers first and the leader last, each once the previous one is
+   healthy and caught up with the leader: with PVC storage restart a
    member's pod on its volume; otherwise surge (add a member at the new version,
    then remove an outdated one by rule 8). A member at the new version that dies
    mid-upgrade halts the upgrade.
@@ -55,6 +56,10 @@ def quorum(voters: int) -> int:
 # etcd refuses a membership change until its leader has been connected to every voting
 # member for this long (--strict-reconfig-check, etcdserver.HealthInterval).
 RECONFIG_SETTLE = timedelta(seconds=6)  # 5 s, plus the second that startedAt may have lost
+# A member this many raft entries behind the leader is still catching up after a restart
+# (a WAL replay, a snapshot from the leader): the next member does not restart until it is
+# closer. A few entries apart is normal under writes, between two status answers.
+CATCH_UP_SLACK = 1000
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class MemberView:
     leader: bool = False
     version: str = ""  # the etcd version the member itself reports ("" when it did not answer)
     storage_version: str = ""  # v3.6+: the version its data is written for ("3.5.0" once downgraded)
+    lag: int = 0  # raft entries it has still to apply to reach the leader's commit index
 
 
 @dataclass(frozen=True)
@@ -460,6 +466,8 @@ def plan(o: Observed) -> Step:
     # 9. Restart PVC-backed members on the new version, one at a time, the leader last.
     stale = [m for m in members if is_outdated(o, pods[m.id])]
     if stale:
+        if (behind := _catching_up(members)) is not None:
+            return behind
         restarting = next((p for p in pods.values() if p.deleting), None)
         if restarting is not None:
             return Wait(f"pod {restarting.name} is terminating", 1.0)
@@ -484,6 +492,8 @@ def _plan_rollback(
     pending = [m for m in members if is_old_version(o, pods[m.id])]
     if not pending:
         return None
+    if (behind := _catching_up(members)) is not None:
+        return behind
     if not o.downgrade_enabled and any(minor(m.version) != target for m in members):
         return EnableDowngrade(target)
     victim = min(pending, key=lambda m: (m.leader, pods[m.id].index))
@@ -496,6 +506,14 @@ def _plan_rollback(
         return Wait(f"etcd is downgrading the storage of {victim.name} to {target}", 1.0)
     pod = pods[victim.id]
     return ReplaceImage(pod.name, pod.uid, o.version or "")
+
+
+def _catching_up(members: tuple[MemberView, ...]) -> Wait | None:
+    """Wait for a member that is healthy but still far behind the leader (a restart's catch-up)."""
+    behind = max(members, key=lambda m: m.lag)
+    if behind.lag <= CATCH_UP_SLACK:
+        return None
+    return Wait(f"member {behind.name} is catching up: {behind.lag} raft entries behind the leader", 1.0)
 
 
 def minor(version: str) -> str:
