@@ -9,17 +9,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kustos.etcd.client import Compacted, EtcdClient
+from kustos.etcd.client import Compacted, EtcdClient, EtcdTLS
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
+    Writer,
     assert_rejected,
     endpoint_status,
     etcd_cluster,
+    running_operator,
     status_of,
     wait_healthy,
 )
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
+from tests.integration.test_etcd_tls import user_client_certificate
 
 MiB = 2**20
 VALUE = b"x" * (64 * 1024)
@@ -34,9 +37,9 @@ def maintenance(enabled: bool) -> dict[str, Any]:
     }
 
 
-async def fill_and_free(endpoint: str) -> None:
+async def fill_and_free(endpoint: str, tls: EtcdTLS | None = None) -> None:
     """Write bulk data and keys to keep, delete the bulk, compact: most of each database is free."""
-    async with EtcdClient(endpoint, timeout=10.0) as client:
+    async with EtcdClient(endpoint, tls, timeout=10.0) as client:
         for i in range(KEEP_KEYS):
             await client.put(f"/keep/{i:03d}", f"value-{i}")
         limit = asyncio.Semaphore(8)
@@ -164,6 +167,108 @@ async def test_compaction_flags_and_defragmentation_one_member_at_a_time_leader_
     assert final["phase"] == "Running" and final["ready"] == "3/3"
     assert final["maintenance"].get("inProgress") is None
     assert len(kubectl.get("events", None, "--field-selector", "reason=Defragmented")["items"]) == 3
+
+
+async def test_a_tls_cluster_is_defragmented_with_the_operators_client_certificate(
+    crds: None, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """Members of a TLS cluster refuse clients without a certificate from the cluster's CA:
+    maintenance uses the operator's, defragments followers first and the leader last while a
+    writer (trusting the CA) keeps writing, and the operator's certificate files go when it stops."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    with running_operator(kubectl, tmp_path / "operator", env={"TMPDIR": str(tmpdir)}) as operator:
+        kubectl.apply(etcd_cluster("mt", 3, tls={}, maintenance=maintenance(enabled=False)))
+        status = await wait_healthy(kubectl, "mt", 3, timeout=180)
+        urls = {m["name"]: m["clientUrl"] for m in status["members"]}
+        assert all(u.startswith("https://") for u in urls.values()), urls
+        user = user_client_certificate(kubectl, "mt", tmp_path / "user")
+        await fill_and_free(urls["mt-0"], user)
+
+        async def tls_sizes() -> dict[str, tuple[int, int]]:
+            found = {}
+            for url in urls.values():
+                async with EtcdClient(url, user, timeout=5.0) as client:
+                    s = await client.status()
+                found[url] = (s.db_size, s.db_size_in_use)
+            return found
+
+        seen: list[dict[str, tuple[int, int]]] = []
+
+        async def fragmented() -> dict[str, tuple[int, int]] | None:
+            async with EtcdClient(urls["mt-0"], user) as client:
+                revision = await client.put("/tick", "t")
+                with contextlib.suppress(Compacted):
+                    await client.compact(revision)
+            now = await tls_sizes()
+            seen.append(now)
+            ok = all(size >= 4 * MiB and (size - used) / size > 0.5 for size, used in now.values())
+            return now if ok else None
+
+        try:
+            before = await wait_until(
+                fragmented, "every member's database mostly free", timeout=60, interval=1
+            )
+        except AssertionError as err:
+            raise AssertionError(f"{err}; (dbSize, dbSizeInUse) last seen: {seen[-1:]}") from None
+
+        writer = Writer(list(urls.values()), tls=user)
+        writer.start()
+        try:
+            await asyncio.sleep(1)
+            kubectl("patch", "etcdcluster", "mt", "--type=merge", "-p",
+                    '{"spec":{"maintenance":{"defragmentation":{"enabled":true}}}}')  # fmt: skip
+
+            async def defragmented() -> list[dict[str, Any]] | None:
+                records = (status_of(kubectl, "mt").get("maintenance") or {}).get("defragmentations") or []
+                done = [r for r in records if r.get("completedAt")]
+                return done if len(done) == 3 else None
+
+            records = await wait_until(defragmented, "three defragmentations", timeout=120, interval=0.5,
+                                       cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+            await asyncio.sleep(1)
+        finally:
+            await writer.stop()
+
+        # Each member was defragmented once, without error, and shrank by etcd's own account.
+        assert sorted(r["member"] for r in records) == sorted(urls), records
+        for r in records:
+            assert r.get("error") is None, r
+            assert r["dbSizeAfter"] < r["dbSizeBefore"] / 2, r
+        after = await tls_sizes()
+        for url, (size, _) in before.items():
+            assert after[url][0] < size / 2, f"{url}: {size} -> {after[url][0]} bytes"
+
+        # One at a time, followers first, the leader last.
+        records.sort(key=lambda r: (r["startedAt"], r["completedAt"]))
+        for earlier, later in itertools.pairwise(records):
+            assert earlier["completedAt"] <= later["startedAt"], records
+        assert [r["leader"] for r in records] == [False, False, True], records
+        started = [line for line in operator.log().splitlines() if "defragmenting " in line]
+        assert len(started) == 3 and f"leader {records[-1]['member']}:" in started[-1], started
+        events = kubectl.get("events", None, "--field-selector", "involvedObject.name=mt,reason=Defragmented")
+        assert len(events["items"]) == 3
+        failures = kubectl.get("events", None, "--field-selector", "reason=DefragmentationFailed")["items"]
+        assert failures == []
+
+        # The writer, trusting the CA, lost nothing; the kept keys are on every member.
+        assert len(writer.acknowledged) > 20, writer.acknowledged
+        for url in urls.values():
+            assert await writer.missing(url) == [], url
+            async with EtcdClient(url, user) as client:
+                kept = await client.range("/keep/", prefix=True, serializable=True)
+            assert len(kept.kvs) == KEEP_KEYS + 1
+        final = status_of(kubectl, "mt")
+        assert final["phase"] == "Running" and final["ready"] == "3/3"
+        assert final["maintenance"].get("inProgress") is None
+
+        # The client certificate lives in one private directory both controllers share ...
+        workdirs = list(tmpdir.glob("kustos-etcd-tls-*"))
+        assert len(workdirs) == 1, workdirs
+        assert (workdirs[0] / kubectl.namespace / "mt" / "tls.key").is_file()
+    # ... which is gone once the operator has stopped.
+    assert operator.process.returncode == 0
+    assert list(tmpdir.glob("kustos-etcd-tls-*")) == []
 
 
 def test_invalid_maintenance_settings_are_refused_naming_the_field(crds: None, kubectl: Kubectl) -> None:

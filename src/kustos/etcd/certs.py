@@ -23,19 +23,24 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import tempfile
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kustos.api.etcd import EtcdCluster
 from kustos.api.etcd_tls import RENEW_ANNOTATION, CertificateStatus, TLSStatus
 from kustos.etcd import tls
 from kustos.etcd.client import EtcdTLS
 from kustos.runtime.api import Api, ApiStatusError
-from kustos.runtime.informer import Informer, ResourceRef
+from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
 from kustos.runtime.resources import PODS
 from kustos.runtime.times import parse_duration, rfc3339
+
+if TYPE_CHECKING:
+    from kustos.runtime.manager import Manager
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +118,15 @@ def secure_member_pod(cluster: EtcdCluster, pod: Obj) -> Obj:
     container["volumeMounts"] += mounts
     pod["spec"]["volumes"] += volumes
     return pod
+
+
+def secret_problem(name: str, secret: Obj | None) -> str | None:
+    """Why a TLS Secret (tls.crt, tls.key, ca.crt) cannot be used, or None (pure)."""
+    missing = [k for k in ("tls.crt", "tls.key", "ca.crt") if _decode(secret, k) is None]
+    if secret is None or missing:
+        what = "does not exist" if secret is None else f"lacks {', '.join(missing)}"
+        return f"TLS Secret {name} {what}"
+    return None
 
 
 def _decode(secret: Obj | None, key: str) -> bytes | None:
@@ -233,12 +247,43 @@ class ClusterTLS:
 
 
 class CertificateManager:
-    """Issues and renews a cluster's certificates; keeps the operator's client files."""
+    """Issues and renews a cluster's certificates; keeps the operator's client files.
 
-    def __init__(self, api: Api, secrets: Informer, workdir: Path) -> None:
+    Without ``workdir`` the files go to a private temporary directory that is removed
+    when this object is collected, at the latest when the process exits (a SIGKILL
+    leaves it behind).
+    """
+
+    def __init__(self, api: Api, secrets: Informer, workdir: Path | None = None) -> None:
         self.api = api
         self.secrets = secrets
+        self._tempdir: tempfile.TemporaryDirectory[str] | None = None
+        if workdir is None:
+            self._tempdir = tempfile.TemporaryDirectory(prefix="kustos-etcd-tls-")
+            workdir = Path(self._tempdir.name)
         self.workdir = workdir
+
+    def cleanup(self) -> None:
+        """Remove the temporary directory now (one given as ``workdir`` is left alone)."""
+        if self._tempdir is not None:
+            self._tempdir.cleanup()
+
+    async def client_tls(self, cluster: EtcdCluster) -> tuple[EtcdTLS | None, str | None]:
+        """(how to connect, why it cannot) for a controller that only talks to members.
+
+        Read-only: the operator's client certificate as the EtcdCluster controller keeps
+        it (the generated ``<cluster>-client-tls`` or the user's ``operatorClient``
+        Secret). Issuing and renewing stay with that controller. (None, None): no TLS.
+        """
+        if cluster.spec.tls is None:
+            return None, None
+        name = client_secret_name(cluster)
+        secret = await self._secret(cluster.metadata["namespace"], name)
+        problem = secret_problem(name, secret)
+        if problem is not None:
+            return None, problem
+        assert secret is not None
+        return self._client_files(cluster, secret), None
 
     def _cached(self, namespace: str, name: str) -> Obj | None:
         return self.secrets.get(f"{namespace}/{name}")
@@ -282,10 +327,10 @@ class CertificateManager:
         found: dict[str, Obj] = {}
         for name in (spec.secrets.peer, spec.secrets.server, spec.secrets.operator_client):
             secret = await self._secret(namespace, name)
-            missing = [k for k in ("tls.crt", "tls.key", "ca.crt") if _decode(secret, k) is None]
-            if secret is None or missing:
-                what = "does not exist" if secret is None else f"lacks {', '.join(missing)}"
-                return ClusterTLS(client=None, problem=f"TLS Secret {name} {what}")
+            problem = secret_problem(name, secret)
+            if problem is not None:
+                return ClusterTLS(client=None, problem=problem)
+            assert secret is not None
             found[name] = secret
         client = found[spec.secrets.operator_client]
         current = user_fingerprint(found[spec.secrets.peer], found[spec.secrets.server])
@@ -411,6 +456,18 @@ class CertificateManager:
                 partial.replace(path)
             paths[key] = path
         return EtcdTLS(paths["ca.crt"], paths["tls.crt"], paths["tls.key"])
+
+
+_SHARED: weakref.WeakKeyDictionary[Manager, CertificateManager] = weakref.WeakKeyDictionary()
+
+
+def operator_certificates(manager: Manager) -> CertificateManager:
+    """The manager's one CertificateManager, shared by every controller that talks to
+    TLS members (one copy of the client key on disk, one Secret cache)."""
+    if manager not in _SHARED:
+        secrets = manager.informer(SECRETS, InformerOptions(label_selector=CLUSTER_LABEL))
+        _SHARED[manager] = CertificateManager(manager.api, secrets)
+    return _SHARED[manager]
 
 
 def user_fingerprint(peer: Obj, server: Obj) -> str:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import tempfile
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -25,8 +23,8 @@ from kustos.etcd import planner, recovery
 from kustos.etcd.certs import (
     FINGERPRINT_ANNOTATION,
     SECRETS,
-    CertificateManager,
     ClusterTLS,
+    operator_certificates,
     user_fingerprint,
 )
 from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, LearnerNotReady, MemberList, Status
@@ -126,8 +124,7 @@ class EtcdClusterReconciler:
         self.services = manager.informer(SERVICES)
         self.rebuilder = Rebuilder(self, agent_image or configured_agent_image())
         self.secrets = manager.informer(SECRETS, InformerOptions(label_selector=CLUSTER_LABEL))
-        workdir = Path(tempfile.mkdtemp(prefix="kustos-etcd-tls-"))  # the client certificate as files
-        self.certs = CertificateManager(self.api, self.secrets, workdir)
+        self.certs = operator_certificates(manager)  # its client files: a temp dir removed at exit
 
     # ---- observe -----------------------------------------------------------------------
 

@@ -7,6 +7,9 @@ It writes only ``status.maintenance``, with merge patches of that subtree, so it
 overwrites what the EtcdCluster controller records. Before a defragmentation starts,
 ``status.maintenance.inProgress`` says so: an operator that stops in the middle leaves a
 record that the next one finishes, and no second member is touched meanwhile.
+
+Members of a TLS cluster are asked with the operator's client certificate, the one the
+EtcdCluster controller keeps (``certs.operator_certificates``); this controller only reads it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pydantic import ValidationError
 
 from kustos.api.etcd import DefragmentationRecord, EtcdCluster, MaintenanceStatus
 from kustos.etcd import maintenance as plan
-from kustos.etcd.client import EtcdClient, EtcdError, Status
+from kustos.etcd.certs import operator_certificates
+from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, Status
 from kustos.etcd.controller import ETCDCLUSTERS
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.controller import Controller, Result
@@ -35,16 +39,17 @@ STATUS_TIMEOUT = 3.0
 DEFRAGMENT_TIMEOUT = 600.0  # a large database takes a while; the member is blocked meanwhile
 WAIT = 5.0  # a cluster that is not settled is looked at again this soon
 AFTER_STEP = 1.0
+NO_CLIENT_CERTIFICATE = "waiting for the operator's client certificate"
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-async def member_view(name: str, url: str) -> plan.MemberView:
+async def member_view(name: str, url: str, tls: EtcdTLS | None = None) -> plan.MemberView:
     """Status and health of one member; anything that does not answer in time is unhealthy."""
     try:
-        async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
+        async with EtcdClient(url, tls, timeout=STATUS_TIMEOUT) as client:
             status: Status = await client.status()
             healthy = not status.errors and await client.health(serializable=True)
     except (EtcdError, OSError, TimeoutError):
@@ -60,6 +65,7 @@ class MaintenanceReconciler:
         self.manager = manager
         self.api = manager.api
         self.clusters = manager.informer(ETCDCLUSTERS)
+        self.certs = operator_certificates(manager)
 
     async def reconcile(self, key: str) -> Result | None:
         cached = self.clusters.get(key)
@@ -98,8 +104,13 @@ class MaintenanceReconciler:
             return None
         status = cluster.status
         recorded = (status.maintenance if status else None) or MaintenanceStatus()
+        tls, problem = await self.certs.client_tls(cluster)
+        if problem is not None:
+            # The EtcdCluster controller reports the Secret itself (CertificatesReady, an event).
+            await self._note(raw, recorded, f"{NO_CLIENT_CERTIFICATE}: {problem}")
+            return Result(requeue_after=min(WAIT, interval))
         members = [m for m in (status.members if status else []) if m.client_url]
-        views = await asyncio.gather(*(member_view(m.name, m.client_url) for m in members))
+        views = await asyncio.gather(*(member_view(m.name, m.client_url, tls) for m in members))
         observed = plan.Observed(
             phase=status.phase if status else None, size=cluster.spec.size, members=tuple(views),
             threshold=settings.threshold, min_db_size=plan.parse_quantity(settings.min_db_size),
@@ -108,12 +119,12 @@ class MaintenanceReconciler:
         )  # fmt: skip
         step = plan.plan(observed)
         if isinstance(step, plan.Defragment):
-            await self._defragment(raw, recorded, step)
+            await self._defragment(raw, recorded, step, tls)
             return Result(requeue_after=AFTER_STEP)
         if isinstance(step, plan.FinishRecord):
             await self._finish_interrupted(raw, recorded, step.member)
             return Result(requeue_after=AFTER_STEP)
-        if plan.wanting(observed):
+        if plan.wanting(observed) or (recorded.message or "").startswith(NO_CLIENT_CERTIFICATE):
             # Only then is a reason worth a status write: most clusters need nothing, most of the time.
             await self._note(raw, recorded, step.reason)
         if isinstance(step, plan.Wait):
@@ -123,7 +134,7 @@ class MaintenanceReconciler:
     # ---- act ---------------------------------------------------------------------------
 
     async def _defragment(
-        self, raw: dict[str, Any], recorded: MaintenanceStatus, step: plan.Defragment
+        self, raw: dict[str, Any], recorded: MaintenanceStatus, step: plan.Defragment, tls: EtcdTLS | None
     ) -> None:
         member = step.member
         record = DefragmentationRecord(
@@ -139,16 +150,16 @@ class MaintenanceReconciler:
         started = time.monotonic()
         error: str | None = None
         try:
-            async with EtcdClient(member.url, timeout=STATUS_TIMEOUT) as client:
+            async with EtcdClient(member.url, tls, timeout=STATUS_TIMEOUT) as client:
                 await client.defragment(timeout=DEFRAGMENT_TIMEOUT)
         except (EtcdError, OSError, TimeoutError) as err:
             error = str(err) or type(err).__name__
-        after = await member_view(member.name, member.url)
+        after = await member_view(member.name, member.url, tls)
         for _ in range(5):  # the member may take a moment to answer after a long defragmentation
             if after.db_size:
                 break
             await asyncio.sleep(0.5)
-            after = await member_view(member.name, member.url)
+            after = await member_view(member.name, member.url, tls)
         await self._complete(raw, recorded, record, after, error, time.monotonic() - started)
 
     async def _finish_interrupted(
