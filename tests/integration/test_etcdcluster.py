@@ -115,6 +115,31 @@ async def test_a_pvc_member_whose_pod_is_deleted_comes_back_with_its_data(
     assert "MemberPodRecreated" in kubectl("get", "events", "--field-selector", "involvedObject.name=p")
 
 
+async def test_the_volumes_of_members_that_left_are_deleted_and_no_other(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    kubectl.apply(etcd_cluster("v", 3, storage={"type": "pvc", "size": "1Gi"}))
+    status = await wait_healthy(kubectl, "v", 3)
+    async with EtcdClient(status["members"][0]["clientUrl"]) as client:
+        await client.put("kept", "after the scale-down")
+    kubectl("patch", "etcdcluster", "v", "--type=merge", "-p", '{"spec":{"size":1}}')
+    status = await wait_healthy(kubectl, "v", 1)
+    survivor = status["members"][0]["name"]
+
+    async def collected() -> list[str] | None:
+        claims = kubectl.get("pvc", None, "-l", "kustos.dev/cluster=v")["items"]
+        names = sorted(c["metadata"]["name"] for c in claims if not c["metadata"].get("deletionTimestamp"))
+        return names if names == [f"{survivor}-data"] else None
+
+    await wait_until(collected, "the two removed members' volumes deleted", timeout=90,
+                     cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    events = kubectl("get", "events", "--field-selector", "involvedObject.name=v,reason=MemberVolumeDeleted")
+    assert events.count("MemberVolumeDeleted") == 2, events
+    async with EtcdClient(status["members"][0]["clientUrl"]) as client:
+        kv = await client.get("kept")
+    assert kv is not None and kv.value == b"after the scale-down"
+
+
 async def test_crashed_process_is_replaced_after_the_failure_timeout(
     kubectl: Kubectl, operator: OperatorProcess
 ) -> None:

@@ -575,3 +575,19 @@ def test_the_next_member_restarts_only_once_the_last_one_caught_up_with_the_lead
     rolled_pods[1] = dataclasses.replace(rolled_pods[1], version="3.5.35")
     step = plan(rolling_back(rolled, rolled_pods, downgrade_enabled=True))
     assert isinstance(step, planner.Wait) and "catching up" in step.reason
+
+
+def test_only_the_volumes_of_members_that_left_are_collected_and_only_old_ones() -> None:
+    members, pods = healthy_cluster(3)
+    old, fresh = NOW - planner.CLAIM_GRACE, NOW - timedelta(seconds=1)
+    claims = (
+        *(planner.ClaimView(p.name, f"c{p.index}", old) for p in pods),
+        planner.ClaimView("e-7", "c7", old),  # a member scaled away
+        planner.ClaimView("e-9", "c9", fresh),  # just made: its pod may not be in the cache yet
+    )
+    o = observed(members, pods, 3, storage="pvc", claims=claims)
+    assert plan(o) == planner.DeleteClaim("e-7", "c7")
+    assert plan(dataclasses.replace(o, claims=claims[:3] + claims[4:])) == planner.Done()
+    # A member whose pod is gone keeps its volume: it comes back on it.
+    gone = dataclasses.replace(o, pods=tuple(pods[:2]), claims=claims[:3])
+    assert plan(gone) == planner.RecreatePod("e-2", 102)

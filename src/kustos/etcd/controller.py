@@ -28,10 +28,11 @@ from kustos.etcd.certs import (
     user_fingerprint,
 )
 from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, LearnerNotReady, MemberList, Status
-from kustos.etcd.planner import MemberView, Observed, PodView, Step
+from kustos.etcd.planner import ClaimView, MemberView, Observed, PodView, Step
 from kustos.etcd.pods import (
     CLUSTER_LABEL,
     MEMBER_ID_ANNOTATION,
+    MEMBER_LABEL,
     VERSION_ANNOTATION,
     claim_name,
     image,
@@ -124,6 +125,7 @@ class EtcdClusterReconciler:
         self.services = manager.informer(SERVICES)
         self.rebuilder = Rebuilder(self, agent_image or configured_agent_image())
         self.secrets = manager.informer(SECRETS, InformerOptions(label_selector=CLUSTER_LABEL))
+        self.claims = manager.informer(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
         self.certs = operator_certificates(manager)  # its client files: a temp dir removed at exit
 
     # ---- observe -----------------------------------------------------------------------
@@ -150,6 +152,20 @@ class EtcdClusterReconciler:
             if p["metadata"].get("namespace") == namespace
             and (p["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name
         ]  # fmt: skip
+
+    def claims_of(self, cluster: EtcdCluster) -> tuple[ClaimView, ...]:
+        """The member volumes of this cluster (any epoch) that are not being deleted."""
+        namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
+        views = []
+        for claim in self.claims.list():
+            meta = claim["metadata"]
+            labels = meta.get("labels") or {}
+            created = parse_rfc3339(meta.get("creationTimestamp"))
+            if meta.get("namespace") != namespace or labels.get(CLUSTER_LABEL) != name:
+                continue
+            if created is not None and not meta.get("deletionTimestamp"):
+                views.append(ClaimView(labels[MEMBER_LABEL], meta["uid"], created))
+        return tuple(views)
 
     def pod_view(self, cluster: EtcdCluster, pod: dict[str, Any]) -> PodView | None:
         meta = pod["metadata"]
@@ -257,6 +273,7 @@ class EtcdClusterReconciler:
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
             tls=skeleton.tls, rollback=rollback(cluster),
             downgrade_enabled=any(s.downgrade_enabled for s in etcd.statuses.values()),
+            claims=self.claims_of(cluster),
         )  # fmt: skip
         return observed, etcd, client_urls
 
@@ -508,6 +525,10 @@ class EtcdClusterReconciler:
                 }, kind="strategic")  # fmt: skip
                 message = f"restarting {pod} in place on etcd {version}, keeping its data"
                 await self.event(cluster, "MemberRollingBack", message)
+            case planner.DeleteClaim(pod=pod, uid=uid):
+                await self.api.delete(CLAIMS, o.namespace, claim_name(pod), uid=uid)
+                message = f"deleted the volume of {pod}: the member has left the cluster"
+                await self.event(cluster, "MemberVolumeDeleted", message)
             case planner.MoveLeader(from_id=from_id, to_id=to_id):
                 moved = await self._leader_call(etcd, lambda c: c.move_leader(to_id))
                 if moved is not None:
@@ -844,7 +865,7 @@ def register(manager: Manager) -> None:
     controller = Controller("etcdcluster", ETCDCLUSTERS, reconciler.reconcile, workers=4)
     controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.owns(SERVICES)
-    controller.owns(CLAIMS)
+    controller.owns(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
     controller.watch(SECRETS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(NODES, _clusters_on_node(reconciler))
     controller.watch(ETCDBACKUPS, _clusters_of_backup(reconciler))

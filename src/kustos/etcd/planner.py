@@ -37,6 +37,9 @@ The rules, in the order they are tried:
    member at a time, the leader last. The cluster does not grow meanwhile (a new member of
    the older minor could not join). A downgrade nobody wants any more is cancelled.
 
+10. Once the cluster matches its spec, delete the volume (PVC) of any member that is
+   neither a pod nor a member any more: etcd never lets a removed member back in.
+
 Each step changes the membership by at most one member, and a removal is only
 planned when the healthy voters that remain are still a majority of the smaller
 cluster, so no step ever costs quorum.
@@ -60,6 +63,9 @@ RECONFIG_SETTLE = timedelta(seconds=6)  # 5 s, plus the second that startedAt ma
 # (a WAL replay, a snapshot from the leader): the next member does not restart until it is
 # closer. A few entries apart is normal under writes, between two status answers.
 CATCH_UP_SLACK = 1000
+# A member volume is only ever collected this long after its creation (caches may not show
+# the pod of a claim created a moment ago).
+CLAIM_GRACE = timedelta(seconds=20)
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,15 @@ class MemberView:
 
 
 @dataclass(frozen=True)
+class ClaimView:
+    """A member's PersistentVolumeClaim, by the pod (member) it was made for."""
+
+    pod: str
+    uid: str
+    created: datetime
+
+
+@dataclass(frozen=True)
 class Observed:
     cluster: str
     namespace: str
@@ -111,6 +126,7 @@ class Observed:
     tls: bool = False  # members speak https
     rollback: str | None = None  # "3.5": ``version`` is the previous minor, reached by etcd's downgrade
     downgrade_enabled: bool = False  # etcd reports a downgrade in progress
+    claims: tuple[ClaimView, ...] = ()  # member volumes (PVC storage)
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -205,6 +221,14 @@ class ReplaceImage:
 
 
 @dataclass(frozen=True)
+class DeleteClaim:
+    """Delete the volume of a member that left etcd: its data can never rejoin the cluster."""
+
+    pod: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class Wait:
     reason: str
     seconds: float = 2.0
@@ -229,8 +253,8 @@ class Done:
 
 Step = (
     CreateSeed | CreatePod | RecreatePod | AddMember | PromoteMember | UpdatePeerURL | RemoveMember
-    | DeletePod | AnnotatePod | MoveLeader | EnableDowngrade | CancelDowngrade | ReplaceImage | Wait
-    | QuorumLost | UpgradeHalted | Done
+    | DeletePod | AnnotatePod | MoveLeader | EnableDowngrade | CancelDowngrade | ReplaceImage
+    | DeleteClaim | Wait | QuorumLost | UpgradeHalted | Done
 )  # fmt: skip
 
 
@@ -479,6 +503,13 @@ def plan(o: Observed) -> Step:
         pod = pods[victim.id]
         reason = f"restarting it on etcd {o.version}" if is_old_version(o, pod) else ""
         return DeletePod(pod.name, pod.uid, reason or f"restarting it: {pod.tls_stale}")
+
+    # 10. Collect the volumes of members that left (scaled down, replaced, an old epoch).
+    coming = {_expected_pod(o, m) for m in members}  # DNS: members whose pod is yet to come
+    in_use = {p.name for p in o.pods} | {m.name for m in members} | {c for c in coming if c}
+    for claim in o.claims:
+        if claim.pod not in in_use and o.now - claim.created >= CLAIM_GRACE:
+            return DeleteClaim(claim.pod, claim.uid)
     return Done()
 
 
