@@ -78,6 +78,7 @@ def test_agent_pod_for_a_claim_saves_with_etcdctl_onto_the_claim_then_verifies()
         backup(), cluster(), BackupStorage(pvc=PVCStorage()), ("main-1", "http://m1:2379"), 2, "img", STARTED
     )
     assert pod["metadata"]["name"] == "nightly-snapshot-2" and pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["activeDeadlineSeconds"] == 6 * 3600, "a stalled save is failed, then retried"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "b1"
     [save] = pod["spec"]["initContainers"]
     spooled = "/backups/.incoming_prod_main_nightly.db"  # on the claim: storing is a rename

@@ -33,6 +33,9 @@ SAVE_CONTAINER = "etcdctl"
 MAX_ATTEMPTS = 5
 BACKUP_MOUNT = "/backups"
 SCRATCH_MOUNT = "/scratch"
+# etcdctl's save has no timeout of its own: a member that stalls mid-stream would hold the pod
+# forever. The kubelet fails the pod after this long, and the attempt is retried.
+AGENT_DEADLINE_SECONDS = 6 * 3600
 
 
 def storage_for(backup: EtcdBackup, cluster: EtcdCluster) -> BackupStorage:
@@ -141,8 +144,8 @@ def agent_pod(
                 "uid": backup.metadata["uid"], "controller": True, "blockOwnerDeletion": True,
             }],
         },
-        "spec": {"restartPolicy": "Never", "initContainers": [save], "containers": [container],
-                 "volumes": volumes},
+        "spec": {"restartPolicy": "Never", "activeDeadlineSeconds": AGENT_DEADLINE_SECONDS,
+                 "initContainers": [save], "containers": [container], "volumes": volumes},
     }  # fmt: skip
 
 
