@@ -219,6 +219,11 @@ async def test_a_backup_of_a_tls_cluster_uses_the_operators_client_certificate(
     result = await wait_until(succeeded, "the backup to succeed", timeout=120, cluster=kubectl.cluster,
                               namespace=kubectl.namespace)  # fmt: skip
     assert result["revision"] >= revision and result["size"] > 0 and result["attempts"] == 1
+    # etcdctl saved it over TLS with the operator's client certificate (the agent itself never dials)
+    pod = kubectl.get("pod", "bt-now-snapshot-1")
+    save = pod["spec"]["initContainers"][0]
+    assert save["command"][0] == "etcdctl" and "--cert" in save["command"]
+    assert "snapshot saved" in kubectl("logs", "bt-now-snapshot-1", "-c", "etcdctl").lower()
 
 
 async def test_certificates_are_renewed_before_they_expire(

@@ -70,17 +70,38 @@ def test_retries_back_off_from_ten_seconds_to_five_minutes() -> None:
     assert delays == [10, 20, 40, 80, 160, 300, 300]
 
 
-def test_agent_pod_for_a_claim() -> None:
+STARTED = datetime(2026, 11, 23, 12, 0, 1, 250000, tzinfo=UTC)
+
+
+def test_agent_pod_for_a_claim_saves_with_etcdctl_onto_the_claim_then_verifies() -> None:
     pod = plan.agent_pod(
-        backup(), cluster(), BackupStorage(pvc=PVCStorage()), ("main-1", "http://m1:2379"), 2, "img"
+        backup(), cluster(), BackupStorage(pvc=PVCStorage()), ("main-1", "http://m1:2379"), 2, "img", STARTED
     )
-    container = pod["spec"]["containers"][0]
     assert pod["metadata"]["name"] == "nightly-snapshot-2" and pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["activeDeadlineSeconds"] == 6 * 3600, "a stalled save is failed, then retried"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "b1"
-    command = container["command"]
-    assert command[:3] == ["kustos", "etcd", "snapshot"] and "--keep" not in command
-    assert command[command.index("--dir") + 1] == "/backups/prod/main"
-    assert command[command.index("--location-prefix") + 1] == "pvc://main-backups/prod/main"
+    [save] = pod["spec"]["initContainers"]
+    spooled = "/backups/.incoming_prod_main_nightly.db"  # on the claim: storing is a rename
+    assert save == {
+        "name": "etcdctl",
+        "image": "registry.k8s.io/etcd:3.6.16-0",
+        "command": [
+            "etcdctl",
+            "--endpoints=http://m1:2379",
+            "--dial-timeout=10s",
+            "snapshot",
+            "save",
+            spooled,
+        ],
+        "volumeMounts": [{"name": "backups", "mountPath": "/backups"}],
+    }
+    [container] = pod["spec"]["containers"]
+    assert container["command"] == [
+        "kustos", "etcd", "snapshot", "--file", spooled, "--name", "nightly", "--cluster", "main",
+        "--member", "main-1", "--started", "2026-11-23T12:00:01.250+00:00",
+        "--dir", "/backups/prod/main", "--location-prefix", "pvc://main-backups/prod/main",
+    ]  # fmt: skip
+    assert container["volumeMounts"] == [{"name": "backups", "mountPath": "/backups"}]
     assert pod["spec"]["volumes"] == [
         {"name": "backups", "persistentVolumeClaim": {"claimName": "main-backups"}}
     ]
@@ -90,15 +111,44 @@ def test_agent_pod_for_s3_takes_credentials_from_the_secret_and_keeps_for_the_sc
     scheduled = backup("main-20261122-120000", labels={plan.SCHEDULED_LABEL: "true"})
     storage = BackupStorage(s3=S3Storage.model_validate(S3))
     pod = plan.agent_pod(
-        scheduled, cluster({"interval": "1h", "keep": 3}), storage, ("m", "http://m:2379"), 1, "i"
+        scheduled, cluster({"interval": "1h", "keep": 3}), storage, ("m", "http://m:2379"), 1, "i", STARTED
     )
+    [save] = pod["spec"]["initContainers"]
+    assert save["command"][-3:] == ["snapshot", "save", "/scratch/main-20261122-120000.db"]
+    assert "env" not in save, "etcdctl never sees the bucket's credentials"
     container = pod["spec"]["containers"][0]
     command = container["command"]
+    assert command[command.index("--file") + 1] == "/scratch/main-20261122-120000.db"
     assert command[command.index("--s3-prefix") + 1] == "etcd/prod/main"
     assert command[command.index("--keep") + 1] == "3" and "--s3-path-style" in command
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
     assert refs["AWS_ACCESS_KEY_ID"] == {"name": "s3-creds", "key": "accessKeyId"}
     assert refs["AWS_SECRET_ACCESS_KEY"] == {"name": "s3-creds", "key": "secretAccessKey"}
+    assert pod["spec"]["volumes"] == [{"name": "scratch", "emptyDir": {}}]
+    assert save["volumeMounts"] == container["volumeMounts"] == [{"name": "scratch", "mountPath": "/scratch"}]
+
+
+def test_etcdctl_uses_the_cluster_version_and_repository() -> None:
+    custom = EtcdCluster.model_validate({
+        "apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster",
+        "metadata": {"name": "main", "namespace": "prod", "uid": "c1"},
+        "spec": {"size": 3, "version": "3.5.35", "repository": "quay.io/coreos/etcd"},
+    })  # fmt: skip
+    pod = plan.agent_pod(
+        backup(), custom, BackupStorage(pvc=PVCStorage()), ("m", "http://m:2379"), 1, "i", STARTED
+    )
+    assert pod["spec"]["initContainers"][0]["image"] == "quay.io/coreos/etcd:v3.5.35"
+
+
+def test_the_failure_is_read_from_etcdctl_when_it_did_not_save() -> None:
+    def pod(exit_code: int | None) -> dict[str, Any]:
+        state = {"terminated": {"exitCode": exit_code}} if exit_code is not None else {"waiting": {}}
+        return {"status": {"phase": "Failed", "initContainerStatuses": [{"name": "etcdctl", "state": state}]}}
+
+    assert plan.failed_container(pod(1)) == plan.SAVE_CONTAINER
+    assert plan.failed_container(pod(0)) == plan.AGENT_CONTAINER
+    assert plan.failed_container(pod(None)) == plan.AGENT_CONTAINER
+    assert plan.failed_container({"status": {"phase": "Failed"}}) == plan.AGENT_CONTAINER
 
 
 def test_the_schedule_by_interval_and_by_cron() -> None:

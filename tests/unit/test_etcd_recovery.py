@@ -190,9 +190,11 @@ def test_a_seed_restoring_from_a_member_fetches_then_restores_with_bumped_revisi
     where = member_source(SURVIVOR, "http://127.1.1.3:2379")
     seed = restore_seed_pod(cluster(), 3, "3.6.16", 2, where, "ghcr.io/kustos/kustos:dev")
     fetch, restore = seed["spec"]["initContainers"]
-    assert fetch["name"] == FETCH_CONTAINER and fetch["image"] == "ghcr.io/kustos/kustos:dev"
-    assert fetch["command"][:3] == ["kustos", "etcd", "fetch-snapshot"]
-    assert "--endpoint" in fetch["command"] and "http://127.1.1.3:2379" in fetch["command"]
+    # Over gRPC with the etcd image's own etcdctl; restore then checks the SHA-256 trailer.
+    assert fetch["name"] == FETCH_CONTAINER and fetch["image"] == "registry.k8s.io/etcd:3.6.16-0"
+    assert fetch["command"] == ["etcdctl", "--endpoints=http://127.1.1.3:2379", "--dial-timeout=10s",
+                                "snapshot", "save", "/restore/snapshot.db"]  # fmt: skip
+    assert fetch["volumeMounts"] == [{"name": "restore", "mountPath": "/restore"}]
     assert restore["name"] == RESTORE_CONTAINER and restore["image"] == "registry.k8s.io/etcd:3.6.16-0"
     assert restore["command"] == ["etcdutl"]
     assert "--mark-compacted" in restore["args"]
@@ -201,6 +203,18 @@ def test_a_seed_restoring_from_a_member_fetches_then_restores_with_bumped_revisi
     etcd_args = seed["spec"]["containers"][0]["args"]
     assert "--initial-cluster-token=u-1-2" in etcd_args and "--initial-cluster-state=new" in etcd_args
     assert pod_epoch(seed) == 2 and seed["metadata"]["labels"][EPOCH_LABEL] == "2"
+
+
+def test_a_seed_of_a_tls_cluster_saves_from_the_member_with_the_operators_certificate() -> None:
+    where = member_source(SURVIVOR, "https://127.1.1.3:2379")
+    seed = restore_seed_pod(cluster(tls={}), 0, "3.6.16", 1, where, "img")
+    fetch = seed["spec"]["initContainers"][0]
+    assert fetch["command"][:2] == ["etcdctl", "--endpoints=https://127.1.1.3:2379"]
+    certs = "/etc/etcd/client-tls"
+    assert fetch["command"][-6:] == ["--cacert", f"{certs}/ca.crt", "--cert", f"{certs}/tls.crt",
+                                     "--key", f"{certs}/tls.key"]  # fmt: skip
+    volumes = [v["name"] for v in seed["spec"]["volumes"]]
+    assert volumes.count("etcd-client-tls") == 1
 
 
 def test_a_backup_on_a_claim_is_read_from_the_claim_and_checked() -> None:

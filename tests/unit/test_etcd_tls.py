@@ -290,14 +290,22 @@ def test_a_backup_pod_of_a_tls_cluster_gets_the_client_certificate() -> None:
         "apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdBackup",
         "metadata": {"name": "b", "namespace": "ns", "uid": "b1"}, "spec": {"clusterName": "e"},
     })  # fmt: skip
-    pod = agent_pod(backup, cluster(), BackupStorage(pvc=PVCStorage()), ("e-0", "https://m:2379"), 1, "img")
-    container = pod["spec"]["containers"][0]
-    command = container["command"]
+    started = datetime(2026, 11, 23, tzinfo=UTC)
+    pod = agent_pod(
+        backup, cluster(), BackupStorage(pvc=PVCStorage()), ("e-0", "https://m:2379"), 1, "img", started
+    )
+    save = pod["spec"]["initContainers"][0]  # etcdctl talks to the member; the agent only stores
+    command = save["command"]
     assert command[command.index("--cacert") + 1] == "/etc/etcd/client-tls/ca.crt"
     assert command[command.index("--cert") + 1] == "/etc/etcd/client-tls/tls.crt"
     assert command[command.index("--key") + 1] == "/etc/etcd/client-tls/tls.key"
+    assert {"name": "etcd-client-tls", "mountPath": "/etc/etcd/client-tls", "readOnly": True} in save[
+        "volumeMounts"
+    ]
+    assert "--cacert" not in pod["spec"]["containers"][0]["command"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["etcd-client-tls"]["secret"] == {"secretName": "e-client-tls"}
+    assert len(pod["spec"]["volumes"]) == len(volumes)
 
 
 def _ca_secret(pair: tls.KeyPair) -> dict[str, Any]:

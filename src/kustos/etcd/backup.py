@@ -1,9 +1,17 @@
 """Backups, the pure part: where a backup goes, which member it streams from, the agent
-pod that takes it, the retry backoff and the schedule (no I/O here)."""
+pod that takes it, the retry backoff and the schedule (no I/O here).
+
+The agent pod has two steps. The init container ``etcdctl`` (the cluster's etcd image)
+saves the snapshot over gRPC, at etcd's own speed: straight onto the backup claim (next
+to its final place, so storing it is a rename) or into a scratch emptyDir for S3. Then
+the ``snapshot`` container (the operator's image, ``kustos etcd snapshot --file``) checks
+etcd's SHA-256 trailer, reads the revision from the file, stores it under its final name,
+prunes, and prints the result line the controller reads.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cronsim import CronSim
@@ -12,6 +20,8 @@ from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStor
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import CLIENT_DIR, client_secret_name
 from kustos.etcd.pods import CLUSTER_LABEL
+from kustos.etcd.pods import image as etcd_image
+from kustos.etcd.snapshot import SNAPSHOT_SUFFIX
 from kustos.runtime.times import parse_duration
 
 Obj = dict[str, Any]
@@ -19,9 +29,13 @@ Obj = dict[str, Any]
 BACKUP_LABEL = "kustos.dev/backup"
 SCHEDULED_LABEL = "kustos.dev/scheduled"
 AGENT_CONTAINER = "snapshot"
+SAVE_CONTAINER = "etcdctl"
 MAX_ATTEMPTS = 5
 BACKUP_MOUNT = "/backups"
 SCRATCH_MOUNT = "/scratch"
+# etcdctl's save has no timeout of its own: a member that stalls mid-stream would hold the pod
+# forever. The kubelet fails the pod after this long, and the attempt is retried.
+AGENT_DEADLINE_SECONDS = 6 * 3600
 
 
 def storage_for(backup: EtcdBackup, cluster: EtcdCluster) -> BackupStorage:
@@ -73,43 +87,51 @@ def agent_pod_name(backup: str, attempt: int) -> str:
 
 def agent_pod(
     backup: EtcdBackup, cluster: EtcdCluster, storage: BackupStorage, member: tuple[str, str], attempt: int,
-    image: str,
+    image: str, started: datetime,
 ) -> Obj:  # fmt: skip
-    """A pod running ``kustos etcd snapshot`` once, owned by the EtcdBackup."""
+    """A pod that saves one snapshot with etcdctl, then verifies and stores it with
+    ``kustos etcd snapshot --file``; owned by the EtcdBackup. ``started`` is when this
+    attempt began: the recorded duration counts from it."""
     namespace, name = backup.metadata["namespace"], backup.metadata["name"]
     cluster_name = cluster.metadata["name"]
     member_name, endpoint = member
-    args = ["kustos", "etcd", "snapshot", "--endpoint", endpoint, "--name", name, "--cluster", cluster_name,
-            "--member", member_name]  # fmt: skip
-    labels = backup.metadata.get("labels") or {}
-    if labels.get(SCHEDULED_LABEL) == "true" and cluster.spec.backup is not None:
-        args += ["--keep", str(cluster.spec.backup.keep)]
-    container: Obj = {"name": AGENT_CONTAINER, "image": image, "command": args, "volumeMounts": []}
     volumes: list[Obj] = []
     if storage.pvc is not None:
         claim = claim_name(cluster_name, storage.pvc)
-        directory = f"{BACKUP_MOUNT}/{namespace}/{cluster_name}"
-        container["command"] += [
-            "--dir",
-            directory,
-            "--location-prefix",
-            f"pvc://{claim}/{namespace}/{cluster_name}",
-        ]
-        container["volumeMounts"].append({"name": "backups", "mountPath": BACKUP_MOUNT})
+        # On the claim's root (it always exists; etcdctl cannot create directories), with a name
+        # retention never lists: the agent renames it into place once verified.
+        spooled = f"{BACKUP_MOUNT}/.incoming_{namespace}_{cluster_name}_{name}{SNAPSHOT_SUFFIX}"
+        mount: Obj = {"name": "backups", "mountPath": BACKUP_MOUNT}
         volumes.append({"name": "backups", "persistentVolumeClaim": {"claimName": claim}})
+        store = ["--dir", f"{BACKUP_MOUNT}/{namespace}/{cluster_name}",
+                 "--location-prefix", f"pvc://{claim}/{namespace}/{cluster_name}"]  # fmt: skip
     else:
         s3 = storage.s3
         assert s3 is not None
+        spooled = f"{SCRATCH_MOUNT}/{name}{SNAPSHOT_SUFFIX}"
+        mount = {"name": "scratch", "mountPath": SCRATCH_MOUNT}
+        volumes.append({"name": "scratch", "emptyDir": {}})
         prefix = "/".join(p for p in (s3.prefix.strip("/"), namespace, cluster_name) if p)
-        container["command"] += [
+        store = [
             "--s3-endpoint", s3.endpoint, "--s3-bucket", s3.bucket, "--s3-prefix", prefix,
             "--s3-region", s3.region, "--s3-path-style" if s3.path_style else "--no-s3-path-style",
-            "--scratch", SCRATCH_MOUNT,
         ]  # fmt: skip
-        container["env"] = s3_credentials_env(s3.credentials_secret)
-        container["volumeMounts"].append({"name": "scratch", "mountPath": SCRATCH_MOUNT})
-        volumes.append({"name": "scratch", "emptyDir": {}})
-    mount_client_tls(cluster, container, volumes)
+    save: Obj = {
+        "name": SAVE_CONTAINER,
+        "image": etcd_image(cluster, cluster.spec.version),
+        "command": save_command(endpoint, spooled),
+        "volumeMounts": [dict(mount)],
+    }
+    mount_client_tls(cluster, save, volumes)
+    args = ["kustos", "etcd", "snapshot", "--file", spooled, "--name", name, "--cluster", cluster_name,
+            "--member", member_name, "--started", started.astimezone(UTC).isoformat(timespec="milliseconds"),
+            *store]  # fmt: skip
+    labels = backup.metadata.get("labels") or {}
+    if labels.get(SCHEDULED_LABEL) == "true" and cluster.spec.backup is not None:
+        args += ["--keep", str(cluster.spec.backup.keep)]
+    container: Obj = {"name": AGENT_CONTAINER, "image": image, "command": args, "volumeMounts": [dict(mount)]}
+    if storage.s3 is not None:
+        container["env"] = s3_credentials_env(storage.s3.credentials_secret)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -122,13 +144,29 @@ def agent_pod(
                 "uid": backup.metadata["uid"], "controller": True, "blockOwnerDeletion": True,
             }],
         },
-        "spec": {"restartPolicy": "Never", "containers": [container], "volumes": volumes},
+        "spec": {"restartPolicy": "Never", "activeDeadlineSeconds": AGENT_DEADLINE_SECONDS,
+                 "initContainers": [save], "containers": [container], "volumes": volumes},
     }  # fmt: skip
+
+
+def failed_container(pod: Obj) -> str:
+    """The container whose log says why an agent pod failed: etcdctl when it did not save."""
+    for init in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        done = (init.get("state") or {}).get("terminated") or {}
+        if init.get("name") == SAVE_CONTAINER and done.get("exitCode"):
+            return SAVE_CONTAINER
+    return AGENT_CONTAINER
+
+
+def save_command(endpoint: str, path: str) -> list[str]:
+    """``etcdctl snapshot save`` from one member (gRPC); etcdctl writes ``path.part`` and renames
+    it to ``path`` only once the whole stream, etcd's SHA-256 trailer included, has arrived."""
+    return ["etcdctl", f"--endpoints={endpoint}", "--dial-timeout=10s", "snapshot", "save", path]
 
 
 def mount_client_tls(cluster: EtcdCluster, container: Obj, volumes: list[Obj]) -> None:
     """For a TLS cluster: the operator's client certificate and the members' CA, mounted into an
-    agent container whose command takes --cacert/--cert/--key."""
+    agent container whose command takes --cacert/--cert/--key (kustos's and etcdctl's alike)."""
     if cluster.spec.tls is None:
         return
     container["command"] += ["--cacert", f"{CLIENT_DIR}/ca.crt", "--cert", f"{CLIENT_DIR}/tls.crt",
@@ -136,7 +174,8 @@ def mount_client_tls(cluster: EtcdCluster, container: Obj, volumes: list[Obj]) -
     container.setdefault("volumeMounts", []).append(
         {"name": "etcd-client-tls", "mountPath": CLIENT_DIR, "readOnly": True}
     )
-    volumes.append({"name": "etcd-client-tls", "secret": {"secretName": client_secret_name(cluster)}})
+    if not any(v["name"] == "etcd-client-tls" for v in volumes):
+        volumes.append({"name": "etcd-client-tls", "secret": {"secretName": client_secret_name(cluster)}})
 
 
 def s3_credentials_env(secret: str) -> list[Obj]:

@@ -67,7 +67,7 @@ class EtcdBackupReconciler:
             if pod is not None and phase != "Failed":
                 return Result(requeue_after=5.0)  # running: its pod's changes wake us
             if status.next_attempt_time is None:
-                why = await self._failure_reason(namespace, pod_name) if pod else "the agent pod disappeared"
+                why = await self._failure_reason(namespace, pod) if pod else "the agent pod disappeared"
                 return await self._failed(raw, backup, status, why)
             wait = (parse_rfc3339(status.next_attempt_time) or _now()) - _now()
             if wait.total_seconds() > 0:
@@ -98,7 +98,9 @@ class EtcdBackupReconciler:
             await self.api.apply(CLAIMS, plan.default_claim(cluster, storage.pvc))
         attempt = status.attempts + 1
         try:
-            await self.api.create(PODS, plan.agent_pod(backup, cluster, storage, member, attempt, self.image))
+            await self.api.create(
+                PODS, plan.agent_pod(backup, cluster, storage, member, attempt, self.image, _now())
+            )
         except ApiStatusError as err:
             if not err.conflict:
                 raise
@@ -156,12 +158,16 @@ class EtcdBackupReconciler:
         await self._event(raw, WARNING, "BackupAttemptFailed", status.message)
         return Result(requeue_after=delay.total_seconds())
 
-    async def _failure_reason(self, namespace: str, pod_name: str) -> str:
+    async def _failure_reason(self, namespace: str, pod: dict[str, Any]) -> str:
+        container = plan.failed_container(pod)
         try:
-            text = await self.api.logs(namespace, pod_name, plan.AGENT_CONTAINER)
+            text = await self.api.logs(namespace, pod["metadata"]["name"], container)
         except ApiStatusError as err:
             return f"the agent failed and its log is unavailable: {err}"
-        return parse_error(text) or (text.strip().splitlines() or ["the agent failed without a message"])[-1]
+        lines = text.strip().splitlines() or ["the agent failed without a message"]
+        if container == plan.SAVE_CONTAINER:
+            return f"etcdctl snapshot save failed: {lines[-1]}"
+        return parse_error(text) or lines[-1]
 
     async def _pending(self, raw: dict[str, Any], status: EtcdBackupStatus, message: str) -> None:
         if status.message == message and status.phase == "Pending":

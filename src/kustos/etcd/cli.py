@@ -14,9 +14,17 @@ etcd = typer.Typer(help="etcd helpers: the snapshot agent the operator runs in b
 
 @etcd.command("snapshot")
 def snapshot(
-    endpoint: Annotated[str, typer.Option(help="Client URL of the member to stream from.")],
     name: Annotated[str, typer.Option(help="Snapshot name; stored as <name>.db.")],
     cluster: Annotated[str, typer.Option(help="The EtcdCluster's name (for retention).")],
+    file: Annotated[
+        Path | None, typer.Option(help="A snapshot `etcdctl snapshot save` wrote: verify and store it.")
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Without --file: client URL of the member to stream from.")
+    ] = None,
+    started: Annotated[
+        str | None, typer.Option(help="When the backup began (ISO 8601); the duration counts from it.")
+    ] = None,
     member: Annotated[str, typer.Option(help="The member's name, for the record.")] = "",
     directory: Annotated[Path | None, typer.Option("--dir", help="Store in this directory (a PVC).")] = None,
     location_prefix: Annotated[str, typer.Option(help="How the directory is named in results.")] = "",
@@ -31,10 +39,13 @@ def snapshot(
     cert: Annotated[Path | None, typer.Option(help="Client certificate for a TLS cluster.")] = None,
     key: Annotated[Path | None, typer.Option(help="Key of the client certificate.")] = None,
 ) -> None:
-    """Stream a snapshot, verify etcd's checksum, store it; print the result as the last line.
+    """Verify a snapshot's checksum (--file, or streamed from --endpoint), store it; print the
+    result as the last line.
 
     S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
     """
+    from datetime import datetime
+
     from kustos.etcd.client import EtcdTLS
     from kustos.etcd.snapshot import (
         ERROR_MARKER,
@@ -42,6 +53,7 @@ def snapshot(
         DirectoryDestination,
         S3Destination,
         s3_store,
+        store_snapshot,
         take_snapshot,
     )
 
@@ -55,9 +67,18 @@ def snapshot(
         spool = scratch
     else:
         raise typer.BadParameter("give --dir or --s3-endpoint")
+    if (file is None) == (endpoint is None):
+        raise typer.BadParameter("give exactly one of --file and --endpoint")
     try:
-        tls = EtcdTLS(cacert, cert, key) if endpoint.startswith("https://") else None
-        result = asyncio.run(take_snapshot(endpoint, member, name, destination, spool, cluster, keep, tls))
+        if file is not None:
+            began = datetime.fromisoformat(started) if started else None
+            result = asyncio.run(store_snapshot(file, member, name, destination, cluster, keep, began))
+        else:
+            assert endpoint is not None
+            tls = EtcdTLS(cacert, cert, key) if endpoint.startswith("https://") else None
+            result = asyncio.run(
+                take_snapshot(endpoint, member, name, destination, spool, cluster, keep, tls)
+            )
     except Exception as err:  # the operator reads this line from the pod's log
         first_line = (str(err).strip().splitlines() or [""])[0]
         print(f"{ERROR_MARKER}{type(err).__name__}: {first_line}", flush=True)

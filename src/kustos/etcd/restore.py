@@ -1,10 +1,13 @@
 """Restoring seeds, the pure part: where a snapshot is read from, and the pod that restores it.
 
 A restoring seed is an ordinary member pod (``member_pod``) with two init containers:
-``fetch-snapshot`` (the operator's own image, ``kustos etcd fetch-snapshot``) streams the
-snapshot from a surviving member or reads it from a backup and checks its checksum, then
-``restore`` (the etcd image of the cluster's version) runs ``etcdutl snapshot restore``
-into the member's empty data directory. The same seed serves disaster recovery
+``fetch-snapshot`` puts the snapshot in a scratch emptyDir, then ``restore`` (the etcd
+image of the cluster's version) runs ``etcdutl snapshot restore`` into the member's empty
+data directory; restore refuses a snapshot whose SHA-256 trailer does not match. From a
+surviving member, ``fetch-snapshot`` is ``etcdctl snapshot save`` (the etcd image, gRPC:
+etcd's own speed); from a backup it is the operator's image (``kustos etcd
+fetch-snapshot``), which reads a claim or a bucket and checks the SHA-256 the backup
+recorded. The same seed serves disaster recovery
 (F-ETCD-8) and ``spec.restore`` (a new cluster from a backup).
 """
 
@@ -15,7 +18,7 @@ from typing import Any
 
 from kustos.api.backup import BackupStorage, EtcdBackup, S3Storage
 from kustos.api.etcd import EtcdCluster
-from kustos.etcd.backup import mount_client_tls, s3_credentials_env
+from kustos.etcd.backup import mount_client_tls, s3_credentials_env, save_command
 from kustos.etcd.planner import pod_name
 from kustos.etcd.pods import DATA_DIR, cluster_token, image, member_pod, member_urls
 from kustos.etcd.recovery import BUMP_REVISION, Source
@@ -105,8 +108,10 @@ def restore_seed_pod(
     pod_ip_env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     fetch: Obj = {
         "name": FETCH_CONTAINER,
-        "image": agent_image,
-        "command": fetch_args(source),
+        "image": image(cluster, version) if source.member_url else agent_image,
+        "command": save_command(source.member_url, SNAPSHOT_FILE)
+        if source.member_url
+        else fetch_args(source),
         "volumeMounts": [{"name": "restore", "mountPath": RESTORE_MOUNT}],
     }
     if source.claim:

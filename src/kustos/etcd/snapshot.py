@@ -1,10 +1,13 @@
-"""The snapshot agent: stream a member's database, verify it, store it, prune old ones.
+"""The snapshot agent: verify a member's snapshot, store it, prune old ones.
 
 It runs in a short-lived pod with the operator's own image (``kustos etcd snapshot``),
 so snapshot bytes never pass through the operator and a slow upload never holds up a
-reconcile. The snapshot is spooled to a file first and stored only once etcd's own
-checksum has been verified: a bucket or volume never holds a partial snapshot under a
-final name. The last line printed is the result, for the operator to read from the
+reconcile. In the operator's agent pods ``etcdctl snapshot save`` (gRPC, in an init
+container of the etcd image) has already written the file and this only verifies and
+stores it (``store_snapshot``); by hand, ``take_snapshot`` streams it through etcd's
+JSON gateway first (about 4x slower). Either way a snapshot is stored only once etcd's
+own checksum has been verified: a bucket or volume never holds a partial snapshot under
+a final name. The last line printed is the result, for the operator to read from the
 pod's log.
 """
 
@@ -20,7 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from kustos.etcd.client import EtcdClient, EtcdTLS
+from kustos.etcd.bolt import BoltError, snapshot_revision
+from kustos.etcd.client import SNAPSHOT_SHA256_SIZE, EtcdClient, EtcdTLS
 from kustos.runtime.times import rfc3339
 
 if TYPE_CHECKING:
@@ -32,6 +36,7 @@ SNAPSHOT_SUFFIX = ".db"
 UPLOAD_PART = 8 * 1024 * 1024
 UPLOAD_CONCURRENCY = 4
 READ_CHUNK = 1024 * 1024
+VERIFY_CHUNK = 8 * 1024 * 1024
 
 
 def scheduled_name(cluster: str, moment: datetime) -> str:
@@ -97,15 +102,17 @@ class DirectoryDestination:
     async def store(self, spooled: Path, name: str) -> str:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / name
-        if spooled.parent != self.root:
+        try:  # on the same volume (etcdctl saved it on the claim): storing is a rename
+            spooled.replace(final)
+        except OSError:  # another filesystem: copy as .part, then rename
             partial = self.root / (name + ".part")
             with spooled.open("rb") as source, partial.open("wb") as target:
                 while chunk := source.read(READ_CHUNK):
                     target.write(chunk)
                 target.flush()
                 os.fsync(target.fileno())
-            spooled = partial
-        spooled.replace(final)
+            partial.replace(final)
+        _fsync_directory(self.root)
         return f"{self.location_prefix}/{name}" if self.location_prefix else str(final)
 
     async def names(self) -> list[str]:
@@ -114,6 +121,15 @@ class DirectoryDestination:
     async def delete(self, names: list[str]) -> None:
         for name in names:
             (self.root / name).unlink(missing_ok=True)
+
+
+def _fsync_directory(path: Path) -> None:
+    """Make a rename into ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -210,6 +226,88 @@ async def take_snapshot(
         start_time=rfc3339(started_at),
         completion_time=rfc3339(datetime.now(UTC)),
         duration_seconds=round(time.monotonic() - started, 3),
+        pruned=pruned,
+    )
+
+
+class SnapshotCorrupt(Exception):
+    """A snapshot file that etcd's own checks would refuse."""
+
+
+@dataclass(frozen=True)
+class VerifiedSnapshot:
+    size: int
+    """Bytes of the file: the database and etcd's 32-byte SHA-256 trailer."""
+    sha256: str
+    """Hex SHA-256 of the whole file, as it is stored."""
+    revision: int
+    """The store revision in the database (what ``etcdutl snapshot status`` reports)."""
+
+
+def verify_snapshot(path: Path) -> VerifiedSnapshot:
+    """What ``etcdutl snapshot restore`` checks (the trailer is the SHA-256 of the database
+    before it), the stored file's SHA-256 from the same single read, and its revision."""
+    size = path.stat().st_size
+    database = size - SNAPSHOT_SHA256_SIZE
+    if database <= 0 or database % 512:  # etcdctl's own test: a bolt file is whole pages
+        raise SnapshotCorrupt(f"{path.name}: {size} bytes is not a database plus a SHA-256 trailer")
+    digest = hashlib.sha256()
+    buffer = bytearray(VERIFY_CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as file:
+        remaining = database
+        while remaining:
+            got = file.readinto(view[: min(VERIFY_CHUNK, remaining)])
+            if not got:
+                raise SnapshotCorrupt(f"{path.name} shrank while it was read")
+            digest.update(view[:got])
+            remaining -= got
+        trailer = file.read(SNAPSHOT_SHA256_SIZE)
+    whole = digest.copy()
+    whole.update(trailer)
+    if trailer != digest.digest():
+        raise SnapshotCorrupt(f"{path.name}: etcd's SHA-256 trailer does not match the database")
+    try:
+        revision = snapshot_revision(path)
+    except BoltError as err:
+        raise SnapshotCorrupt(f"{path.name}: {err}") from err
+    return VerifiedSnapshot(size=size, sha256=whole.hexdigest(), revision=revision)
+
+
+async def store_snapshot(
+    spooled: Path,
+    member: str,
+    name: str,
+    destination: Destination,
+    cluster: str,
+    keep: int | None = None,
+    started_at: datetime | None = None,
+) -> SnapshotResult:
+    """Verify a saved snapshot, store it as ``<name>.db``, then prune beyond ``keep``.
+
+    ``started_at`` is when the backup began (before etcdctl saved the file): the
+    recorded duration counts from it. The spooled file is gone afterwards, stored or not.
+    """
+    started_at = started_at or datetime.now(UTC)
+    try:
+        verified = verify_snapshot(spooled)
+        location = await destination.store(spooled, name + SNAPSHOT_SUFFIX)
+    finally:
+        spooled.unlink(missing_ok=True)
+    pruned: list[str] = []
+    if keep is not None:
+        pruned = to_prune(await destination.names(), cluster, keep)
+        await destination.delete(pruned)
+    finished = datetime.now(UTC)
+    return SnapshotResult(
+        location=location,
+        member=member,
+        revision=verified.revision,
+        size=verified.size,
+        sha256=verified.sha256,
+        start_time=rfc3339(started_at),
+        completion_time=rfc3339(finished),
+        duration_seconds=round(max(0.0, (finished - started_at).total_seconds()), 3),
         pruned=pruned,
     )
 
