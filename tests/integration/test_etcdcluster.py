@@ -93,6 +93,7 @@ async def test_a_pvc_member_whose_pod_is_deleted_comes_back_with_its_data(
     before = {m["name"]: m["id"] for m in status["members"]}
     async with EtcdClient(status["members"][0]["clientUrl"]) as client:
         await client.put("kept", "on the volume")
+    old_uid = kubectl.get("pod", "p-1")["metadata"]["uid"]  # before: the pod may be gone at once
     kubectl("delete", "pod", "p-1", "--wait=false")
 
     async def back() -> dict[str, Any] | None:
@@ -103,7 +104,6 @@ async def test_a_pvc_member_whose_pod_is_deleted_comes_back_with_its_data(
         ok = fresh and "p-1" in members and members["p-1"]["healthy"] and current.get("ready") == "3/3"
         return current if ok else None
 
-    old_uid = kubectl.get("pod", "p-1")["metadata"]["uid"]
     status = await wait_until(back, "p-1 back on its volume", timeout=90, cluster=kubectl.cluster,
                               namespace=kubectl.namespace)  # fmt: skip
     # The same member (same ID, same name): not a replacement.
