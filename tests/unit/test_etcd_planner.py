@@ -554,15 +554,26 @@ def test_a_rollback_converges_in_place_one_member_at_a_time_leader_last(
     assert {m.version for m in by_id.values()} == {"3.5.35"} and len(by_id) == size
 
 
-def test_a_cluster_rolling_back_does_not_grow_until_every_member_runs_the_old_minor() -> None:
+def test_a_cluster_short_of_a_member_finishes_its_rollback_then_grows() -> None:
+    """A member of the older minor cannot join the newer ones: the rollback goes on with the
+    members there are (one died, or spec.size went up), and only then the cluster grows."""
     members, pods = rollback_cluster(3, storage_version="3.5.0")
     members[0] = dataclasses.replace(members[0], version="3.5.35", storage_version="")
     pods[0] = dataclasses.replace(pods[0], version="3.5.35")
     o = observed(members[:2], pods[:2], 3, version="3.5.35", rollback="3.5", downgrade_enabled=True)
-    step = plan(o)
-    assert isinstance(step, planner.Wait) and "not growing until every member runs etcd 3.5" in step.reason
+    assert plan(o) == planner.ReplaceImage("e-1", "u1", "3.5.35")
     done = [dataclasses.replace(m, version="3.5.35", storage_version="") for m in members[:2]]
-    assert plan(dataclasses.replace(o, members=tuple(done))) == planner.CreatePod(2)
+    rolled = [dataclasses.replace(p, version="3.5.35") for p in pods[:2]]
+    assert plan(dataclasses.replace(o, members=tuple(done), pods=tuple(rolled))) == planner.CreatePod(2)
+
+
+def test_a_rollback_waits_for_a_terminating_member_pod_before_restarting_another() -> None:
+    """An evicted member's etcd can still answer during its grace period: restarting another
+    member now would take two down at once."""
+    members, pods = rollback_cluster(3, leader=0, storage_version="3.5.0")
+    pods[2] = dataclasses.replace(pods[2], deleting=True)
+    step = plan(rolling_back(members, pods, downgrade_enabled=True))
+    assert isinstance(step, planner.Wait) and "e-2 is terminating" in step.reason
 
 
 def test_the_next_member_restarts_only_once_the_last_one_caught_up_with_the_leader() -> None:
@@ -586,12 +597,12 @@ def test_only_the_volumes_of_members_that_left_are_collected_and_only_old_ones()
     members, pods = healthy_cluster(3)
     old, fresh = NOW - planner.CLAIM_GRACE, NOW - timedelta(seconds=1)
     claims = (
-        *(planner.ClaimView(p.name, f"c{p.index}", old) for p in pods),
-        planner.ClaimView("e-7", "c7", old),  # a member scaled away
-        planner.ClaimView("e-9", "c9", fresh),  # just made: its pod may not be in the cache yet
+        *(planner.ClaimView(f"{p.name}-data", p.name, f"c{p.index}", old) for p in pods),
+        planner.ClaimView("e-7-data", "e-7", "c7", old),  # a member scaled away
+        planner.ClaimView("e-9-data", "e-9", "c9", fresh),  # just made: its pod may not be in the cache yet
     )
     o = observed(members, pods, 3, storage="pvc", claims=claims)
-    assert plan(o) == planner.DeleteClaim("e-7", "c7")
+    assert plan(o) == planner.DeleteClaim("e-7-data", "e-7", "c7")
     assert plan(dataclasses.replace(o, claims=claims[:3] + claims[4:])) == planner.Done()
     # A member whose pod is gone keeps its volume: it comes back on it.
     gone = dataclasses.replace(o, pods=tuple(pods[:2]), claims=claims[:3])

@@ -79,7 +79,8 @@ def test_pvc_storage_mounts_a_claim_owned_by_the_cluster() -> None:
     c = cluster(storage={"type": "pvc", "size": "5Gi", "storageClassName": "fast"})
     pod = member_pod(c, 2, "new", [], "3.6.16")
     assert pod["spec"]["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "db-2-data"}}]
-    claim = member_claim(c, "db-2")
+    claim = member_claim(c, "db-2", epoch=2)
+    assert claim["metadata"]["labels"]["kustos.dev/epoch"] == "2", "volumes of a rebuilt cluster are kept"
     assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
     assert claim["spec"]["storageClassName"] == "fast"
     assert claim["metadata"]["ownerReferences"][0]["uid"] == "u-1"

@@ -192,8 +192,11 @@ def test_a_seed_restoring_from_a_member_fetches_then_restores_with_bumped_revisi
     fetch, restore = seed["spec"]["initContainers"]
     # Over gRPC with the etcd image's own etcdctl; restore then checks the SHA-256 trailer.
     assert fetch["name"] == FETCH_CONTAINER and fetch["image"] == "registry.k8s.io/etcd:3.6.16-0"
-    assert fetch["command"] == ["etcdctl", "--endpoints=http://127.1.1.3:2379", "--dial-timeout=10s",
-                                "snapshot", "save", "/restore/snapshot.db"]  # fmt: skip
+    # A stalled stream fails the fetch (etcdctl bounds a save only when told to); a retry follows.
+    assert fetch["command"] == [
+        "etcdctl", "--endpoints=http://127.1.1.3:2379", "--dial-timeout=10s", "--command-timeout=300s",
+        "snapshot", "save", "/restore/snapshot.db",
+    ]  # fmt: skip
     assert fetch["volumeMounts"] == [{"name": "restore", "mountPath": "/restore"}]
     assert restore["name"] == RESTORE_CONTAINER and restore["image"] == "registry.k8s.io/etcd:3.6.16-0"
     assert restore["command"] == ["etcdutl"]

@@ -133,6 +133,12 @@ def test_what_is_not_an_etcd_database_is_refused(tmp_path: Path) -> None:
     path.write_bytes(truncated)
     with pytest.raises(bolt.BoltError, match="outside the database"):
         bolt.snapshot_revision(path)
+    damaged = bytearray(database([rev_key(i) for i in range(1, 30)]))
+    count_at = len(damaged) - PAGE + 10  # the element count of the key bucket's root (the last page)
+    damaged[count_at : count_at + 2] = (0xFFFF).to_bytes(2, "little")  # elements past the page's end
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(bolt.BoltError, match="damaged page"):
+        bolt.snapshot_revision(path)
 
 
 def test_verify_checks_etcds_trailer_and_hashes_the_whole_file(tmp_path: Path) -> None:

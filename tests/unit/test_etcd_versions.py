@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kustos.etcd.versions import image_version, parse, rollback_target, upgrade_refusal
+from kustos.api.etcd import EtcdCluster
+from kustos.etcd.controller import creation_version, target_version
+from kustos.etcd.versions import agreed_version, image_version, parse, rollback_target, upgrade_refusal
 
 
 @pytest.mark.parametrize(
@@ -57,3 +59,36 @@ def test_versions_from_image_tags() -> None:
 )
 def test_rollback_target(current: str, wanted: str, target: str | None) -> None:
     assert rollback_target(current, wanted) == target
+
+
+def test_the_running_version_is_recorded_only_when_every_member_answered_with_it() -> None:
+    assert agreed_version(["3.5.35", "3.5.35", "3.5.35"]) == "3.5.35"
+    assert agreed_version(["3.5.35", "3.5.35", ""]) is None, "the silent one may still run 3.6"
+    assert agreed_version(["3.5.35", "3.6.16"]) is None
+    assert agreed_version([]) is None
+
+
+def cluster_on(running: str | None, wanted: str) -> EtcdCluster:
+    return EtcdCluster.model_validate({
+        "apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster",
+        "metadata": {"name": "main", "namespace": "prod", "uid": "c1"},
+        "spec": {"size": 3, "version": wanted},
+        "status": {"currentVersion": running} if running else {},
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("running", "wanted", "target", "created_on"),
+    [
+        (None, "3.6.16", "3.6.16", "3.6.16"),  # a new cluster
+        ("3.5.35", "3.6.16", "3.6.16", "3.6.16"),  # an upgrade: new pods on the new version
+        ("3.6.16", "3.5.35", "3.5.35", "3.6.16"),  # a rollback: on the version the data is for
+        ("3.6.16", "3.4.30", "3.6.16", "3.6.16"),  # refused: nothing changes
+    ],
+)  # fmt: skip
+def test_which_version_members_run_and_which_a_recreated_pod_starts_on(
+    running: str | None, wanted: str, target: str, created_on: str
+) -> None:
+    cluster = cluster_on(running, wanted)
+    assert target_version(cluster) == target
+    assert creation_version(cluster) == created_on

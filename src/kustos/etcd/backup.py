@@ -19,7 +19,7 @@ from cronsim import CronSim
 from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStorage
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import CLIENT_DIR, client_secret_name
-from kustos.etcd.pods import CLUSTER_LABEL
+from kustos.etcd.pods import CLUSTER_LABEL, current_version
 from kustos.etcd.pods import image as etcd_image
 from kustos.etcd.snapshot import SNAPSHOT_SUFFIX
 from kustos.runtime.times import parse_duration
@@ -118,7 +118,7 @@ def agent_pod(
         ]  # fmt: skip
     save: Obj = {
         "name": SAVE_CONTAINER,
-        "image": etcd_image(cluster, cluster.spec.version),
+        "image": etcd_image(cluster, current_version(cluster) or cluster.spec.version),  # proven pullable
         "command": save_command(endpoint, spooled),
         "volumeMounts": [dict(mount)],
     }
@@ -158,10 +158,13 @@ def failed_container(pod: Obj) -> str:
     return AGENT_CONTAINER
 
 
-def save_command(endpoint: str, path: str) -> list[str]:
+def save_command(endpoint: str, path: str, timeout: timedelta | None = None) -> list[str]:
     """``etcdctl snapshot save`` from one member (gRPC); etcdctl writes ``path.part`` and renames
-    it to ``path`` only once the whole stream, etcd's SHA-256 trailer included, has arrived."""
-    return ["etcdctl", f"--endpoints={endpoint}", "--dial-timeout=10s", "snapshot", "save", path]
+    it to ``path`` only once the whole stream, etcd's SHA-256 trailer included, has arrived.
+    Without ``timeout`` a save never gives up (etcdctl applies --command-timeout to a save only
+    when it is given): the agent pod's deadline bounds it instead."""
+    bound = [f"--command-timeout={int(timeout.total_seconds())}s"] if timeout is not None else []
+    return ["etcdctl", f"--endpoints={endpoint}", "--dial-timeout=10s", *bound, "snapshot", "save", path]
 
 
 def mount_client_tls(cluster: EtcdCluster, container: Obj, volumes: list[Obj]) -> None:

@@ -168,10 +168,13 @@ def snapshot_revision(path: Path) -> int:
     """The store revision of an etcd snapshot (or data file): 0 for a store never written."""
     with path.open("rb") as file:
         reader = _Reader(file, path.stat().st_size)
-        keys = _find_bucket(reader, reader.page(reader.meta.root), b"key")
-        if keys is None:
-            raise BoltError("no 'key' bucket: not an etcd database")
-        last = _last_key(reader, keys)
+        try:
+            keys = _find_bucket(reader, reader.page(reader.meta.root), b"key")
+            if keys is None:
+                raise BoltError("no 'key' bucket: not an etcd database")
+            last = _last_key(reader, keys)
+        except struct.error as err:  # an element that points past the end of its page
+            raise BoltError(f"a damaged page: {err}") from None
     if last is None:
         return 0
     if len(last) < 8:

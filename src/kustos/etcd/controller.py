@@ -35,6 +35,7 @@ from kustos.etcd.pods import (
     MEMBER_LABEL,
     VERSION_ANNOTATION,
     claim_name,
+    current_version,
     image,
     member_claim,
     member_pod,
@@ -43,7 +44,7 @@ from kustos.etcd.pods import (
     services,
 )
 from kustos.etcd.rebuild import Rebuilder, requested_recovery
-from kustos.etcd.versions import image_version, rollback_target, upgrade_refusal
+from kustos.etcd.versions import agreed_version, image_version, rollback_target, upgrade_refusal
 from kustos.images import configured_agent_image
 from kustos.runtime import faults
 from kustos.runtime.api import ApiStatusError
@@ -154,8 +155,10 @@ class EtcdClusterReconciler:
         ]  # fmt: skip
 
     def claims_of(self, cluster: EtcdCluster) -> tuple[ClaimView, ...]:
-        """The member volumes of this cluster (any epoch) that are not being deleted."""
+        """The member volumes of this cluster's current epoch that are not being deleted; those of
+        an earlier epoch are the user's to delete (they may hold writes a rebuild did not restore)."""
         namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
+        epoch = cluster.status.epoch if cluster.status else 0
         views = []
         for claim in self.claims.list():
             meta = claim["metadata"]
@@ -163,8 +166,8 @@ class EtcdClusterReconciler:
             created = parse_rfc3339(meta.get("creationTimestamp"))
             if meta.get("namespace") != namespace or labels.get(CLUSTER_LABEL) != name:
                 continue
-            if created is not None and not meta.get("deletionTimestamp"):
-                views.append(ClaimView(labels[MEMBER_LABEL], meta["uid"], created))
+            if pod_epoch(claim) == epoch and created is not None and not meta.get("deletionTimestamp"):
+                views.append(ClaimView(meta["name"], labels[MEMBER_LABEL], meta["uid"], created))
         return tuple(views)
 
     def pod_view(self, cluster: EtcdCluster, pod: dict[str, Any]) -> PodView | None:
@@ -242,6 +245,7 @@ class EtcdClusterReconciler:
             leader_ids = {s.leader_id for s in etcd.statuses.values()}
             healthy_ids = {s.member_id for s in etcd.statuses.values()}
             said = {s.member_id: s for s in etcd.answered.values()}
+            # A silent leader gives 0 (no lag): the cluster is then unhealthy, and nothing rolls.
             leader_index = max((s.raft_index for s in etcd.statuses.values() if s.is_leader), default=0)
             members = tuple(
                 MemberView(
@@ -516,7 +520,7 @@ class EtcdClusterReconciler:
             case planner.CancelDowngrade():
                 if await self._leader_call(etcd, lambda c: c.downgrade("CANCEL")) is None:
                     return 2.0
-                message = "etcd downgrade cancelled: spec.version went back up"
+                message = "etcd downgrade cancelled: spec.version does not ask for one"
                 await self.event(cluster, "DowngradeCancelled", message)
             case planner.ReplaceImage(name=pod, uid=uid, version=version):
                 await self.api.patch(PODS, o.namespace, pod, {
@@ -525,8 +529,8 @@ class EtcdClusterReconciler:
                 }, kind="strategic")  # fmt: skip
                 message = f"restarting {pod} in place on etcd {version}, keeping its data"
                 await self.event(cluster, "MemberRollingBack", message)
-            case planner.DeleteClaim(pod=pod, uid=uid):
-                await self.api.delete(CLAIMS, o.namespace, claim_name(pod), uid=uid)
+            case planner.DeleteClaim(name=claim, pod=pod, uid=uid):
+                await self.api.delete(CLAIMS, o.namespace, claim, uid=uid)
                 message = f"deleted the volume of {pod}: the member has left the cluster"
                 await self.event(cluster, "MemberVolumeDeleted", message)
             case planner.MoveLeader(from_id=from_id, to_id=to_id):
@@ -566,7 +570,7 @@ class EtcdClusterReconciler:
         self, cluster: EtcdCluster, index: int, state: str, initial_cluster: list[tuple[str, str]]
     ) -> None:
         epoch = cluster.status.epoch if cluster.status else 0
-        manifest = member_pod(cluster, index, state, initial_cluster, target_version(cluster), epoch)
+        manifest = member_pod(cluster, index, state, initial_cluster, creation_version(cluster), epoch)
         if cluster.spec.tls is not None and cluster.spec.tls.secrets is not None:
             fingerprint = await self._user_tls_fingerprint(cluster)
             if fingerprint is not None:
@@ -576,7 +580,8 @@ class EtcdClusterReconciler:
     async def submit_pod(self, cluster: EtcdCluster, manifest: dict[str, Any]) -> None:
         """Create a member pod (and its claim first, with PVC storage); one that exists is fine."""
         if cluster.spec.storage.type == "pvc":
-            await self.api.apply(CLAIMS, member_claim(cluster, manifest["metadata"]["name"]))
+            claim = member_claim(cluster, manifest["metadata"]["name"], pod_epoch(manifest))
+            await self.api.apply(CLAIMS, claim)
         try:
             await self.api.create(PODS, manifest)
         except ApiStatusError as err:
@@ -651,9 +656,8 @@ class EtcdClusterReconciler:
                 await self.event(
                     cluster, "AdoptionCompleted", "every original member has been replaced by a pod"
                 )
-        versions = {m.version for m in members if m.version}
-        if len(versions) == 1:
-            status.current_version = versions.pop()
+        if (agreed := agreed_version(m.version for m in members)) is not None:
+            status.current_version = agreed
         healthy_voters = sum(1 for m in members if m.healthy and not m.learner)
         status.ready = f"{healthy_voters}/{cluster.spec.size}"
         generation = fresh["metadata"].get("generation")
@@ -790,22 +794,29 @@ async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList,
 
 def version_refusal(cluster: EtcdCluster) -> str | None:
     """Why spec.version cannot be rolled out from the version the members run, if it cannot."""
-    current = cluster.status.current_version if cluster.status else None
+    current = current_version(cluster)
     return upgrade_refusal(current, cluster.spec.version)
 
 
 def rollback(cluster: EtcdCluster) -> str | None:
     """The minor ("3.5") etcd's downgrade protocol takes the cluster to, if spec.version asks for it."""
-    current = cluster.status.current_version if cluster.status else None
+    current = current_version(cluster)
     return rollback_target(current, cluster.spec.version) if current else None
 
 
 def target_version(cluster: EtcdCluster) -> str:
     """The version members should run: the spec's, unless that change is refused."""
-    current = cluster.status.current_version if cluster.status else None
+    current = current_version(cluster)
     if current and version_refusal(cluster) is not None:
         return current
     return cluster.spec.version
+
+
+def creation_version(cluster: EtcdCluster) -> str:
+    """The version a (re)created member pod starts on. During a rollback, the version the cluster
+    ran: its data may not be downgraded yet, and the rollback then restarts it in place."""
+    current = current_version(cluster)
+    return current if current and rollback(cluster) is not None else target_version(cluster)
 
 
 def _service_matches(current: dict[str, Any], desired: dict[str, Any]) -> bool:

@@ -99,8 +99,9 @@ class MemberView:
 
 @dataclass(frozen=True)
 class ClaimView:
-    """A member's PersistentVolumeClaim, by the pod (member) it was made for."""
+    """A member's PersistentVolumeClaim: its own name, and the pod (member) it was made for."""
 
+    name: str
     pod: str
     uid: str
     created: datetime
@@ -126,7 +127,7 @@ class Observed:
     tls: bool = False  # members speak https
     rollback: str | None = None  # "3.5": ``version`` is the previous minor, reached by etcd's downgrade
     downgrade_enabled: bool = False  # etcd reports a downgrade in progress
-    claims: tuple[ClaimView, ...] = ()  # member volumes (PVC storage)
+    claims: tuple[ClaimView, ...] = ()  # member volumes of the current epoch (PVC storage)
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -224,6 +225,7 @@ class ReplaceImage:
 class DeleteClaim:
     """Delete the volume of a member that left etcd: its data can never rejoin the cluster."""
 
+    name: str
     pod: str
     uid: str
 
@@ -414,9 +416,10 @@ def plan(o: Observed) -> Step:
         if is_dead(o, m, pods.get(m.id)):
             pod = pods.get(m.id)
             if pod is not None and _rolling(o, pods, is_old_version) and not is_old_version(o, pod):
+                change = "rollback" if o.rollback is not None else "upgrade"
                 return UpgradeHalted(
-                    f"member {m.name or pod.name} failed on etcd {o.version}: upgrade halted; "
-                    f"set spec.version back to continue on the old version"
+                    f"member {m.name or pod.name} failed on etcd {o.version}: {change} halted; "
+                    f"set spec.version back to continue on the version the others run"
                 )
             if removal_keeps_quorum(members, m):
                 return RemoveMember(m.id, m.name, "it has been unhealthy longer than the failure timeout")
@@ -430,12 +433,11 @@ def plan(o: Observed) -> Step:
     surge = len(members) == o.size and (
         adopting or (o.storage != "pvc" and o.rollback is None and _rolling(o, pods))
     )
-    if len(members) < o.size or surge:
+    # A member of the older minor is refused by members of the newer one: a cluster short of
+    # members finishes its rollback first (rule 9a), then grows.
+    if (len(members) < o.size or surge) and not rolling_back(o):
         if any(not m.healthy for m in members):
             return Wait("not growing while a member is unhealthy")
-        if rolling_back(o):
-            # A member of the older minor is refused by members of the newer one.
-            return Wait(f"not growing until every member runs etcd {o.rollback}", 5.0)
         index = max(o.next_index, *(p.index + 1 for p in o.pods)) if o.pods else o.next_index
         if o.addressing == "dns":
             name = pod_name(o.cluster, index)
@@ -490,11 +492,8 @@ def plan(o: Observed) -> Step:
     # 9. Restart PVC-backed members on the new version, one at a time, the leader last.
     stale = [m for m in members if is_outdated(o, pods[m.id])]
     if stale:
-        if (behind := _catching_up(members)) is not None:
-            return behind
-        restarting = next((p for p in pods.values() if p.deleting), None)
-        if restarting is not None:
-            return Wait(f"pod {restarting.name} is terminating", 1.0)
+        if (busy := _catching_up(members) or _terminating(pods)) is not None:
+            return busy
         victim = min(stale, key=lambda m: (m.leader, pods[m.id].index))
         if victim.leader:
             target = _leadership_heir(o, members, pods, victim)
@@ -504,12 +503,13 @@ def plan(o: Observed) -> Step:
         reason = f"restarting it on etcd {o.version}" if is_old_version(o, pod) else ""
         return DeletePod(pod.name, pod.uid, reason or f"restarting it: {pod.tls_stale}")
 
-    # 10. Collect the volumes of members that left (scaled down, replaced, an old epoch).
+    # 10. Collect the volumes of members that left (scaled down, replaced). Those of an earlier
+    # epoch are not observed: they may hold writes newer than what a rebuild restored.
     coming = {_expected_pod(o, m) for m in members}  # DNS: members whose pod is yet to come
     in_use = {p.name for p in o.pods} | {m.name for m in members} | {c for c in coming if c}
     for claim in o.claims:
         if claim.pod not in in_use and o.now - claim.created >= CLAIM_GRACE:
-            return DeleteClaim(claim.pod, claim.uid)
+            return DeleteClaim(claim.name, claim.pod, claim.uid)
     return Done()
 
 
@@ -523,8 +523,8 @@ def _plan_rollback(
     pending = [m for m in members if is_old_version(o, pods[m.id])]
     if not pending:
         return None
-    if (behind := _catching_up(members)) is not None:
-        return behind
+    if (busy := _catching_up(members) or _terminating(pods)) is not None:
+        return busy
     if not o.downgrade_enabled and any(minor(m.version) != target for m in members):
         return EnableDowngrade(target)
     victim = min(pending, key=lambda m: (m.leader, pods[m.id].index))
@@ -545,6 +545,12 @@ def _catching_up(members: tuple[MemberView, ...]) -> Wait | None:
     if behind.lag <= CATCH_UP_SLACK:
         return None
     return Wait(f"member {behind.name} is catching up: {behind.lag} raft entries behind the leader", 1.0)
+
+
+def _terminating(pods: dict[int, PodView]) -> Wait | None:
+    """Wait for a member's pod that is going away (an eviction, a restart): one member down at a time."""
+    restarting = next((p for p in pods.values() if p.deleting), None)
+    return Wait(f"pod {restarting.name} is terminating", 1.0) if restarting is not None else None
 
 
 def minor(version: str) -> str:

@@ -46,6 +46,11 @@ def image(cluster: EtcdCluster, version: str) -> str:
     return f"{repository}:{tag}"
 
 
+def current_version(cluster: EtcdCluster) -> str | None:
+    """The version every member last reported running (None before they all answered once)."""
+    return cluster.status.current_version if cluster.status else None
+
+
 def member_urls(cluster: EtcdCluster, name: str) -> tuple[str, str]:
     """(peer URL, client URL) a member advertises; ``$(POD_IP)`` expands in the container."""
     if cluster.spec.addressing == "dns":
@@ -173,8 +178,9 @@ def _anti_affinity(cluster: EtcdCluster) -> Obj | None:
     }
 
 
-def member_claim(cluster: EtcdCluster, pod: str) -> Obj:
-    """A member's volume; owned by the cluster so it outlives pods but not the cluster."""
+def member_claim(cluster: EtcdCluster, pod: str, epoch: int = 0) -> Obj:
+    """A member's volume; owned by the cluster so it outlives pods but not the cluster. Labelled
+    with its epoch: the volumes of members from before a rebuild are never collected."""
     storage = cluster.spec.storage
     spec: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage.size}}}
     if storage.storage_class_name:
@@ -185,7 +191,7 @@ def member_claim(cluster: EtcdCluster, pod: str) -> Obj:
         "metadata": {
             "name": claim_name(pod),
             "namespace": cluster.metadata["namespace"],
-            "labels": {**labels(cluster), MEMBER_LABEL: pod},
+            "labels": {**labels(cluster), MEMBER_LABEL: pod, EPOCH_LABEL: str(epoch)},
             "ownerReferences": [owner_reference(cluster)],
         },
         "spec": spec,

@@ -18,7 +18,7 @@ from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus, RecoveryStatus
 from kustos.etcd import planner, recovery
 from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
-from kustos.etcd.pods import pod_epoch
+from kustos.etcd.pods import CLUSTER_LABEL, EPOCH_LABEL, pod_epoch
 from kustos.etcd.recovery import BackupCandidate, Source, Survivor
 from kustos.etcd.restore import (
     SnapshotSource,
@@ -268,9 +268,14 @@ class Rebuilder:
         payload = status.model_dump(by_alias=True, exclude_none=True)
         payload["conditions"] = _conditions(raw, rebuild, done=True)
         await self.api.update_status(self.r.resource, raw, payload)
-        await self.r.event(
-            cluster, "Recovered", f"{rebuild.message}; growing back to {cluster.spec.size} members"
-        )
+        message = f"{rebuild.message}; growing back to {cluster.spec.size} members"
+        if cluster.spec.storage.type == "pvc":
+            older = f"{CLUSTER_LABEL}={cluster.metadata['name']},{EPOCH_LABEL}!={rebuild.epoch}"
+            message += (
+                "; the volumes of the members before it are kept (they may hold newer writes): "
+                f"kubectl delete pvc -l {older} once they are not needed"
+            )
+        await self.r.event(cluster, "Recovered", message)
 
     async def _write(
         self, raw: Obj, cluster: EtcdCluster, rebuild: RecoveryStatus, next_index: int | None = None

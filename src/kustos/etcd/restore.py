@@ -14,6 +14,7 @@ recorded. The same seed serves disaster recovery
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from kustos.api.backup import BackupStorage, EtcdBackup, S3Storage
@@ -28,6 +29,9 @@ Obj = dict[str, Any]
 FETCH_CONTAINER = "fetch-snapshot"
 RESTORE_CONTAINER = "restore"
 RESTORE_MOUNT = "/restore"
+# A survivor's stream that stalls fails the fetch (then the next source is tried); 5 min moves an
+# 8 GiB database (etcd's largest recommended quota) at 28 MB/s, a fifth of etcd's own speed.
+SURVIVOR_FETCH_TIMEOUT = timedelta(minutes=5)
 BACKUPS_MOUNT = "/backups"
 SNAPSHOT_FILE = f"{RESTORE_MOUNT}/snapshot.db"
 RESTORED_FROM_ANNOTATION = "kustos.dev/restored-from"
@@ -109,7 +113,7 @@ def restore_seed_pod(
     fetch: Obj = {
         "name": FETCH_CONTAINER,
         "image": image(cluster, version) if source.member_url else agent_image,
-        "command": save_command(source.member_url, SNAPSHOT_FILE)
+        "command": save_command(source.member_url, SNAPSHOT_FILE, SURVIVOR_FETCH_TIMEOUT)
         if source.member_url
         else fetch_args(source),
         "volumeMounts": [{"name": "restore", "mountPath": RESTORE_MOUNT}],

@@ -13,6 +13,7 @@ pod's log.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -104,7 +105,10 @@ class DirectoryDestination:
         final = self.root / name
         try:  # on the same volume (etcdctl saved it on the claim): storing is a rename
             spooled.replace(final)
-        except OSError:  # another filesystem: copy as .part, then rename
+        except OSError as err:
+            if err.errno != errno.EXDEV:
+                raise
+            # another filesystem: copy as .part, then rename
             partial = self.root / (name + ".part")
             with spooled.open("rb") as source, partial.open("wb") as target:
                 while chunk := source.read(READ_CHUNK):

@@ -9,6 +9,7 @@ minors and refuses every other downgrade, skipped minors and major changes.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-\d+)?$")
 
@@ -67,3 +68,10 @@ def rollback_target(current: str, wanted: str) -> str | None:
     if (have[0], have[1]) not in _DOWNGRADE_CAPABLE_MINORS:
         return None
     return f"{want[0]}.{want[1]}"
+
+
+def agreed_version(reported: Iterable[str]) -> str | None:
+    """The version every member reports ("" for one that did not answer), if they agree: one
+    silent member must not make a half-done rollback look finished, or an upgrade look done."""
+    versions = set(reported)
+    return versions.pop() if len(versions) == 1 and "" not in versions else None
