@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from typing import Any
 import yaml
 
 from kustos.api import RESOURCES
+from kustos.devcluster import binaries
 from kustos.devcluster.binaries import binary_path
 from kustos.devcluster.cluster import DevCluster
 from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
@@ -21,6 +23,19 @@ from kustos.runtime.crd import render_crds
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, start_operator
+
+
+def build_missing_etcd_binaries() -> None:
+    """For tests that run etcd processes themselves: build what is missing (never skip)."""
+    missing = [b for b in binaries.missing_binaries() if b.name.startswith("etcd")]
+    if missing:
+        binaries.build(missing)
+
+
+def free_port(ip: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((ip, 0))
+        return int(sock.getsockname()[1])
 
 
 def install_crds(cluster: DevCluster) -> None:

@@ -29,7 +29,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kustos.devcluster import binaries
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.etcd.client import (
     BadLeaderTransferee,
@@ -52,6 +51,7 @@ from kustos.etcd.client import (
     UnhealthyCluster,
     cluster_health,
 )
+from tests.integration.etcd_support import build_missing_etcd_binaries, free_port
 
 T = TypeVar("T")
 
@@ -61,18 +61,10 @@ each_version = pytest.mark.parametrize("version", ETCD_VERSIONS)
 @pytest.fixture(scope="module", autouse=True)
 def etcd_binaries() -> None:
     """Build whichever etcd binaries are missing (a missing binary fails, never skips)."""
-    missing = [b for b in binaries.missing_binaries() if b.name.startswith("etcd")]
-    if missing:
-        binaries.build(missing)
+    build_missing_etcd_binaries()
 
 
 # --------------------------------------------------------------------------- processes
-
-
-def _free_port(ip: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
 
 
 def _subnet() -> str:
@@ -94,8 +86,8 @@ class EtcdProcess:
     log: Path = field(default_factory=Path)
 
     def __post_init__(self) -> None:
-        self.client_port = self.client_port or _free_port(self.ip)
-        self.peer_port = self.peer_port or _free_port(self.ip)
+        self.client_port = self.client_port or free_port(self.ip)
+        self.peer_port = self.peer_port or free_port(self.ip)
         self.client_host = self.client_host or self.ip
         self.log = self.data_dir.with_suffix(".log")
 
@@ -543,7 +535,7 @@ async def _membership(
 async def test_unreachable() -> None:
     """Refused and silent endpoints both fail as EtcdUnavailable, within the timeout."""
     ip = f"{_subnet()}.1"
-    refused = f"http://{ip}:{_free_port(ip)}"
+    refused = f"http://{ip}:{free_port(ip)}"
     with socket.socket() as silent:  # accepts connections (backlog) but never answers
         silent.bind((ip, 0))
         silent.listen(8)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,24 +21,16 @@ from typing import Any
 
 import pytest
 
-from kustos.devcluster import binaries
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.etcd.bolt import snapshot_revision
 from kustos.etcd.client import EtcdClient
 from kustos.etcd.snapshot import SnapshotCorrupt, verify_snapshot
+from tests.integration.etcd_support import build_missing_etcd_binaries, free_port
 
 
 @pytest.fixture(scope="module", autouse=True)
 def etcd_binaries() -> None:
-    missing = [b for b in binaries.missing_binaries() if b.name.startswith("etcd")]
-    if missing:
-        binaries.build(missing)
-
-
-def _free_port(ip: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
+    build_missing_etcd_binaries()
 
 
 @pytest.fixture(params=ETCD_VERSIONS)
@@ -47,7 +38,7 @@ def member(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
     """(version, client URL) of a one-member etcd on a loopback address of its own."""
     version: str = request.param
     ip = f"127.78.{random.randint(1, 254)}.{random.randint(2, 254)}"
-    client, peer = f"http://{ip}:{_free_port(ip)}", f"http://{ip}:{_free_port(ip)}"
+    client, peer = f"http://{ip}:{free_port(ip)}", f"http://{ip}:{free_port(ip)}"
     log = (tmp_path / "etcd.log").open("wb")
     process = subprocess.Popen(
         [str(binary_path("etcd", version)), "--name=snap", f"--data-dir={tmp_path / 'data'}",

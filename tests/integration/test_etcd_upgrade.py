@@ -132,6 +132,68 @@ async def test_rollback_to_the_previous_minor_through_etcds_downgrade_keeping_ev
     assert r.status["members"] and all(m["version"] == OLD for m in r.status["members"])
 
 
+@pytest.mark.parametrize("storage", ["emptyDir", "pvc"])
+async def test_a_member_lost_mid_rollback_is_brought_back_and_the_rollback_finishes(
+    storage: str, kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """A member's pod deleted once etcd's downgrade is enabled: with a PVC it comes back on its
+    volume on the version its data is for, then is rolled back in place; with emptyDir it is
+    removed, the two left finish the rollback, and only then a member of the old minor joins."""
+    name = f"lost-{storage.lower()}"
+    kubectl.apply(etcd_cluster(name, 3, version=NEW, storage={"type": storage}))
+    status = await wait_healthy(kubectl, name, 3)
+    before = {m["name"]: m["id"] for m in status["members"]}
+    writer = Writer([m["clientUrl"] for m in status["members"]])
+    writer.start()
+    try:
+        kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{OLD}"}}}}')
+
+        async def enabled() -> bool:
+            return "DowngradeEnabled" in kubectl(
+                "get", "events", "--field-selector", f"involvedObject.name={name}"
+            )
+
+        await wait_until(enabled, "etcd's downgrade enabled", timeout=60)
+        # The follower with the highest index: the rollback restarts the lowest one first.
+        followers = [m["name"] for m in status_of(kubectl, name)["members"] if not m["leader"]]
+        lost = max(followers, key=lambda n: int(n.rsplit("-", 1)[1]))
+        assert pod_versions(kubectl, name)[lost] == NEW, "the lost member had not been rolled back yet"
+        kubectl("delete", "pod", lost, "--wait=false")
+
+        async def rolled_back() -> dict[str, Any] | None:
+            current = status_of(kubectl, name)
+            writer.update(current)
+            members = current.get("members") or []
+            done = (
+                current.get("currentVersion") == OLD and current.get("phase") == "Running"
+                and len(members) == 3 and all(m["healthy"] and m["version"] == OLD for m in members)
+            )  # fmt: skip
+            return current if done else None
+
+        await wait_until(rolled_back, f"{name} back to 3 members on etcd {OLD}", timeout=240,
+                         cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    finally:
+        await writer.stop()
+    status = await wait_healthy(kubectl, name, 3)
+    assert set(pod_versions(kubectl, name).values()) == {OLD}
+    after = {m["name"]: m["id"] for m in status["members"]}
+    pods = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
+    restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods}
+    if storage == "pvc":
+        # The same member, back on its data: recreated on the version its data was for, then
+        # rolled back in place like the others (one restart).
+        assert after == before
+        assert restarts[lost] == 1, restarts
+    else:
+        # A new member, created on the old minor once the rollback was over (never restarted).
+        [joined] = set(after) - set(before)
+        assert lost not in after and restarts[joined] == 0, (before, after, restarts)
+    assert_consistent(kubectl, name, 3, status)
+    assert len(writer.acknowledged) > 20 and await writer.missing(status["members"][0]["clientUrl"]) == []
+    events = kubectl("get", "events", "--field-selector", f"involvedObject.name={name}")
+    assert "Downgraded" in events and "UpgradeHalted" not in events
+
+
 def _minor(version: str, delta: int) -> str:
     major, minor, _ = version.split(".")
     return f"{major}.{int(minor) + delta}.0"

@@ -213,14 +213,7 @@ async def take_snapshot(
             info = await client.snapshot(write, timeout=3600)  # raises unless etcd's checksum matches
         sink.flush()
         os.fsync(sink.fileno())
-    try:
-        location = await destination.store(spooled, file_name)
-    finally:
-        spooled.unlink(missing_ok=True)
-    pruned: list[str] = []
-    if keep is not None:
-        pruned = to_prune(await destination.names(), cluster, keep)
-        await destination.delete(pruned)
+    location, pruned = await _store_and_prune(spooled, file_name, destination, cluster, keep)
     return SnapshotResult(
         location=location,
         member=member,
@@ -232,6 +225,22 @@ async def take_snapshot(
         duration_seconds=round(time.monotonic() - started, 3),
         pruned=pruned,
     )
+
+
+async def _store_and_prune(
+    spooled: Path, file_name: str, destination: Destination, cluster: str, keep: int | None
+) -> tuple[str, list[str]]:
+    """Store ``spooled`` as ``file_name`` (the spooled file is gone afterwards, stored or not),
+    then delete the cluster's scheduled snapshots beyond ``keep``: (location, pruned names)."""
+    try:
+        location = await destination.store(spooled, file_name)
+    finally:
+        spooled.unlink(missing_ok=True)
+    pruned: list[str] = []
+    if keep is not None:
+        pruned = to_prune(await destination.names(), cluster, keep)
+        await destination.delete(pruned)
+    return location, pruned
 
 
 class SnapshotCorrupt(Exception):
@@ -295,13 +304,10 @@ async def store_snapshot(
     started_at = started_at or datetime.now(UTC)
     try:
         verified = verify_snapshot(spooled)
-        location = await destination.store(spooled, name + SNAPSHOT_SUFFIX)
-    finally:
+    except BaseException:
         spooled.unlink(missing_ok=True)
-    pruned: list[str] = []
-    if keep is not None:
-        pruned = to_prune(await destination.names(), cluster, keep)
-        await destination.delete(pruned)
+        raise
+    location, pruned = await _store_and_prune(spooled, name + SNAPSHOT_SUFFIX, destination, cluster, keep)
     finished = datetime.now(UTC)
     return SnapshotResult(
         location=location,
