@@ -78,17 +78,18 @@ def cluster_on(running: str | None, wanted: str) -> EtcdCluster:
 
 
 @pytest.mark.parametrize(
-    ("running", "wanted", "target", "created_on"),
+    ("running", "wanted", "rolling_back", "target", "created_on"),
     [
-        (None, "3.6.16", "3.6.16", "3.6.16"),  # a new cluster
-        ("3.5.35", "3.6.16", "3.6.16", "3.6.16"),  # an upgrade: new pods on the new version
-        ("3.6.16", "3.5.35", "3.5.35", "3.6.16"),  # a rollback: on the version the data is for
-        ("3.6.16", "3.4.30", "3.6.16", "3.6.16"),  # refused: nothing changes
+        (None, "3.6.16", False, "3.6.16", "3.6.16"),  # a new cluster
+        ("3.5.35", "3.6.16", False, "3.6.16", "3.6.16"),  # an upgrade: new pods on the new version
+        ("3.6.16", "3.5.35", True, "3.5.35", "3.6.16"),  # mid-rollback: the version the data is for
+        ("3.6.16", "3.5.35", False, "3.5.35", "3.5.35"),  # every member rolled back: etcd's rule
+        ("3.6.16", "3.4.30", False, "3.6.16", "3.6.16"),  # refused: nothing changes
     ],
 )  # fmt: skip
 def test_which_version_members_run_and_which_a_recreated_pod_starts_on(
-    running: str | None, wanted: str, target: str, created_on: str
+    running: str | None, wanted: str, rolling_back: bool, target: str, created_on: str
 ) -> None:
     cluster = cluster_on(running, wanted)
     assert target_version(cluster) == target
-    assert creation_version(cluster) == created_on
+    assert creation_version(cluster, rolling_back) == created_on

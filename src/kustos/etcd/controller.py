@@ -455,20 +455,20 @@ class EtcdClusterReconciler:
                 await self.reserve_index(cluster, index)
                 pod = planner.pod_name(name, index)
                 peer, _ = member_urls(cluster, pod)
-                await self._create_pod(cluster, index, "new", [(pod, peer)])
+                await self._create_pod(cluster, o, index, "new", [(pod, peer)])
                 await self.event(cluster, "SeedMemberCreated", f"created seed member {pod}")
             case planner.CreatePod(index=index):
                 await self.reserve_index(cluster, index)
                 pod = planner.pod_name(name, index)
                 await self._create_pod(
-                    cluster, index, "existing", self._initial_cluster(cluster, o, etcd, pod)
+                    cluster, o, index, "existing", self._initial_cluster(cluster, o, etcd, pod)
                 )
                 await self.event(cluster, "MemberPodCreated", f"created pod {pod} to join the cluster")
             case planner.RecreatePod(name=pod):
                 index = planner.pod_index(name, pod)
                 assert index is not None
                 await self._create_pod(
-                    cluster, index, "existing", self._initial_cluster(cluster, o, etcd, pod)
+                    cluster, o, index, "existing", self._initial_cluster(cluster, o, etcd, pod)
                 )
                 await self.event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
             case planner.AddMember(pod=pod, peer_url=url, learner=learner, index=index):
@@ -567,10 +567,16 @@ class EtcdClusterReconciler:
         cluster.metadata["resourceVersion"] = updated["metadata"]["resourceVersion"]
 
     async def _create_pod(
-        self, cluster: EtcdCluster, index: int, state: str, initial_cluster: list[tuple[str, str]]
+        self,
+        cluster: EtcdCluster,
+        o: Observed,
+        index: int,
+        state: str,
+        initial_cluster: list[tuple[str, str]],
     ) -> None:
         epoch = cluster.status.epoch if cluster.status else 0
-        manifest = member_pod(cluster, index, state, initial_cluster, creation_version(cluster), epoch)
+        version = creation_version(cluster, planner.rolling_back(o))
+        manifest = member_pod(cluster, index, state, initial_cluster, version, epoch)
         if cluster.spec.tls is not None and cluster.spec.tls.secrets is not None:
             fingerprint = await self._user_tls_fingerprint(cluster)
             if fingerprint is not None:
@@ -812,11 +818,13 @@ def target_version(cluster: EtcdCluster) -> str:
     return cluster.spec.version
 
 
-def creation_version(cluster: EtcdCluster) -> str:
-    """The version a (re)created member pod starts on. During a rollback, the version the cluster
-    ran: its data may not be downgraded yet, and the rollback then restarts it in place."""
+def creation_version(cluster: EtcdCluster, rolling_back: bool) -> str:
+    """The version a (re)created member pod starts on. While a rollback is under way (a member
+    still runs the newer minor) the version the cluster ran: a PVC member's data may not be
+    downgraded yet, and the rollback then restarts it in place. Once every member runs the
+    older minor, that one: etcd lets only such a member join."""
     current = current_version(cluster)
-    return current if current and rollback(cluster) is not None else target_version(cluster)
+    return current if current and rolling_back else target_version(cluster)
 
 
 def _service_matches(current: dict[str, Any], desired: dict[str, Any]) -> bool:

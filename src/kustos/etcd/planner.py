@@ -433,9 +433,12 @@ def plan(o: Observed) -> Step:
     surge = len(members) == o.size and (
         adopting or (o.storage != "pvc" and o.rollback is None and _rolling(o, pods))
     )
-    # A member of the older minor is refused by members of the newer one: a cluster short of
-    # members finishes its rollback first (rule 9a), then grows.
-    if (len(members) < o.size or surge) and not rolling_back(o):
+    # While etcd's downgrade is enabled it refuses every new member, of either minor
+    # ("incompatible with current running cluster"): a cluster short of a member then (one
+    # died, or spec.size went up) finishes its rollback in place first (9a), and grows once
+    # etcd has finished the downgrade. Before that, a new member joins on the version the
+    # cluster runs (the controller's choice), and the rollback restarts it like the others.
+    if (len(members) < o.size or surge) and not o.downgrade_enabled:
         if any(not m.healthy for m in members):
             return Wait("not growing while a member is unhealthy")
         index = max(o.next_index, *(p.index + 1 for p in o.pods)) if o.pods else o.next_index
@@ -516,13 +519,16 @@ def plan(o: Observed) -> Step:
 def _plan_rollback(
     o: Observed, target: str, members: tuple[MemberView, ...], pods: dict[int, PodView]
 ) -> Step | None:
-    """The next step of a rollback to ``target`` ("3.5"); None once every pod names it."""
+    """The next step of a rollback to ``target`` ("3.5"); None once every pod names it and
+    etcd has finished its downgrade."""
     for m in members:
         if not is_old_version(o, pods[m.id]) and m.version and minor(m.version) != target:
             return Wait(f"member {m.name} is restarting on etcd {o.version}", 1.0)
     pending = [m for m in members if is_old_version(o, pods[m.id])]
     if not pending:
-        return None
+        # etcd's leader marks its downgrade finished within seconds of the last restart; until
+        # then it refuses new members, so a cluster short of one waits here for that.
+        return Wait(f"etcd is finishing its downgrade to {target}", 1.0) if o.downgrade_enabled else None
     if (busy := _catching_up(members) or _terminating(pods)) is not None:
         return busy
     if not o.downgrade_enabled and any(minor(m.version) != target for m in members):
