@@ -76,7 +76,8 @@ def cluster_token(cluster: EtcdCluster, epoch: int) -> str:
 
 
 def pod_epoch(pod: Obj) -> int:
-    """The epoch a member pod belongs to (pods from before any rebuild have no label: 0)."""
+    """The epoch a member pod or claim belongs to (those from before any rebuild, or claims made
+    before claims were labelled, have no label: 0)."""
     value = ((pod.get("metadata") or {}).get("labels") or {}).get(EPOCH_LABEL, "0")
     return int(value) if str(value).isdigit() else 0
 

@@ -213,7 +213,11 @@ async def take_snapshot(
             info = await client.snapshot(write, timeout=3600)  # raises unless etcd's checksum matches
         sink.flush()
         os.fsync(sink.fileno())
-    location, pruned = await _store_and_prune(spooled, file_name, destination, cluster, keep)
+    try:
+        location = await destination.store(spooled, file_name)
+    finally:
+        spooled.unlink(missing_ok=True)
+    pruned = await _prune(destination, cluster, keep)
     return SnapshotResult(
         location=location,
         member=member,
@@ -227,20 +231,13 @@ async def take_snapshot(
     )
 
 
-async def _store_and_prune(
-    spooled: Path, file_name: str, destination: Destination, cluster: str, keep: int | None
-) -> tuple[str, list[str]]:
-    """Store ``spooled`` as ``file_name`` (the spooled file is gone afterwards, stored or not),
-    then delete the cluster's scheduled snapshots beyond ``keep``: (location, pruned names)."""
-    try:
-        location = await destination.store(spooled, file_name)
-    finally:
-        spooled.unlink(missing_ok=True)
-    pruned: list[str] = []
-    if keep is not None:
-        pruned = to_prune(await destination.names(), cluster, keep)
-        await destination.delete(pruned)
-    return location, pruned
+async def _prune(destination: Destination, cluster: str, keep: int | None) -> list[str]:
+    """Delete the cluster's scheduled snapshots beyond ``keep`` (None: keep all); their names."""
+    if keep is None:
+        return []
+    pruned = to_prune(await destination.names(), cluster, keep)
+    await destination.delete(pruned)
+    return pruned
 
 
 class SnapshotCorrupt(Exception):
@@ -304,10 +301,10 @@ async def store_snapshot(
     started_at = started_at or datetime.now(UTC)
     try:
         verified = verify_snapshot(spooled)
-    except BaseException:
+        location = await destination.store(spooled, name + SNAPSHOT_SUFFIX)
+    finally:
         spooled.unlink(missing_ok=True)
-        raise
-    location, pruned = await _store_and_prune(spooled, name + SNAPSHOT_SUFFIX, destination, cluster, keep)
+    pruned = await _prune(destination, cluster, keep)
     finished = datetime.now(UTC)
     return SnapshotResult(
         location=location,
