@@ -17,17 +17,19 @@ dev-up: $(VENV)/.synced
 dev-down: $(VENV)/.synced
 	$(KUSTOS) dev down
 
-# The whole suite: lint, types, unit and integration tests on the real control plane.
+# The whole suite: lint, types, import contracts, unit and integration tests on the real control plane.
 test: $(VENV)/.synced
 	$(KUSTOS) dev build
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/pytest
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-logo
 
 build-binaries: $(VENV)/.synced
 	$(KUSTOS) dev build
