@@ -34,7 +34,8 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "src" / "kustos", tmp_path / "src" / "kustos", ignore=shutil.ignore_patterns("gomod"))
+    source = ROOT / "src" / "kustos"
+    shutil.copytree(source, tmp_path / "src" / "kustos", ignore=shutil.ignore_patterns("gomod"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
@@ -48,7 +49,9 @@ def tree(tmp_path: Path) -> Path:
         ("api/etcd.py", "import kustos.storage.controller", "api/ (the models"),
     ],
 )
-def test_a_forbidden_import_breaks_its_contract(tree: Path, module: str, bad_import: str, contract: str) -> None:
+def test_a_forbidden_import_breaks_its_contract(
+    tree: Path, module: str, bad_import: str, contract: str
+) -> None:
     path = tree / "src" / "kustos" / module
     path.write_text(path.read_text() + f"\n{bad_import}  # deliberate\n")
     result = _lint(tree)
