@@ -227,6 +227,9 @@ def run(
     webhook_key: Annotated[Path | None, typer.Option(help="PEM key for --webhook-cert.")] = None,
     webhook_ca: Annotated[Path | None, typer.Option(help="CA bundle for --webhook-cert.")] = None,
     shutdown_timeout: Annotated[float, typer.Option(help="Seconds for in-flight reconciles.")] = 30.0,
+    cache_sync_timeout: Annotated[
+        float, typer.Option(help="Seconds before a controller still waiting for its caches is reported.")
+    ] = 120.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     json_logs: Annotated[bool, typer.Option(help="One JSON object per log line.")] = False,
     controllers_: Annotated[
@@ -261,6 +264,7 @@ def run(
         webhook_configuration_name=webhook_configuration_name,
         certificate=certificate,
         shutdown_timeout=shutdown_timeout,
+        cache_sync_timeout=cache_sync_timeout,
     )
 
     async def serve() -> None:

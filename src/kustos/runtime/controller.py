@@ -135,7 +135,8 @@ class ControllerRunner:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        await asyncio.wait(tasks, timeout=5)
+        if tasks:  # none when the controller never started (its caches never synced)
+            await asyncio.wait(tasks, timeout=5)
 
     def abandon(self) -> None:
         """Stop at once, cancelling in-flight reconciles (the lease is gone)."""
