@@ -279,11 +279,22 @@ def run(
         finally:
             await manager.clients.close()
 
+    import logging
+
+    from kustos.runtime.controller import describe, expected
+
+    log = logging.getLogger("kustos.run")
     try:
         asyncio.run(serve())
     except LeadershipLost as err:
-        console.print(f"[red]{err}: exiting so that a fresh start waits as a standby")
+        log.error("%s: exiting so that a fresh start waits as a standby", err)
         raise typer.Exit(3) from err
+    except Exception as err:
+        if not expected(err):
+            raise  # a bug: its traceback is the report
+        # The API server went away (or refused) where nothing could retry: one line, not a traceback.
+        log.error("exiting: %s", describe(err))
+        raise typer.Exit(1) from err
 
 
 def main() -> None:

@@ -242,9 +242,20 @@ class Informer:
                 backoff = min(backoff * 2, 30.0)
             except Exception as err:
                 self._restarted("error")
+                first = self.last_error is None
                 self.last_error = _one_line(err)
-                log.warning("informer %s failed, relisting in %.1fs: %s", self.resource, backoff,
-                            self.last_error)  # fmt: skip
+                # Only the first failure of a streak is a warning, and an unreachable API server is
+                # said once for every informer: it fails them all every few seconds, which must
+                # not bury the log.
+                unreachable = isinstance(err, httpx2.TransportError)
+                if first and unreachable and not _outage["reported"]:
+                    _outage["reported"] = True
+                    log.warning("the API server is unreachable (%s); informers relist until it answers",
+                                self.last_error)  # fmt: skip
+                else:
+                    (log.warning if first and not unreachable else log.debug)(
+                        "informer %s failed, relisting in %.1fs: %s", self.resource, backoff, self.last_error
+                    )
                 await asyncio.sleep(backoff * (1 + random.random()))
                 backoff = min(backoff * 2, 30.0)
 
@@ -301,6 +312,9 @@ class Informer:
         self._update_gauge()
         if self.absent:
             log.info("%s is served now", self.resource)
+        if _outage["reported"]:
+            _outage["reported"] = False
+            log.info("the API server answers again")
         self.absent, self.last_error = False, None
         self._synced.set()
 
@@ -380,6 +394,10 @@ class Informer:
                     await result
             except Exception:
                 log.exception("handler of %s failed on %s", self.resource, object_key(obj))
+
+
+# Whether this process has said the API server is unreachable (once per outage, for all informers).
+_outage = {"reported": False}
 
 
 def _one_line(err: BaseException) -> str:
