@@ -241,6 +241,7 @@ def run(
 ) -> None:
     """Run the operator: every kustos controller, against the current cluster."""
     from kustos import controllers
+    from kustos.runtime.deps import Deps
     from kustos.runtime.kube import load_config
     from kustos.runtime.logs import setup_logging
     from kustos.runtime.manager import LeadershipLost, Manager, ManagerOptions
@@ -270,10 +271,11 @@ def run(
     async def serve() -> None:
         manager = Manager.from_config(load_config(kubeconfig, context), options)
         names = None if controllers_ == "all" else [n for n in controllers_.split(",") if n and n != "none"]
-        controllers.register_all(manager, names)
+        deps = Deps()
+        controllers.register_all(manager, deps, names)
         for target in extra_controllers or []:
             module_name, _, function = target.partition(":")
-            getattr(importlib.import_module(module_name), function)(manager)
+            controllers.with_deps(getattr(importlib.import_module(module_name), function))(manager, deps)
         try:
             await manager.run()
         finally:

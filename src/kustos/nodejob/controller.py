@@ -22,6 +22,7 @@ from kustos.runtime import faults
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import set_condition
 from kustos.runtime.controller import Controller, Result, label_keys
+from kustos.runtime.deps import Deps
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager
@@ -211,7 +212,7 @@ def _jobs_for_node(reconciler: NodeJobReconciler) -> Any:
     return keys
 
 
-def register(manager: Manager) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     reconciler = NodeJobReconciler(manager)
     controller = Controller("nodejob", NODEJOBS, reconciler.reconcile, workers=2)
     controller.watch(PODS, label_keys(JOB_LABEL), InformerOptions(label_selector=JOB_LABEL))

@@ -25,6 +25,7 @@ from kustos.runtime import faults
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import is_true, set_condition
 from kustos.runtime.controller import Controller, Result
+from kustos.runtime.deps import Deps
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.kube import api_path
@@ -545,7 +546,7 @@ def _upgrades_in_namespace(reconciler: StorageUpgradeReconciler) -> Any:
     return keys
 
 
-def register(manager: Manager) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     reconciler = StorageUpgradeReconciler(manager)
     controller = Controller("storageupgrade", STORAGEUPGRADES, reconciler.reconcile, workers=2)
     controller.owns(NODEJOBS)
