@@ -51,6 +51,8 @@ class DrainOptions:
     retry_cap: float = 10.0
     poll: float = 1.0
     """How often to look whether evicted pods are gone."""
+    pod_selector: str | None = None
+    """Only pods with these labels (kubectl's --pod-selector); None: every pod on the node."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +152,8 @@ async def uncordon(api: Api, node: str) -> None:
     await api.patch(NODES, None, node, {"spec": {"unschedulable": None}})
 
 
-async def pods_on(api: Api, node: str) -> list[Obj]:
-    return await api.list_objects(PODS, None, field_selector=f"spec.nodeName={node}")
+async def pods_on(api: Api, node: str, label_selector: str | None = None) -> list[Obj]:
+    return await api.list_objects(PODS, None, label_selector, field_selector=f"spec.nodeName={node}")
 
 
 async def drain(api: Api, node: str, options: DrainOptions | None = None) -> DrainReport:
@@ -164,7 +166,7 @@ async def drain(api: Api, node: str, options: DrainOptions | None = None) -> Dra
     await cordon(api, node)
     delay = options.retry
     while True:
-        pods = await pods_on(api, node)
+        pods = await pods_on(api, node, options.pod_selector)
         report.blocked, report.waiting = [], []
         refused = False
         for pod in pods:
