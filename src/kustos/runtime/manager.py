@@ -75,7 +75,7 @@ class Manager:
         self._stop = asyncio.Event()
         self.elector: LeaderElector | None = None
         self.probes.add_readiness_check("informers", self._informers_synced)
-        self.probes.add_readiness_check("controllers", self._controllers_waiting)
+        self.probes.add_readiness_note("controllers", self._controllers_waiting)
 
     @classmethod
     def from_config(cls, config: Any, options: ManagerOptions) -> Manager:
@@ -132,9 +132,9 @@ class Manager:
         started = self._started_at
         return started is not None and time.monotonic() - started >= self.options.cache_sync_timeout
 
-    def _controllers_waiting(self) -> tuple[bool, str]:
-        """Always passes: the detail names each controller still waiting for its caches."""
-        return True, "; ".join(
+    def _controllers_waiting(self) -> str:
+        """Each controller still waiting for its caches, and for what (a note: never fails /readyz)."""
+        return "; ".join(
             f"controller {name} waits for " + ", ".join(_describe(i) for i in informers if not i.has_synced)
             for name, informers in self._sources.items()
             if not all(i.has_synced for i in informers)
