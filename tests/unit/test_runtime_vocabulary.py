@@ -119,3 +119,15 @@ def test_node_facts() -> None:
     assert objects.node_ready(unreachable) and objects.node_lost(unreachable)
     assert objects.node_unschedulable({"spec": {"unschedulable": True}})
     assert not objects.node_unschedulable(None)
+
+
+def test_accessors_read_typed_resources_too() -> None:
+    from kustos.api.nodejob import NodeJob
+
+    job = NodeJob.model_validate({
+        "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeJob",
+        "metadata": {"name": "clean", "namespace": "ns", "generation": 4, "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"image": "busybox", "completionWord": "done"},
+    })  # fmt: skip
+    assert (objects.name(job), objects.namespace(job), objects.key(job)) == ("clean", "ns", "ns/clean")
+    assert objects.generation(job) == 4 and objects.deleting(job)

@@ -105,7 +105,7 @@ class NodeJobReconciler:
     # ---- observe -----------------------------------------------------------------------
 
     async def observe(self, job: NodeJob, status: NodeJobStatus) -> Observed:
-        namespace, name = objects.namespace(job.metadata), objects.name(job.metadata)
+        namespace, name = objects.namespace(job), objects.name(job)
         daemon_set = self.daemon_sets.get(f"{namespace}/{planner.daemon_set_name(name)}")
         nodes = tuple(_node_view(n) for n in self.nodes.list())
         wanted = set(planner.selected(job.spec, nodes))
@@ -131,7 +131,7 @@ class NodeJobReconciler:
             completed=status.completed,
             now=self.clock.now(),
             name=name,
-            generation=objects.generation(job.metadata),
+            generation=objects.generation(job),
             previous=status,
         )
 

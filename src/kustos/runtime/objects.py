@@ -7,7 +7,7 @@ judgements every family makes (is this pod ready, is that node lost), in one pla
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kustos.runtime.times import parse_rfc3339
 
@@ -17,21 +17,32 @@ UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta: Mapping[str, Any] = obj.get("metadata") or {}
-    return meta
+class HasMetadata(Protocol):
+    """A typed resource (``kustos.api`` models): its metadata is the plain dict."""
+
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
 
 
-def name(obj: Mapping[str, Any]) -> str:
+Object = Mapping[str, Any] | HasMetadata
+"""A plain dict from a cache, or a typed resource: the accessors read either."""
+
+
+def _meta(obj: Object) -> Mapping[str, Any]:
+    meta: Mapping[str, Any] | None = obj.get("metadata") if isinstance(obj, Mapping) else obj.metadata
+    return meta or {}
+
+
+def name(obj: Object) -> str:
     return str(_meta(obj)["name"])
 
 
-def namespace(obj: Mapping[str, Any]) -> str | None:
+def namespace(obj: Object) -> str | None:
     value = _meta(obj).get("namespace")
     return str(value) if value else None
 
 
-def key(obj: Mapping[str, Any]) -> str:
+def key(obj: Object) -> str:
     """``namespace/name``, or ``name`` for a cluster-scoped object: the work-queue key."""
     ns = namespace(obj)
     return f"{ns}/{name(obj)}" if ns else name(obj)
@@ -43,35 +54,35 @@ def split_key(value: str) -> tuple[str | None, str]:
     return (ns or None), rest
 
 
-def labels(obj: Mapping[str, Any]) -> dict[str, str]:
+def labels(obj: Object) -> dict[str, str]:
     return dict(_meta(obj).get("labels") or {})
 
 
-def annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+def annotations(obj: Object) -> dict[str, str]:
     return dict(_meta(obj).get("annotations") or {})
 
 
-def uid(obj: Mapping[str, Any]) -> str | None:
+def uid(obj: Object) -> str | None:
     value = _meta(obj).get("uid")
     return str(value) if value else None
 
 
-def generation(obj: Mapping[str, Any]) -> int | None:
+def generation(obj: Object) -> int | None:
     value = _meta(obj).get("generation")
     return int(value) if value is not None else None
 
 
-def resource_version(obj: Mapping[str, Any]) -> str | None:
+def resource_version(obj: Object) -> str | None:
     value = _meta(obj).get("resourceVersion")
     return str(value) if value else None
 
 
-def deleting(obj: Mapping[str, Any]) -> bool:
+def deleting(obj: Object) -> bool:
     """Whether the object has a deletionTimestamp (it waits only for finalizers)."""
     return bool(_meta(obj).get("deletionTimestamp"))
 
 
-def owner_of(obj: Mapping[str, Any], kind: str) -> str | None:
+def owner_of(obj: Object, kind: str) -> str | None:
     """The name of the owner of kind ``kind`` (the controlling one first), or None."""
     refs = [r for r in _meta(obj).get("ownerReferences") or [] if r.get("kind") == kind]
     refs.sort(key=lambda r: not r.get("controller"))
@@ -122,7 +133,7 @@ def pod_node(pod: Mapping[str, Any]) -> str | None:
     return str(value) if value else None
 
 
-def mirror_pod(pod: Mapping[str, Any]) -> bool:
+def mirror_pod(pod: Object) -> bool:
     """A static pod's mirror: the kubelet owns it, the API cannot evict it."""
     return MIRROR_ANNOTATION in (_meta(pod).get("annotations") or {})
 

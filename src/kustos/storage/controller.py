@@ -123,7 +123,7 @@ class StorageClusterReconciler:
                     deleting=objects.deleting(raw),
                 )
             )
-        mine = objects.key(cluster.metadata)
+        mine = objects.key(cluster)
         if not any(s.key == mine for s in summaries):
             return UNSEEN  # the cluster-wide cache has not caught up yet: judge on the next pass
         active = planner.choose_active(summaries)
@@ -209,7 +209,7 @@ class StorageClusterReconciler:
     async def observe(self, raw: dict[str, Any], cluster: StorageCluster) -> Observed:
         meta, spec = cluster.metadata, cluster.spec
         key = names.cluster_key(cluster)
-        deleting = objects.deleting(meta)
+        deleting = objects.deleting(cluster)
         current, images, daemonset = self._current(key)
         old_status = raw.get("status") or {}
         common: dict[str, Any] = {

@@ -184,8 +184,8 @@ class StorageUpgradeReconciler:
         self, upgrade: StorageUpgrade, cluster: StorageCluster | None, problem: str
     ) -> Observed:
         status = upgrade.status or StorageUpgradeStatus()
-        namespace, name = str(objects.namespace(upgrade.metadata)), objects.name(upgrade.metadata)
-        deleting = objects.deleting(upgrade.metadata)
+        namespace, name = str(objects.namespace(upgrade)), objects.name(upgrade)
+        deleting = objects.deleting(upgrade)
         job = self.jobs.get(f"{namespace}/{pull_job_name(name)}")
         cluster_view = None
         daemon_set = None
@@ -222,7 +222,7 @@ class StorageUpgradeReconciler:
             daemon_set=daemon_set,
             deleting=deleting,
             previous=status,
-            generation=objects.generation(upgrade.metadata),
+            generation=objects.generation(upgrade),
             cluster_problem=problem,
             pull_job_progress=_job_progress(job) if status.step == "PullImage" else "",
         )
@@ -312,7 +312,7 @@ class StorageUpgradeReconciler:
         self, raw: dict[str, Any], upgrade: StorageUpgrade, cluster: StorageCluster | None, step: up.Step
     ) -> list[Note]:
         """Take ``step`` (Wait, Fail and Advance are only recorded); the Events it makes."""
-        namespace, name = str(objects.namespace(upgrade.metadata)), objects.name(upgrade.metadata)
+        namespace, name = str(objects.namespace(upgrade)), objects.name(upgrade)
         patch: dict[str, Any]
         match step:
             case up.CreatePullJob():
