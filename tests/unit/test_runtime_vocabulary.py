@@ -126,7 +126,7 @@ def test_accessors_read_typed_resources_too() -> None:
 
     job = NodeJob.model_validate({
         "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeJob",
-        "metadata": {"name": "clean", "namespace": "ns", "generation": 4, "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "metadata": {"name": "clean", "namespace": "ns", "generation": 4, "deletionTimestamp": "2026-01-01T00:00:00Z"},  # noqa: E501
         "spec": {"image": "busybox", "completionWord": "done"},
     })  # fmt: skip
     assert (objects.name(job), objects.namespace(job), objects.key(job)) == ("clean", "ns", "ns/clean")
