@@ -24,7 +24,7 @@ from kustos.api.nodejob import (
     NodeSelectorTerm,
 )
 from kustos.api.nodejob import Toleration as TolerationSpec
-from kustos.runtime.conditions import set_condition
+from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.times import rfc3339
 
@@ -288,9 +288,7 @@ def _set(
     conditions: list[Condition], type_: str, value: bool, reason: str, message: str,
     generation: int | None, now: datetime,
 ) -> list[Condition]:  # fmt: skip
-    current = [c.model_dump(by_alias=True, exclude_none=True) for c in conditions]
-    updated = set_condition(current, type_, value, reason, message, generation, now)
-    return [Condition.model_validate(c) for c in updated]
+    return set_model_condition(Condition, conditions, type_, value, reason, message, generation, now)
 
 
 def _conditions(o: Observed, type_: str, value: bool, reason: str, message: str) -> list[Condition]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from kustos.api.common import Condition
 from kustos.api.storageupgrade import StorageUpgradeStatus, UpgradeStep, WorkloadStatus
-from kustos.runtime.conditions import set_condition
+from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import rfc3339
@@ -460,9 +460,9 @@ def _set(
     status: StorageUpgradeStatus, type_: str, value: bool, reason: str, message: str,
     generation: int | None, now: datetime,
 ) -> list[Condition]:  # fmt: skip
-    current = [c.model_dump(by_alias=True, exclude_none=True) for c in status.conditions]
-    updated = set_condition(current, type_, value, reason, message[:1000], generation, now)
-    return [Condition.model_validate(c) for c in updated]
+    return set_model_condition(
+        Condition, status.conditions, type_, value, reason, message[:1000], generation, now
+    )
 
 
 def failed(
