@@ -51,3 +51,17 @@ async def test_index_added_late_covers_what_is_cached_and_twice_is_once() -> Non
     name = informer.index_by_node_name()
     assert informer.index_by_node_name() == name
     assert _names(informer.by_index(name, "n1")) == ["a"]
+
+
+async def test_through_index_maps_a_node_to_the_owners_of_its_pods() -> None:
+    from kustos.runtime.controller import label_keys, through_index
+    from kustos.runtime.objects import name
+
+    informer = Informer(None, PODS)  # type: ignore[arg-type]
+    by_node = informer.index_by_node_name()
+    await _event(informer, "ADDED", _pod("a", "n1", "c1"))
+    await _event(informer, "ADDED", _pod("b", "n1", "c2"))
+    await _event(informer, "ADDED", _pod("c", "n2", "c3"))
+    mapper = through_index(informer, by_node, name, label_keys("kustos.dev/cluster"))
+    assert list(mapper({"metadata": {"name": "n1"}})) == ["ns/c1", "ns/c2"]
+    assert list(mapper({"metadata": {"name": "n9"}})) == []

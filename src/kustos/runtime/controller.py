@@ -26,7 +26,7 @@ import httpx2
 
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.errors import ReconcileError, ReconcileTimeout, TerminalError
-from kustos.runtime.informer import InformerOptions, Obj, ResourceRef
+from kustos.runtime.informer import Informer, InformerOptions, Obj, ResourceRef
 from kustos.runtime.logs import reconcile_context
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.workqueue import RateLimiter, ShutDown, WorkQueue
@@ -68,6 +68,22 @@ def label_keys(label: str, namespaced: bool = True) -> KeyMapper:
         if value:
             namespace = meta.get("namespace")
             yield f"{namespace}/{value}" if namespaced and namespace else value
+
+    return keys
+
+
+def through_index(
+    informer: Informer, index: str, value: Callable[[Obj], str | None], map_keys: KeyMapper
+) -> KeyMapper:
+    """Map a watched object through an index of another cache: e.g. a Node -> the pods indexed
+    under its name (``Informer.index_by_node_name``) -> the clusters their labels name. A lookup,
+    not a scan of every cached object per event."""
+
+    def keys(obj: Obj) -> Iterable[str]:
+        found = value(obj)
+        if not found:
+            return []
+        return sorted({key for item in informer.by_index(index, found) for key in map_keys(item)})
 
     return keys
 

@@ -21,7 +21,7 @@ from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.clock import Clock
 from kustos.runtime.conditions import get_condition, is_true, set_condition
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.controller import Controller, KeyMapper, Result, through_index
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import NORMAL, WARNING
@@ -392,14 +392,9 @@ def _referencing(reconciler: StorageClusterReconciler) -> Any:
     return keys
 
 
-def _on_node(reconciler: StorageClusterReconciler) -> Any:
+def _on_node(reconciler: StorageClusterReconciler) -> KeyMapper:
     """A Node change wakes every StorageCluster with a node pod there."""
-
-    def keys(node: dict[str, Any]) -> list[str]:
-        pods = reconciler.pods.by_index(reconciler.pods_by_node, objects.name(node))
-        return sorted({key for pod in pods for key in _by_label(pod)})
-
-    return keys
+    return through_index(reconciler.pods, reconciler.pods_by_node, objects.name, _by_label)
 
 
 def _all_others(reconciler: StorageClusterReconciler) -> Any:
