@@ -142,7 +142,7 @@ class StorageClusterReconciler:
             return (), None
         if kv.etcd_cluster_ref is None:
             return tuple(a.strip() for a in kv.address.split(",") if a.strip()), None
-        namespace = kv.etcd_cluster_ref.namespace or cluster.metadata["namespace"]
+        namespace = kv.etcd_cluster_ref.namespace or str(objects.namespace(cluster))
         raw = self.etcd_clusters.get(f"{namespace}/{kv.etcd_cluster_ref.name}")
         if raw is None:
             raw = await self.api.get(ETCDCLUSTERS, namespace, kv.etcd_cluster_ref.name)
@@ -244,10 +244,7 @@ class StorageClusterReconciler:
         )
         endpoints, waiting = await self._kv_endpoints(cluster)
         existing = await self.api.get(OWNED["Namespace"], None, spec.namespace)
-        foreign = (
-            existing is not None
-            and (existing["metadata"].get("labels") or {}).get(names.CLUSTER_LABEL) != key
-        )
+        foreign = existing is not None and objects.labels(existing).get(names.CLUSTER_LABEL) != key
         inputs = manifests.Inputs(
             cluster=cluster, kube_version=await self.kube_version(), kv_endpoints=endpoints,
             secret_data=secret_data, etcd_tls_data=etcd_tls, foreign_namespace=foreign,

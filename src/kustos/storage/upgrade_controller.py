@@ -87,12 +87,12 @@ class StorageUpgradeReconciler:
 
     def _cluster_of(self, upgrade: StorageUpgrade) -> tuple[StorageCluster | None, str]:
         """The cluster to upgrade, or None and why."""
-        namespace = upgrade.metadata["namespace"]
+        namespace = objects.namespace(upgrade)
         wanted = (upgrade.status.cluster if upgrade.status else None) or upgrade.spec.cluster_name
         candidates = [
             c for c in self.clusters.list()
-            if c["metadata"].get("namespace") == namespace
-            and (wanted is None or c["metadata"]["name"] == wanted)
+            if objects.namespace(c) == namespace
+            and (wanted is None or objects.name(c) == wanted)
         ]  # fmt: skip
         if not candidates:
             return None, f"StorageCluster {wanted or '(any)'} not found in namespace {namespace}"
@@ -118,7 +118,7 @@ class StorageUpgradeReconciler:
         pods = []
         for pod in await self._list(PODS, namespace, selector):
             owners = pod["metadata"].get("ownerReferences") or []
-            if not any(o.get("uid") == ds["metadata"]["uid"] for o in owners):
+            if not any(o.get("uid") == objects.uid(ds) for o in owners):
                 continue
             pod_containers = (pod.get("spec") or {}).get("containers") or []
             pod_image = next(
@@ -132,7 +132,7 @@ class StorageUpgradeReconciler:
             namespace=namespace,
             name=name,
             image=image,
-            generation=int(ds["metadata"].get("generation") or 1),
+            generation=objects.generation(ds) or 1,
             observed_generation=int(status.get("observedGeneration") or 0),
             desired=int(status.get("desiredNumberScheduled") or 0),
             on_delete=(spec.get("updateStrategy") or {}).get("type") == "OnDelete",
@@ -142,37 +142,36 @@ class StorageUpgradeReconciler:
     async def _workloads(self, cluster: StorageCluster, count_pods: bool) -> tuple[WorkloadView, ...]:
         scope = self.manager.options.namespace
         classes = await self._list(STORAGE_CLASSES, None)
-        default_class = next(
-            (c["metadata"]["name"] for c in classes
-             if (c["metadata"].get("annotations") or {}).get(DEFAULT_CLASS_ANNOTATION) == "true"),
-            None,
-        )  # fmt: skip
+        defaults = [
+            objects.name(c) for c in classes if objects.annotations(c).get(DEFAULT_CLASS_ANNOTATION) == "true"
+        ]
+        default_class = defaults[0] if defaults else None
         match = VolumeMatch(
             storage_class=names.storage_class(cluster),
             provisioner=names.provisioner(cluster),
             default_class=default_class,
-            provisioner_of_class={c["metadata"]["name"]: c.get("provisioner", "") for c in classes},
+            provisioner_of_class={objects.name(c): c.get("provisioner", "") for c in classes},
         )
         claims: dict[str, dict[str, ClaimView]] = defaultdict(dict)
         for claim in await self._list(CLAIMS, scope):
-            claims[claim["metadata"]["namespace"]][claim["metadata"]["name"]] = up.claim_view(claim)
+            claims[str(objects.namespace(claim))][objects.name(claim)] = up.claim_view(claim)
         views = []
         for kind, ref in WORKLOAD_KINDS.items():
             for w in await self._list(ref, scope):
-                meta = w["metadata"]
-                annotations = meta.get("annotations") or {}
+                namespace = str(objects.namespace(w))
+                annotations = objects.annotations(w)
                 remembered = annotations.get(up.REPLICAS_ANNOTATION)
-                uses = up.uses_cluster_volumes(w, claims.get(meta["namespace"], {}), match)
+                uses = up.uses_cluster_volumes(w, claims.get(namespace, {}), match)
                 if not uses and remembered is None:
                     continue
                 pods = 0
                 selector = up.selector_string(w)
                 if count_pods and selector:
-                    pods = len(await self._list(PODS, meta["namespace"], selector))
+                    pods = len(await self._list(PODS, namespace, selector))
                 replicas = (w.get("spec") or {}).get("replicas")
                 views.append(
                     WorkloadView(
-                        kind=kind, namespace=meta["namespace"], name=meta["name"],
+                        kind=kind, namespace=namespace, name=objects.name(w),
                         replicas=1 if replicas is None else int(replicas),
                         remembered=int(remembered) if remembered and remembered.isdigit() else None,
                         owner=annotations.get(up.OWNER_ANNOTATION), uses_cluster=uses, pods=pods,
@@ -196,7 +195,7 @@ class StorageUpgradeReconciler:
                 c.model_dump(by_alias=True) for c in (cluster.status.conditions if cluster.status else [])
             ]
             cluster_view = ClusterView(
-                name=cluster.metadata["name"],
+                name=objects.name(cluster),
                 node_image=cluster.spec.images.node_container,
                 maintenance=annotations.get(names.MAINTENANCE_ANNOTATION),
                 reports_maintenance=is_true(conditions, "Maintenance"),
@@ -327,7 +326,7 @@ class StorageUpgradeReconciler:
             case up.SetMaintenance():
                 assert cluster is not None
                 patch = {"metadata": {"annotations": {names.MAINTENANCE_ANNOTATION: name}}}
-                await self.api.patch(STORAGECLUSTERS, namespace, cluster.metadata["name"], patch)
+                await self.api.patch(STORAGECLUSTERS, namespace, objects.name(cluster), patch)
             case up.ClearMaintenance():
                 assert cluster is not None
                 # Guarded: only our own annotation goes, even if another upgrade took over meanwhile.
@@ -336,7 +335,7 @@ class StorageUpgradeReconciler:
                     {"op": "remove", "path": "/metadata/annotations/kustos.dev~1maintenance"},
                 ]
                 await self.api.patch(
-                    STORAGECLUSTERS, namespace, cluster.metadata["name"], patch_ops, kind="json"
+                    STORAGECLUSTERS, namespace, objects.name(cluster), patch_ops, kind="json"
                 )
                 return [Note("MaintenanceOff", f"Cluster {cluster.metadata['name']} left maintenance mode")]
             case up.ScaleDown(workload=w, remember=remember):
@@ -376,7 +375,7 @@ class StorageUpgradeReconciler:
             case up.SetClusterImage(image=image):
                 assert cluster is not None
                 patch = {"spec": {"images": {"nodeContainer": image}}}
-                await self.api.patch(STORAGECLUSTERS, namespace, cluster.metadata["name"], patch)
+                await self.api.patch(STORAGECLUSTERS, namespace, objects.name(cluster), patch)
             case up.Release():
                 try:
                     await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
@@ -438,12 +437,8 @@ def _upgrades_in_namespace(reconciler: StorageUpgradeReconciler) -> Any:
     """A StorageCluster change wakes every upgrade in its namespace."""
 
     def keys(cluster: dict[str, Any]) -> list[str]:
-        namespace = cluster["metadata"].get("namespace")
-        return [
-            f"{namespace}/{u['metadata']['name']}"
-            for u in reconciler.upgrades.list()
-            if u["metadata"].get("namespace") == namespace
-        ]
+        namespace = objects.namespace(cluster)
+        return [objects.key(u) for u in reconciler.upgrades.list() if objects.namespace(u) == namespace]
 
     return keys
 
