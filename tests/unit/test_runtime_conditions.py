@@ -145,3 +145,19 @@ def test_transition_time_is_the_time_of_the_last_status_change(
         assert condition["status"] == status
         assert condition["lastTransitionTime"] == stamp
         assert is_true(conditions, type_) == (status == "True")
+
+
+def test_set_model_condition_keeps_models_and_transition_times() -> None:
+    from datetime import UTC, datetime
+
+    from kustos.api.common import Condition
+    from kustos.runtime.conditions import set_model_condition
+
+    first = set_model_condition(
+        Condition, [], "Ready", True, "AllReady", "", 1, datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    assert isinstance(first[0], Condition) and first[0].last_transition_time == "2026-01-01T00:00:00Z"
+    again = set_model_condition(
+        Condition, first, "Ready", True, "AllReady", "still", 2, "2026-02-01T00:00:00Z"
+    )
+    assert again[0].last_transition_time == "2026-01-01T00:00:00Z" and again[0].message == "still"

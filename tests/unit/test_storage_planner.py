@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given
@@ -13,7 +14,7 @@ from kustos.storage import planner
 from kustos.storage.manifests import Inputs, desired
 from kustos.storage.planner import ClusterSummary, Observed, PodView, choose_active, key_of, plan, status
 
-NOW = "2026-01-01T00:00:00Z"
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def objects(**spec: Any) -> tuple[dict[str, Any], ...]:
@@ -170,7 +171,7 @@ def test_transition_times_hold_while_nothing_changes() -> None:
     o = steady()
     first = status(o, plan(o), NOW)
     again = steady(previous_conditions=tuple(first["conditions"]))
-    second = status(again, plan(again), "2026-01-01T01:00:00Z")
+    second = status(again, plan(again), datetime(2026, 1, 1, 1, tzinfo=UTC))
     assert first["conditions"] == second["conditions"]
 
 
@@ -222,3 +223,14 @@ def test_an_image_changed_behind_our_back_is_drift() -> None:
     assert isinstance(step, planner.Apply) and [key_of(o) for o in step.objects] == [key_of(ds)]
     assert isinstance(plan(steady(current_images=changed, maintenance="up")), planner.Hold)  # left alone
     assert plan(steady(current_images={key_of(ds): planner.template_images(ds)})) == planner.Done()
+
+
+def test_a_failed_step_shows_on_progressing() -> None:
+    from kustos.runtime.errors import ReconcileError
+
+    o = steady()
+    result = status(o, plan(o), NOW, ReconcileError("the API server refused: quota", "Forbidden"))
+    progressing = get_condition(result["conditions"], "Progressing")
+    assert progressing is not None
+    assert (progressing["status"], progressing["reason"]) == ("True", "Forbidden")
+    assert progressing["message"].endswith("failed: the API server refused: quota")

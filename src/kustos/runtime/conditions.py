@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from kustos.runtime.times import rfc3339
+
+M = TypeVar("M", bound=BaseModel)
 
 Condition = dict[str, Any]
 
@@ -19,7 +26,7 @@ def set_condition(
     reason: str,
     message: str = "",
     observed_generation: int | None = None,
-    now: str | None = None,
+    now: str | datetime | None = None,
 ) -> list[Condition]:
     """Return the list with ``type_`` set; lastTransitionTime moves only when status changes.
 
@@ -28,7 +35,7 @@ def set_condition(
     value = status if isinstance(status, str) else ("True" if status else "False")
     result = [dict(c) for c in conditions or []]
     existing = next((c for c in result if c.get("type") == type_), None)
-    stamp = now or now_rfc3339()
+    stamp = rfc3339(now) if isinstance(now, datetime) else (now or now_rfc3339())
     if existing is None:
         existing = {"type": type_}
         result.append(existing)
@@ -48,3 +55,13 @@ def get_condition(conditions: list[Condition] | None, type_: str) -> Condition |
 def is_true(conditions: list[Condition] | None, type_: str) -> bool:
     condition = get_condition(conditions, type_)
     return condition is not None and condition.get("status") == "True"
+
+
+def set_model_condition(
+    model: type[M], conditions: Sequence[M], type_: str, status: bool | str, reason: str,
+    message: str = "", observed_generation: int | None = None, now: str | datetime | None = None,
+) -> list[M]:  # fmt: skip
+    """``set_condition`` for a status that holds its conditions as models (``kustos.api``'s)."""
+    plain = [c.model_dump(by_alias=True, exclude_none=True) for c in conditions]
+    updated = set_condition(plain, type_, status, reason, message, observed_generation, now)
+    return [model.model_validate(c) for c in updated]

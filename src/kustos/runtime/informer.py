@@ -11,6 +11,7 @@ restarted, so an operator never stops reacting without noticing.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import logging
@@ -30,6 +31,30 @@ Obj = dict[str, Any]
 # (event type, new object, previous object or None)
 Handler = Callable[[str, Obj, Obj | None], Awaitable[None] | None]
 Transform = Callable[[Obj], Obj]
+# An index function: the values under which an object is found (none, one or several).
+IndexFunc = Callable[[Obj], Iterable[str]]
+
+NODE_NAME_INDEX = "spec.nodeName"
+
+
+def pod_node_name(obj: Obj) -> Iterable[str]:
+    """Index pods by the node they are bound to (unscheduled pods are not indexed)."""
+    node = (obj.get("spec") or {}).get("nodeName")
+    return (node,) if node else ()
+
+
+def label_index(label: str) -> IndexFunc:
+    """Index objects by the value of one label (objects without it are not indexed)."""
+
+    def values(obj: Obj) -> Iterable[str]:
+        value = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
+        return (value,) if value else ()
+
+    return values
+
+
+def label_index_name(label: str) -> str:
+    return f"label:{label}"
 
 
 @dataclass(frozen=True)
@@ -52,6 +77,10 @@ class ResourceRef:
 
 class ResourceExpired(Exception):
     """The resourceVersion we would resume from is gone (410): relist."""
+
+
+class ResourceNotServed(Exception):
+    """The API server does not serve the resource (404 on the list): its CRD is absent."""
 
 
 def new_state_only(handler: Callable[[str, Obj], Awaitable[None]]) -> Handler:
@@ -98,6 +127,12 @@ class Informer:
         self._handlers: list[Handler] = []
         self._synced = asyncio.Event()
         self._version = ""
+        self.absent = False
+        """The last list found the resource not served (its CRD absent); lists go on until it is."""
+        self.last_error: str | None = None
+        self._indexers: dict[str, IndexFunc] = {}
+        # index name -> value -> keys (a dict as an ordered set)
+        self._indexes: dict[str, dict[str, dict[str, None]]] = {}
 
     # ---- reading -------------------------------------------------------------------
 
@@ -112,6 +147,63 @@ class Informer:
 
     def __len__(self) -> int:
         return len(self._store)
+
+    # ---- indexes ---------------------------------------------------------------------
+
+    def add_index(self, name: str, fn: IndexFunc) -> None:
+        """Keep the cache indexed by ``fn`` under ``name``; adding a name twice keeps the first
+        (informers are shared, and two controllers may ask for the same index)."""
+        if name in self._indexers:
+            return
+        self._indexers[name] = fn
+        self._indexes[name] = self._build(fn)
+
+    def index_by_node_name(self) -> str:
+        """Index pods by ``spec.nodeName``; returns the index name for ``by_index``."""
+        self.add_index(NODE_NAME_INDEX, pod_node_name)
+        return NODE_NAME_INDEX
+
+    def index_by_label(self, label: str) -> str:
+        """Index objects by the value of ``label``; returns the index name for ``by_index``."""
+        name = label_index_name(label)
+        self.add_index(name, label_index(label))
+        return name
+
+    def by_index(self, name: str, value: str) -> builtins.list[Obj]:
+        """The cached objects indexed under ``value`` (KeyError for an unknown index)."""
+        keys = self._indexes[name].get(value) or {}
+        return [self._store[k] for k in keys if k in self._store]
+
+    def index_values(self, name: str) -> builtins.list[str]:
+        """Every value under which some object is indexed."""
+        return list(self._indexes[name])
+
+    def _unindex(self, key: str, obj: Obj) -> None:
+        for name, fn in self._indexers.items():
+            index = self._indexes[name]
+            for value in fn(obj):
+                keys = index.get(value)
+                if keys is not None:
+                    keys.pop(key, None)
+                    if not keys:
+                        del index[value]
+
+    def _index(self, key: str, obj: Obj) -> None:
+        for name, fn in self._indexers.items():
+            index = self._indexes[name]
+            for value in fn(obj):
+                index.setdefault(value, {})[key] = None
+
+    def _build(self, fn: IndexFunc) -> dict[str, dict[str, None]]:
+        index: dict[str, dict[str, None]] = {}
+        for key, obj in self._store.items():
+            for value in fn(obj):
+                index.setdefault(value, {})[key] = None
+        return index
+
+    def _reindex(self) -> None:
+        for name, fn in self._indexers.items():
+            self._indexes[name] = self._build(fn)
 
     @property
     def has_synced(self) -> bool:
@@ -140,9 +232,30 @@ class Informer:
             except ResourceExpired:
                 self._restarted("expired")
                 continue
+            except ResourceNotServed:
+                if not self.absent:
+                    log.warning("%s is not served (is its CRD installed?): listing again until it is",
+                                self.resource)  # fmt: skip
+                self.absent, self.last_error = True, "not served (is its CRD installed?)"
+                self._restarted("absent")
+                await asyncio.sleep(backoff * (1 + random.random()))
+                backoff = min(backoff * 2, 30.0)
             except Exception as err:
                 self._restarted("error")
-                log.warning("informer %s failed, relisting in %.1fs: %s", self.resource, backoff, err)
+                first = self.last_error is None
+                self.last_error = _one_line(err)
+                # Only the first failure of a streak is a warning, and an unreachable API server is
+                # said once for every informer: it fails them all every few seconds, which must
+                # not bury the log.
+                unreachable = isinstance(err, httpx2.TransportError)
+                if first and unreachable and not _outage["reported"]:
+                    _outage["reported"] = True
+                    log.warning("the API server is unreachable (%s); informers relist until it answers",
+                                self.last_error)  # fmt: skip
+                else:
+                    (log.warning if first and not unreachable else log.debug)(
+                        "informer %s failed, relisting in %.1fs: %s", self.resource, backoff, self.last_error
+                    )
                 await asyncio.sleep(backoff * (1 + random.random()))
                 backoff = min(backoff * 2, 30.0)
 
@@ -171,6 +284,8 @@ class Informer:
                 params.pop("continue", None)  # a list page expired: start the list again
                 fresh.clear()
                 continue
+            if response.status_code == 404:
+                raise ResourceNotServed(str(self.resource))
             response.raise_for_status()
             body = response.json()
             for item in body.get("items") or []:
@@ -184,6 +299,7 @@ class Informer:
                 break
             params["continue"] = token
         old, self._store = self._store, fresh
+        self._reindex()
         for key, obj in old.items():
             if key not in fresh:
                 await self._notify("DELETED", obj, obj)
@@ -194,6 +310,12 @@ class Informer:
             elif previous["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
                 await self._notify("MODIFIED", obj, previous)
         self._update_gauge()
+        if self.absent:
+            log.info("%s is served now", self.resource)
+        if _outage["reported"]:
+            _outage["reported"] = False
+            log.info("the API server answers again")
+        self.absent, self.last_error = False, None
         self._synced.set()
 
     async def _watch(self) -> None:
@@ -245,10 +367,13 @@ class Informer:
         obj = self._transform(obj)
         key = object_key(obj)
         previous = self._store.get(key)
+        if previous is not None:
+            self._unindex(key, previous)
         if kind == "DELETED":
             self._store.pop(key, None)
         else:
             self._store[key] = obj
+            self._index(key, obj)
         if version:
             self._version = version
         self._update_gauge()
@@ -269,3 +394,12 @@ class Informer:
                     await result
             except Exception:
                 log.exception("handler of %s failed on %s", self.resource, object_key(obj))
+
+
+# Whether this process has said the API server is unreachable (once per outage, for all informers).
+_outage = {"reported": False}
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -1,5 +1,6 @@
 """The StorageCluster controller: observe (caches, the secrets, the EtcdCluster it names, the
-Kubernetes version), plan (planner.plan), act one step, record the status and an Event.
+Kubernetes version), plan (planner.plan), act one step, record the status (planner.status,
+written once per pass by ``runtime.record``) and the Events of what changed.
 
 Generated objects live in spec.namespace and at cluster scope, out of reach of owner
 references: each carries ``kustos.dev/storage-cluster: <namespace>.<name>``, the informers
@@ -16,13 +17,19 @@ from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster
 from kustos.api.storage import StorageCluster
+from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.conditions import is_true, now_rfc3339, set_condition
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.clock import Clock
+from kustos.runtime.conditions import get_condition, is_true, set_condition
+from kustos.runtime.controller import Controller, KeyMapper, Result, through_index
+from kustos.runtime.deps import Deps
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager, ManagerOptions
+from kustos.runtime.record import Note, record
 from kustos.runtime.resources import NODES, PODS
+from kustos.runtime.steps import Done, Wait
 from kustos.storage import manifests, names, planner
 from kustos.storage.images import KubeVersion, parse_kube_version
 from kustos.storage.planner import ClusterSummary, Observed, PodView, Step
@@ -70,26 +77,6 @@ def _labelled() -> InformerOptions:
     return InformerOptions(namespace="", label_selector=names.CLUSTER_LABEL)
 
 
-def _pod_ready(pod: dict[str, Any]) -> bool:
-    """Ready, or every container ready: the node lifecycle controller marks a lost node's pods
-    NotReady and not every kubelet (kwok's, for one) flips the condition back, so the
-    containers' own readiness (and, separately, the node's) is what counts."""
-    status = pod.get("status") or {}
-    if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
-        return True
-    containers = status.get("containerStatuses") or []
-    return bool(containers) and status.get("phase") == "Running" and all(c.get("ready") for c in containers)
-
-
-def _node_ready(node: dict[str, Any] | None) -> bool:
-    if node is None:
-        return False
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (node.get("status") or {}).get("conditions") or []
-    )
-
-
 def cluster_key_to_object_key(value: str) -> str:
     """``namespace.name`` (the label) -> ``namespace/name`` (the queue key)."""
     namespace, _, name = value.partition(".")
@@ -97,9 +84,10 @@ def cluster_key_to_object_key(value: str) -> str:
 
 
 class StorageClusterReconciler:
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Manager, clock: Clock) -> None:
         self.manager = manager
         self.api = manager.api
+        self.clock = clock
         self.clusters = manager.informer(STORAGECLUSTERS)
         # Every StorageCluster in the Kubernetes cluster: only one may be active.
         self.all_clusters = manager.informer(STORAGECLUSTERS, InformerOptions(namespace=""))
@@ -107,6 +95,8 @@ class StorageClusterReconciler:
             kind: manager.informer(ref, _labelled()) for kind, ref in OWNED.items()
         }
         self.pods = manager.informer(PODS, _labelled())
+        self.pods_by_cluster = self.pods.index_by_label(names.CLUSTER_LABEL)
+        self.pods_by_node = self.pods.index_by_node_name()
         self.nodes = manager.informer(NODES)
         self.etcd_clusters = manager.informer(ETCDCLUSTERS)
         self._kube_version: KubeVersion | None = None
@@ -125,16 +115,15 @@ class StorageClusterReconciler:
     def _active_elsewhere(self, cluster: StorageCluster) -> str | None:
         summaries = []
         for raw in self.all_clusters.list():
-            meta = raw["metadata"]
             summaries.append(
                 ClusterSummary(
-                    key=f"{meta['namespace']}/{meta['name']}",
-                    created=str(meta.get("creationTimestamp", "")),
+                    key=objects.key(raw),
+                    created=str(raw["metadata"].get("creationTimestamp", "")),
                     was_active=is_true((raw.get("status") or {}).get("conditions"), "Active"),
-                    deleting=bool(meta.get("deletionTimestamp")),
+                    deleting=objects.deleting(raw),
                 )
             )
-        mine = f"{cluster.metadata['namespace']}/{cluster.metadata['name']}"
+        mine = objects.key(cluster)
         if not any(s.key == mine for s in summaries):
             return UNSEEN  # the cluster-wide cache has not caught up yet: judge on the next pass
         active = planner.choose_active(summaries)
@@ -153,7 +142,7 @@ class StorageClusterReconciler:
             return (), None
         if kv.etcd_cluster_ref is None:
             return tuple(a.strip() for a in kv.address.split(",") if a.strip()), None
-        namespace = kv.etcd_cluster_ref.namespace or cluster.metadata["namespace"]
+        namespace = kv.etcd_cluster_ref.namespace or str(objects.namespace(cluster))
         raw = self.etcd_clusters.get(f"{namespace}/{kv.etcd_cluster_ref.name}")
         if raw is None:
             raw = await self.api.get(ETCDCLUSTERS, namespace, kv.etcd_cluster_ref.name)
@@ -193,23 +182,25 @@ class StorageClusterReconciler:
 
     def _pods(self, key: str) -> tuple[PodView, ...]:
         views = []
-        for pod in self.pods.list():
-            labels = pod["metadata"].get("labels") or {}
-            if labels.get(names.CLUSTER_LABEL) != key or labels.get("app.kubernetes.io/component") != "node":
+        for pod in self.pods.by_index(self.pods_by_cluster, key):
+            if objects.labels(pod).get("app.kubernetes.io/component") != "node":
                 continue
-            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            node = objects.pod_node(pod) or ""
             containers = (pod.get("spec") or {}).get("containers") or []
             image = next(
                 (c.get("image", "") for c in containers if c.get("name") == names.node_container_name), ""
             )
             views.append(
                 PodView(
-                    name=pod["metadata"]["name"],
+                    name=objects.name(pod),
                     node=node,
                     phase=str((pod.get("status") or {}).get("phase") or ""),
-                    ready=_pod_ready(pod),
-                    node_ready=_node_ready(self.nodes.get(node)) if node else False,
-                    deleting=bool(pod["metadata"].get("deletionTimestamp")),
+                    # The containers' own readiness counts: not every kubelet (kwok's) flips the
+                    # Ready condition back after the node lifecycle controller set it False, and the
+                    # node's readiness is judged separately.
+                    ready=objects.pod_ready(pod, trust_containers=True),
+                    node_ready=objects.node_ready(self.nodes.get(node)) if node else False,
+                    deleting=objects.deleting(pod),
                     image=image,
                 )
             )
@@ -218,7 +209,7 @@ class StorageClusterReconciler:
     async def observe(self, raw: dict[str, Any], cluster: StorageCluster) -> Observed:
         meta, spec = cluster.metadata, cluster.spec
         key = names.cluster_key(cluster)
-        deleting = bool(meta.get("deletionTimestamp"))
+        deleting = objects.deleting(cluster)
         current, images, daemonset = self._current(key)
         old_status = raw.get("status") or {}
         common: dict[str, Any] = {
@@ -253,10 +244,7 @@ class StorageClusterReconciler:
         )
         endpoints, waiting = await self._kv_endpoints(cluster)
         existing = await self.api.get(OWNED["Namespace"], None, spec.namespace)
-        foreign = (
-            existing is not None
-            and (existing["metadata"].get("labels") or {}).get(names.CLUSTER_LABEL) != key
-        )
+        foreign = existing is not None and objects.labels(existing).get(names.CLUSTER_LABEL) != key
         inputs = manifests.Inputs(
             cluster=cluster, kube_version=await self.kube_version(), kv_endpoints=endpoints,
             secret_data=secret_data, etcd_tls_data=etcd_tls, foreign_namespace=foreign,
@@ -278,36 +266,32 @@ class StorageClusterReconciler:
             return None
         observed = await self.observe(raw, cluster)
         step = planner.plan(observed)
-        if not isinstance(step, planner.Done | planner.Wait):
+        if not isinstance(step, Done | Wait):
             log.info("step: %s", planner.describe(step))
-        requeue = await self.act(raw, observed, step)
+        failure: ReconcileError | None = None
+        requeue = AFTER_STEP
+        try:
+            requeue = await self.act(raw, observed, step)
+        except ReconcileError as err:
+            failure = err
         if not isinstance(step, planner.RemoveFinalizer):
-            await self._record(key, raw, observed, step)
+            await self._record(key, raw, observed, step, failure)
+        if failure is not None:
+            raise failure
         return Result(requeue_after=requeue)
 
     async def act(self, raw: dict[str, Any], o: Observed, step: Step) -> float:
+        """Take ``step``; the seconds until the next pass. Its Events are emitted here: each is an
+        action taken, not a pass (the status's transitions are ``_record``'s)."""
         match step:
-            case planner.Done():
+            case Done() | planner.Inactive() | planner.Refuse() | planner.Hold():
                 return STEADY_RESYNC
-            case planner.Wait(seconds=seconds):
+            case Wait(seconds=seconds):
                 return seconds
-            case planner.Inactive():
-                if _news(o, "Active", "False", planner.describe(step)):
-                    await self._event(raw, WARNING, "AnotherClusterActive", planner.describe(step))
-                return STEADY_RESYNC
-            case planner.Refuse():
-                if _news(o, "SpecValid", "False", planner.describe(step)):
-                    await self._event(raw, WARNING, "InvalidSpec", planner.describe(step))
-                return STEADY_RESYNC
-            case planner.Hold(reason=reason, message=message):
-                if _news(o, "Maintenance", "True", message):
-                    event = "Maintenance" if reason == "StorageUpgrade" else "Paused"
-                    await self._event(raw, NORMAL, event, message)
-                return STEADY_RESYNC
             case planner.AddFinalizer():
                 await self.api.add_finalizer(STORAGECLUSTERS, raw, names.FINALIZER)
-            case planner.Apply(objects=objects):
-                for obj in objects:
+            case planner.Apply(objects=applied):
+                for obj in applied:
                     await self.api.apply(ref_for(obj), obj)
                 await self._event(raw, NORMAL, "Applied", planner.describe(step))
             case planner.Prune(keys=keys) | planner.Cleanup(keys=keys):
@@ -334,23 +318,42 @@ class StorageClusterReconciler:
         status["phase"] = "Pending"
         status["conditions"] = set_condition(
             status.get("conditions"), "SpecValid", False, "InvalidSpec", message[:1000],
-            raw["metadata"].get("generation"),
+            objects.generation(raw), self.clock.now(),
         )  # fmt: skip
-        await self.api.update_status(STORAGECLUSTERS, raw, status)
-        await self._event(raw, WARNING, "InvalidSpec", message[:500])
+        previous = get_condition((raw.get("status") or {}).get("conditions"), "SpecValid") or {}
+        news = (previous.get("status"), previous.get("message")) != ("False", message[:1000])
+        notes = [Note("InvalidSpec", message[:500], WARNING)] if news else []
+        await record(self.api, STORAGECLUSTERS, raw, status, self.manager.events, notes=notes, announce=())
 
-    async def _record(self, key: str, raw: dict[str, Any], o: Observed, step: Step) -> None:
+    async def _record(
+        self, key: str, raw: dict[str, Any], o: Observed, step: Step, failure: ReconcileError | None
+    ) -> None:
         fresh = self.clusters.get(key) or raw
         old = dict(fresh.get("status") or {})
-        payload = planner.status(o, step, now_rfc3339())
-        payload["observedGeneration"] = fresh["metadata"].get("generation")
-        if payload.get("phase") != old.get("phase") and old.get("phase"):
-            await self._event(raw, NORMAL, "PhaseChanged", f"{old.get('phase')} -> {payload['phase']}")
-        if payload != old:
-            try:
-                await self.api.update_status(STORAGECLUSTERS, fresh, payload)
-            except ApiStatusError as err:  # a conflict, or gone: the next pass writes it
-                log.debug("status not written: %s", err)
+        payload = planner.status(o, step, self.clock.now(), failure)
+        try:
+            await record(self.api, STORAGECLUSTERS, fresh, payload, self.manager.events,
+                         notes=_notes(o, step, old, payload), announce=())  # fmt: skip
+        except ApiStatusError as err:  # a conflict: the next pass writes it (and says what changed)
+            log.debug("status not written: %s", err)
+
+
+def _notes(o: Observed, step: Step, old: dict[str, Any], new: dict[str, Any]) -> list[Note]:
+    """Events for what the status now says that it did not: a transition, not a pass."""
+    notes = []
+    match step:
+        case planner.Inactive():
+            if _news(o, "Active", "False", planner.describe(step)):
+                notes.append(Note("AnotherClusterActive", planner.describe(step), WARNING))
+        case planner.Refuse():
+            if _news(o, "SpecValid", "False", planner.describe(step)):
+                notes.append(Note("InvalidSpec", planner.describe(step), WARNING))
+        case planner.Hold(reason=reason, message=message):
+            if _news(o, "Maintenance", "True", message):
+                notes.append(Note("Maintenance" if reason == "StorageUpgrade" else "Paused", message))
+    if new.get("phase") != old.get("phase") and old.get("phase"):
+        notes.append(Note("PhaseChanged", f"{old.get('phase')} -> {new['phase']}"))
+    return notes
 
 
 def _news(o: Observed, type_: str, status: str, message: str) -> bool:
@@ -367,7 +370,7 @@ def _node_image(daemonset: dict[str, Any] | None) -> str | None:
 
 
 def _by_label(obj: dict[str, Any]) -> list[str]:
-    value = (obj["metadata"].get("labels") or {}).get(names.CLUSTER_LABEL)
+    value = objects.labels(obj).get(names.CLUSTER_LABEL)
     return [cluster_key_to_object_key(value)] if value else []
 
 
@@ -375,47 +378,35 @@ def _referencing(reconciler: StorageClusterReconciler) -> Any:
     """An EtcdCluster change wakes every StorageCluster whose kvBackend names it."""
 
     def keys(etcd: dict[str, Any]) -> list[str]:
-        namespace, name = etcd["metadata"].get("namespace"), etcd["metadata"]["name"]
+        namespace, name = objects.namespace(etcd), objects.name(etcd)
         found = []
         for raw in reconciler.clusters.list():
             ref = ((raw.get("spec") or {}).get("kvBackend") or {}).get("etcdClusterRef") or {}
-            if (
-                ref.get("name") == name
-                and (ref.get("namespace") or raw["metadata"]["namespace"]) == namespace
-            ):
-                found.append(f"{raw['metadata']['namespace']}/{raw['metadata']['name']}")
+            if ref.get("name") == name and (ref.get("namespace") or objects.namespace(raw)) == namespace:
+                found.append(objects.key(raw))
         return found
 
     return keys
 
 
-def _on_node(reconciler: StorageClusterReconciler) -> Any:
+def _on_node(reconciler: StorageClusterReconciler) -> KeyMapper:
     """A Node change wakes every StorageCluster with a node pod there."""
-
-    def keys(node: dict[str, Any]) -> list[str]:
-        name = node["metadata"]["name"]
-        return sorted({
-            key
-            for pod in reconciler.pods.list() if (pod.get("spec") or {}).get("nodeName") == name
-            for key in _by_label(pod)
-        })  # fmt: skip
-
-    return keys
+    return through_index(reconciler.pods, reconciler.pods_by_node, objects.name, _by_label)
 
 
 def _all_others(reconciler: StorageClusterReconciler) -> Any:
     """Any StorageCluster change anywhere may change which one is active: wake the local ones."""
 
     def keys(_obj: dict[str, Any]) -> list[str]:
-        return [f"{c['metadata']['namespace']}/{c['metadata']['name']}" for c in reconciler.clusters.list()]
+        return [objects.key(c) for c in reconciler.clusters.list()]
 
     return keys
 
 
-def register(manager: Manager) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     from kustos.storage.webhook import scheduler_webhook  # the webhook reads this controller's caches
 
-    reconciler = StorageClusterReconciler(manager)
+    reconciler = StorageClusterReconciler(manager, deps.clock)
     controller = Controller("storagecluster", STORAGECLUSTERS, reconciler.reconcile, workers=2)
     for ref in OWNED.values():
         controller.watch(ref, _by_label, _labelled())

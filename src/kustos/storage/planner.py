@@ -1,19 +1,24 @@
-"""What a StorageCluster needs next, and what its status says (pure: no I/O, no clock).
+"""What a StorageCluster needs next, and what its status says (pure: no I/O, no clock;
+``now`` comes from the injected clock).
 
 ``plan(observed)`` picks one step: finish a deletion, refuse (another cluster is active,
 or the spec cannot be deployed), hold still (pause or maintenance), wait (key-value
 endpoints not known yet), take the finalizer, apply what is out of date, prune what is
-no longer wanted, or nothing. ``status(observed, step, now)`` derives the status from the
-same observation, so a restarted operator reports and does exactly the same.
+no longer wanted, or nothing. ``status(observed, step, now, failure)`` derives the status
+from the same observation, so a restarted operator reports and does exactly the same; a
+step that failed puts its error on the Progressing condition.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from kustos.runtime.conditions import set_condition
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.steps import Done, Wait
 from kustos.storage.manifests import HASH_ANNOTATION
 
 Obj = dict[str, Any]
@@ -94,17 +99,6 @@ def choose_active(clusters: list[ClusterSummary]) -> str | None:
 
 
 # ---- steps ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Done:
-    pass
-
-
-@dataclass(frozen=True)
-class Wait:
-    reason: str
-    seconds: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -256,8 +250,9 @@ def describe(step: Step) -> str:
     return str(step)
 
 
-def status(o: Observed, step: Step, now: str) -> Obj:
-    """The status to record (conditions keep their transition times while unchanged)."""
+def status(o: Observed, step: Step, now: datetime, failure: ReconcileError | None = None) -> Obj:
+    """The status to record (conditions keep their transition times while unchanged); a
+    ``failure`` of the step's action shows on Progressing."""
     ready, total = ready_counts(o)
     current_phase = phase(o, step)
     health = node_health(o)
@@ -281,7 +276,10 @@ def status(o: Observed, step: Step, now: str) -> Obj:
         f"{ready}/{total} node pods ready",
     )
     progressing = isinstance(step, Apply | Prune | AddFinalizer | Wait) or current_phase == "Creating"
-    put("Progressing", progressing, type(step).__name__, describe(step))
+    if failure is not None:
+        put("Progressing", True, failure.reason, f"{describe(step)} failed: {failure.message}"[:1000])
+    else:
+        put("Progressing", progressing, type(step).__name__, describe(step))
     degraded = refused or current_phase == "Degraded"
     if refused:
         reason, message = "InvalidSpec", describe(step)

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kustos.api.storage import StorageCluster
+from kustos.runtime import objects
 from kustos.runtime.conditions import is_true
 from kustos.runtime.informer import Informer
 from kustos.runtime.manager import Manager
@@ -49,7 +50,7 @@ def scheduling_clusters(raw_clusters: Iterable[Obj]) -> list[StorageCluster]:
     """Active, live StorageClusters that want their scheduler set."""
     result = []
     for raw in raw_clusters:
-        if raw["metadata"].get("deletionTimestamp"):
+        if objects.deleting(raw):
             continue
         if not is_true((raw.get("status") or {}).get("conditions"), "Active"):
             continue
