@@ -47,6 +47,11 @@ BREAKDOWN: list[tuple[str, str]] = [
     ("kustos.api (CRD models built)", "import kustos.api"),
     ("every controller (kustos.controllers)", "import kustos.controllers"),
     ("the CLI (kustos.cli: typer, ...)", "import kustos.cli"),
+    ("the first API request (httpcore2, anyio, h2)", "import httpcore2"),
+    (
+        "a self-signed webhook certificate (cryptography)",
+        "from kustos.runtime.webhook import ServingCertificate as S\nS.self_signed(['localhost'], [])",
+    ),
 ]
 
 RSS_PROBE = """
