@@ -44,24 +44,35 @@ def rss_mib(pid: int) -> float:
 
 
 class Operator:
-    def __init__(self, cluster: DevCluster, controllers: str | None, env: dict[str, str] | None = None):
-        self.port = free_port()
+    """A ``kustos run`` process. By default the runtime alone (``--controllers none``): kustos's
+    own controllers would wait for CRDs a cluster without them lacks (idle_rss.py applies them)."""
+
+    def __init__(
+        self, cluster: DevCluster, extra: str | None, env: dict[str, str] | None = None,
+        controllers: str = "none", leader_elect: bool = False, source: Path = REPO,
+    ):  # fmt: skip
+        self.port, webhook_port = free_port(), free_port()
         args = [
             sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
-            "--no-leader-elect", "--metrics-address", f"127.0.0.1:{self.port}", "--log-level", "warning",
+            "--metrics-address", f"127.0.0.1:{self.port}", "--webhook-address", f"127.0.0.1:{webhook_port}",
+            "--webhook-url", f"https://127.0.0.1:{webhook_port}", "--log-level", "warning",
+            "--controllers", controllers,
         ]  # fmt: skip
-        # The runtime alone: kustos's own controllers would wait for CRDs this cluster lacks.
-        args += ["--controllers", "none"]
-        if controllers:
-            args += ["--extra-controllers", controllers]
+        if not leader_elect:
+            args.append("--no-leader-elect")
+        if extra:
+            args += ["--extra-controllers", extra]
+        # env replaces the environment when given whole (idle_rss.py chooses how bytecode is found).
+        base = env if env is not None and "PATH" in env else {**os.environ, **(env or {})}
         self.process = subprocess.Popen(
-            args, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=REPO,
+            args, env={**base, "PYTHONPATH": f"{source / 'src'}:{source}"}, cwd=source,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
 
     def wait_ready(self, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.check_alive()
             try:
                 if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=2).status_code == 200:
                     return
@@ -72,7 +83,13 @@ class Operator:
 
     def settled_rss(self, seconds: float = 5) -> float:
         time.sleep(seconds)
+        self.check_alive()
         return rss_mib(self.process.pid)
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            command = " ".join(str(a) for a in self.process.args)
+            raise RuntimeError(f"operator exited with {self.process.returncode}: {command}")
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -95,8 +112,8 @@ async def create_objects(client: AsyncClient, namespace: str, configmaps: int, n
     await asyncio.gather(*(create(Node(metadata=ObjectMeta(name=f"bench-node-{i}"))) for i in range(nodes)))
 
 
-def memory(cluster: DevCluster, configmaps: int, nodes: int) -> None:
-    idle = Operator(cluster, None)
+def memory(cluster: DevCluster, configmaps: int, nodes: int, env: dict[str, str] | None = None) -> None:
+    idle = Operator(cluster, None, env)
     idle.wait_ready()
     idle_rss = idle.settled_rss()
     idle.stop()
@@ -111,11 +128,11 @@ def memory(cluster: DevCluster, configmaps: int, nodes: int) -> None:
         await client.close()
 
     asyncio.run(populate())
-    empty = Operator(cluster, None)
+    empty = Operator(cluster, None, env)
     empty.wait_ready()
     baseline = empty.settled_rss()
     empty.stop()
-    cached = Operator(cluster, "benchmarks.bench_controllers:register_cache")
+    cached = Operator(cluster, "benchmarks.bench_controllers:register_cache", env)
     cached.wait_ready()
     loaded = cached.settled_rss(10)
     cached.stop()

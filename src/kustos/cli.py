@@ -1,8 +1,14 @@
-"""The ``kustos`` command."""
+"""The ``kustos`` command.
+
+``kustos run`` is the operator: it loads what it runs and nothing else. rich and the dev
+cluster's code are imported inside the commands that use them (a unit test holds the line;
+benchmarks/idle_rss.py measures what each import costs).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import json
 import os
@@ -10,18 +16,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
-from kustos.devcluster import binaries
-from kustos.devcluster.cluster import DEFAULT_NAME, DevCluster, DevClusterConfig, DevClusterError
-from kustos.devcluster.kwokconfig import Timings
 from kustos.etcd import cli as etcd_cli
 from kustos.storage import upgrade_cli
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kustos.devcluster.cluster import DevCluster
 
 app = typer.Typer(
     help="kustos: operators for clustered data stores and the nodes beneath them.",
@@ -32,13 +37,35 @@ app.add_typer(dev, name="dev")
 app.add_typer(etcd_cli.etcd, name="etcd")
 app.add_typer(upgrade_cli.storage, name="storage")
 
-# soft_wrap: paths and export lines must stay copy-pasteable on narrow terminals.
-console = Console(soft_wrap=True)
+# kustos.devcluster.cluster.DEFAULT_NAME (a unit test holds them equal), not imported from there.
+DEFAULT_NAME = "kustos"
+
+
+@functools.cache
+def _rich_console() -> Console:
+    from rich.console import Console
+
+    # soft_wrap: paths and export lines must stay copy-pasteable on narrow terminals.
+    return Console(soft_wrap=True)
+
+
+class _LazyConsole:
+    """The rich Console, made on first use: ``kustos run`` prints one line at most, and would
+    otherwise carry rich (~2 MiB resident) for its whole life."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_rich_console(), name)
+
+
+console = cast("Console", _LazyConsole())
 
 NameOption = Annotated[str, typer.Option("--name", help="Name of the dev cluster.")]
 
 
 def _cluster(name: str, workers: int = 3, fast: bool = False) -> DevCluster:
+    from kustos.devcluster.cluster import DevCluster, DevClusterConfig
+    from kustos.devcluster.kwokconfig import Timings
+
     timings = Timings.fast() if fast else Timings()
     return DevCluster(DevClusterConfig(name=name, worker_nodes=workers, timings=timings))
 
@@ -46,6 +73,8 @@ def _cluster(name: str, workers: int = 3, fast: bool = False) -> DevCluster:
 @dev.command("build")
 def dev_build() -> None:
     """Build the control-plane, etcd and kwok binaries that are missing from the cache."""
+    from kustos.devcluster import binaries
+
     missing = binaries.missing_binaries()
     if not missing:
         console.print(f"all {len(binaries.all_binaries())} binaries are cached in {binaries.bin_dir()}")
@@ -71,6 +100,9 @@ def dev_up(
     ] = True,
 ) -> None:
     """Start the local control plane in the background, the operator, and a sample EtcdCluster."""
+    from kustos.devcluster import binaries
+    from kustos.devcluster.cluster import DevClusterError
+
     cluster = _cluster(name, workers, fast)
     try:
         cluster.start(log=console.print)
@@ -92,7 +124,12 @@ SAMPLE = "example"
 
 def _run_sample(cluster: DevCluster) -> None:
     """CRDs, the operator, and a three-member EtcdCluster shown converging until it is Ready."""
+    from rich.live import Live
+    from rich.table import Table
+
     from kustos.api import RESOURCES
+    from kustos.devcluster import binaries
+    from kustos.devcluster.cluster import DevClusterError
     from kustos.runtime.crd import render_crds
 
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
@@ -115,7 +152,7 @@ def _run_sample(cluster: DevCluster) -> None:
     started = time.monotonic()
     deadline = started + 180
     status: dict[str, object] = {}
-    with Live(console=console, refresh_per_second=4) as live:
+    with Live(console=_rich_console(), refresh_per_second=4) as live:
         while True:
             found = cluster.kubectl("get", "etcdcluster", SAMPLE, "-o", "json", check=False)
             status = json.loads(found).get("status", {}) if found else {}
@@ -155,6 +192,8 @@ def dev_down(name: NameOption = DEFAULT_NAME) -> None:
 @dev.command("status")
 def dev_status(name: NameOption = DEFAULT_NAME) -> None:
     """Show the components and nodes of the dev cluster."""
+    from rich.table import Table
+
     cluster = _cluster(name)
     state = cluster.status()
     components = Table(title=f"dev cluster {name}")

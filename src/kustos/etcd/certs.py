@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 from kustos.api.etcd import EtcdCluster
 from kustos.api.etcd_tls import RENEW_ANNOTATION, CertificateStatus, TLSStatus
-from kustos.etcd import tls
 from kustos.etcd.client import EtcdTLS
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
@@ -40,6 +39,7 @@ from kustos.runtime.resources import PODS
 from kustos.runtime.times import parse_duration, rfc3339
 
 if TYPE_CHECKING:
+    from kustos.etcd import tls  # imported where used: cryptography costs ~8 MiB resident
     from kustos.runtime.manager import Manager
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,8 @@ def ca_verdict(
     (None, None, None): there is none yet, create one. A CA that exists is never
     replaced silently: every member trusts it, so a new one would split the cluster.
     """
+    from kustos.etcd import tls
+
     pair = _pair(secret, "ca.crt", "ca.key")
     if secret is None:
         return None, None, None
@@ -214,6 +216,8 @@ def member_renewal_reason(
     secret: Obj | None, pod: MemberPod, ca_pem: bytes, request: str, now: datetime, renew_before_percent: int
 ) -> str | None:
     """Why a running member must restart onto a new certificate, or None (pure)."""
+    from kustos.etcd import tls
+
     if secret is None:
         return None  # not issued yet: the pod waits for it
     annotations = secret["metadata"].get("annotations") or {}
@@ -354,6 +358,8 @@ class CertificateManager:
     async def _operator_issued(
         self, cluster: EtcdCluster, members: list[MemberPod], now: datetime
     ) -> ClusterTLS:
+        from kustos.etcd import tls
+
         spec = cluster.spec.tls
         assert spec is not None
         name, namespace = cluster.metadata["name"], cluster.metadata["namespace"]
@@ -427,6 +433,8 @@ class CertificateManager:
         self, cluster: EtcdCluster, ca: tls.KeyPair, pod: MemberPod, request: str, now: datetime,
         lifetime: timedelta,
     ) -> Obj:  # fmt: skip
+        from kustos.etcd import tls
+
         name, namespace = cluster.metadata["name"], cluster.metadata["namespace"]
         pair = tls.issue(
             ca, pod.name, now, lifetime,
@@ -471,6 +479,8 @@ def operator_certificates(manager: Manager) -> CertificateManager:
 
 
 def user_fingerprint(peer: Obj, server: Obj) -> str:
+    from kustos.etcd import tls
+
     return tls.fingerprint(*(_decode(s, k) or b"" for s in (peer, server) for k in ("tls.crt", "ca.crt")))
 
 
@@ -479,6 +489,8 @@ def _annotation(secret: Obj | None, key: str, default: str | None = "") -> str |
 
 
 def _pair(secret: Obj | None, cert_key: str, key_key: str) -> tls.KeyPair | None:
+    from kustos.etcd import tls
+
     cert, key = _decode(secret, cert_key), _decode(secret, key_key)
     return tls.KeyPair(cert, key) if cert and key else None
 
@@ -499,6 +511,8 @@ def _member_pod(pod: Obj) -> MemberPod:
 def _status_of(
     name: str, secret: Obj | None, pod: str, percent: int, key: str = "tls.crt"
 ) -> CertificateStatus:
+    from kustos.etcd import tls
+
     cert = _decode(secret, key)
     if cert is None:
         return CertificateStatus(name=name, pod=pod)

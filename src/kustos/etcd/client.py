@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, NamedTuple, Self, TypeAlias, cast
 
-import httpx
+import httpx2 as httpx  # the API client's httpx2: one HTTP stack loaded, not two
 
 __all__ = [
     "Alarm",

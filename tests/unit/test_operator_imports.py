@@ -1,0 +1,59 @@
+"""``kustos run`` loads what the operator runs and nothing more.
+
+Every module imported stays resident for the operator's life (benchmarks/idle_rss.py
+measures each one: rich ~2 MiB, cryptography ~8 MiB, a second HTTP stack ~1 MiB), so the
+heavy ones are imported where they are used. These tests assert the imports themselves,
+in a fresh interpreter, not memory figures, which vary by machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# Top-level packages the operator must not load just by starting.
+NOT_ON_THE_OPERATOR_PATH = {
+    "rich": "CLI output only: the dev cluster commands",
+    "cryptography": "only when an EtcdCluster uses TLS or a webhook certificate is made",
+    "httpx": "the API client's httpx2 serves the etcd client too",
+    "obstore": "backup agent pods only",
+}
+
+
+def loaded_after(statement: str) -> set[str]:
+    """The modules in sys.modules after ``statement`` runs in a fresh interpreter."""
+    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout))
+
+
+@pytest.fixture(scope="module")
+def operator_modules() -> set[str]:
+    # What `kustos run` imports before it connects: the CLI, every controller, the runtime.
+    return loaded_after("import kustos.cli, kustos.controllers, kustos.runtime.manager")
+
+
+@pytest.mark.parametrize("package", sorted(NOT_ON_THE_OPERATOR_PATH))
+def test_the_operator_does_not_load(operator_modules: set[str], package: str) -> None:
+    found = sorted(m for m in operator_modules if m == package or m.startswith(f"{package}."))
+    assert not found, f"{package} ({NOT_ON_THE_OPERATOR_PATH[package]}) is imported by: {found[:5]}"
+
+
+def test_the_operator_does_not_load_the_dev_cluster(operator_modules: set[str]) -> None:
+    assert not sorted(m for m in operator_modules if m.startswith("kustos.devcluster"))
+
+
+def test_controllers_load_no_cli() -> None:
+    """Controllers are a library: typer belongs to the command line."""
+    modules = loaded_after("import kustos.controllers")
+    assert not {m.split(".")[0] for m in modules} & {"typer", "rich"}
+
+
+def test_cli_default_cluster_name_is_the_dev_clusters() -> None:
+    from kustos import cli
+    from kustos.devcluster.cluster import DEFAULT_NAME
+
+    assert cli.DEFAULT_NAME == DEFAULT_NAME
