@@ -89,8 +89,9 @@ def test_extra_args_that_fight_the_operator_are_refused(arg: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [["--quota-backend-bytes=4294967296"], ["--listen-metrics-urls=http://0.0.0.0:2381"], ["--name-x"],
-             ["--snapshot-count", "10000"]],
+    "args",
+    [["--quota-backend-bytes=4294967296"], ["--listen-metrics-urls=http://0.0.0.0:2381"], ["--name-x"],
+     ["--snapshot-count", "10000"]],
 )  # fmt: skip
 def test_other_extra_args_are_admitted(args: list[str]) -> None:
     assert guard_denials(cluster(extraArgs=args), None) == []
