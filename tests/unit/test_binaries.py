@@ -81,7 +81,7 @@ def test_kubernetes_binaries_are_stamped_with_their_version() -> None:
 
     for binary in all_binaries():
         if binary.name not in KUBE_COMMANDS:
-            assert binary.name == "versitygw" or binary.ldflags == ()
+            assert binary.name in ("versitygw", "helm") or binary.ldflags == ()
             continue
         assert binary.version == KUBERNETES_VERSION
         assert binary.package == f"k8s.io/kubernetes/cmd/{binary.name}"
