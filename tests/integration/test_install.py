@@ -50,7 +50,7 @@ def test_helm_installs_in_namespaced_mode_and_uninstall_keeps_the_crds(
     release = f"kustos-{kubectl.namespace}"
     helm(
         dev_cluster, "install", release, str(CHART), "--namespace", kubectl.namespace,
-        "--set", f"namespaces={{{kubectl.namespace}}}", "--set", "replicas=0", "--wait=false",
+        "--set", f"namespaces={{{kubectl.namespace}}}", "--set", "replicas=0",
     )  # fmt: skip
     try:
         role = kubectl.get("role", release)

@@ -128,8 +128,9 @@ class ChartValues(Values):
     fullname_override: str = Field(default="", alias="fullnameOverride")
     image: Image = Field(default_factory=Image)
     image_pull_secrets: list[dict[str, str]] = Field(default_factory=list)
-    replicas: int = Field(default=2, ge=1)
-    """Two: a standby with warm caches takes over within the lease duration (F-OPS-3)."""
+    replicas: int = Field(default=2, ge=0)
+    """Two: a standby with warm caches takes over within the lease duration (F-OPS-3). Zero
+    stops the operator and keeps everything else."""
     crds: Crds = Field(default_factory=Crds)
     namespaces: list[str] = Field(default_factory=list, max_length=1)
     """Namespaced mode: watch only these namespaces, with Roles there and no cluster-wide
