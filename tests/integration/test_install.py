@@ -21,6 +21,7 @@ from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import etcd_cluster, wait_healthy
+from tests.integration.kube import wait_until
 from tests.integration.operator import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +98,12 @@ def service_account_kubeconfig(cluster: DevCluster, namespace: str, account: str
         "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": namespace}}],
     }  # fmt: skip
     path.write_text(json.dumps(config))
+    whoami = subprocess.run(
+        [str(cluster.kubectl_path), "--kubeconfig", str(path), "auth", "whoami",
+         "-o", "jsonpath={.status.userInfo.username}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert whoami.stdout.strip() == f"system:serviceaccount:{namespace}:{account}"
     return path
 
 
@@ -143,4 +150,48 @@ async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permission
         helm(dev_cluster, "uninstall", release, "--namespace", namespace)
     text = log.read_text(errors="replace")
     assert "controllers started" in text, text[-3000:]
+    assert "403" not in text and "forbidden" not in text.lower(), text[-3000:]
+
+
+async def test_the_operator_runs_a_storage_cluster_with_only_the_charts_permissions(
+    dev_cluster: DevCluster, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """The StorageCluster path: it generates ClusterRoles (which the operator may create only
+    holding their permissions) and binds the built-in scheduler roles (allowed by `bind` on
+    those two names), then removes everything when the StorageCluster is deleted."""
+    from tests.integration.test_storagecluster import storage_cluster, workers
+
+    release, namespace = f"kustos-{kubectl.namespace}", kubectl.namespace
+    adopt_crds(dev_cluster, release, namespace)
+    helm(dev_cluster, "install", release, str(CHART), "--namespace", namespace,
+         "--set", "replicas=0", "--set", "webhook.enabled=false")  # fmt: skip
+    process = None
+    log = tmp_path / "operator.log"
+    manifest = storage_cluster(kubectl, "stor", workers(dev_cluster), csi={"enable": True})
+    try:
+        kubeconfig = service_account_kubeconfig(dev_cluster, namespace, release, tmp_path / "sa.json")
+        process = start_operator_as(
+            kubeconfig, log, "--namespace", namespace, "--lease-name", release,
+            "--lease-namespace", namespace, "--metrics-address", f"127.0.0.1:{free_port()}",
+            "--controllers", "storagecluster",
+        )  # fmt: skip
+
+        async def running() -> bool:
+            status = kubectl.get("storagecluster", "stor").get("status") or {}
+            return status.get("ready") == "3/3" and status.get("phase") == "Running"
+
+        kubectl.apply(manifest)
+        await wait_until(running, "StorageCluster 3/3 Running as the chart's identity", timeout=120,
+                         cluster=dev_cluster, namespace=manifest["spec"]["namespace"])  # fmt: skip
+        bindings = dev_cluster.kubectl("get", "clusterrolebindings", "-o", "name")
+        assert "kube-scheduler" in bindings and "volume-scheduler" in bindings
+        kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=90s")
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+        kubectl("patch", "storagecluster", "stor", "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                check=False)  # fmt: skip
+        helm(dev_cluster, "uninstall", release, "--namespace", namespace)
+    text = log.read_text(errors="replace")
     assert "403" not in text and "forbidden" not in text.lower(), text[-3000:]
