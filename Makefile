@@ -8,7 +8,7 @@ UV := $(KUSTOS_CACHE)/tools/uv-$(UV_VERSION)/bin/uv
 VENV := .venv
 KUSTOS := $(VENV)/bin/kustos
 
-.PHONY: dev-up dev-down test lint build-binaries crds
+.PHONY: dev-up dev-down test lint build-binaries crds chart
 
 # The embedded default: local control plane plus a sample workload (F-DEV-3).
 dev-up: $(VENV)/.synced
@@ -45,3 +45,9 @@ $(UV):
 $(VENV)/.synced: $(UV) uv.lock pyproject.toml
 	$(UV) sync --frozen --python python3
 	touch $@
+
+# Regenerate the chart's generated files (CRDs template, values.schema.json), its golden
+# `helm template` outputs and deploy/manifests/kustos.yaml (unit tests fail when they are stale).
+chart: $(VENV)/.synced
+	$(KUSTOS) chart --write deploy/helm/kustos
+	KUSTOS_UPDATE_GOLDEN=1 $(VENV)/bin/pytest -q tests/unit/test_chart.py

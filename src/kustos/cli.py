@@ -262,6 +262,13 @@ def run(
     webhook_configuration_name: Annotated[
         str, typer.Option(help="Name of the webhook configurations the operator keeps current.")
     ] = "kustos",
+    webhook_service: Annotated[
+        str | None, typer.Option(help="namespace/name:port of the webhook Service (operator in the cluster).")
+    ] = None,
+    webhook_cert_secret: Annotated[
+        str | None,
+        typer.Option(help="Secret (in the Service's namespace) every replica shares its certificate in."),
+    ] = None,
     webhook_cert: Annotated[Path | None, typer.Option(help="PEM certificate (self-signed if unset).")] = None,
     webhook_key: Annotated[Path | None, typer.Option(help="PEM key for --webhook-cert.")] = None,
     webhook_ca: Annotated[Path | None, typer.Option(help="CA bundle for --webhook-cert.")] = None,
@@ -301,6 +308,7 @@ def run(
         metrics_address=metrics_address,
         webhook_address=webhook_address,
         webhook_url=webhook_url,
+        webhook_service=_service(webhook_service) if webhook_service else None,
         webhook_configuration_name=webhook_configuration_name,
         certificate=certificate,
         shutdown_timeout=shutdown_timeout,
@@ -309,6 +317,14 @@ def run(
 
     async def serve() -> None:
         manager = Manager.from_config(load_config(kubeconfig, context), options)
+        if webhook_cert_secret and options.webhook_service and certificate is None:
+            from kustos.install.certs import service_dns_names, shared_certificate
+
+            namespace_, service = options.webhook_service["namespace"], options.webhook_service["name"]
+            dns_names = service_dns_names(namespace_, service)
+            options.certificate = await shared_certificate(
+                manager.api, namespace_, webhook_cert_secret, dns_names
+            )
         names = None if controllers_ == "all" else [n for n in controllers_.split(",") if n and n != "none"]
         deps = Deps()
         controllers.register_all(manager, deps, names)
@@ -336,6 +352,31 @@ def run(
         # The API server went away (or refused) where nothing could retry: one line, not a traceback.
         log.error("exiting: %s", describe(err))
         raise typer.Exit(1) from err
+
+
+def _service(value: str) -> dict[str, object]:
+    """``namespace/name:port`` -> the clientConfig.service of a webhook configuration."""
+    reference, _, port = value.partition(":")
+    namespace_, _, name = reference.partition("/")
+    if not (namespace_ and name and port.isdigit()):
+        raise typer.BadParameter(f"--webhook-service {value!r}: expected namespace/name:port")
+    return {"namespace": namespace_, "name": name, "port": int(port)}
+
+
+@app.command("chart")
+def chart(
+    write: Annotated[
+        Path | None, typer.Option(help="Regenerate the chart's generated files (e.g. deploy/helm/kustos).")
+    ] = None,
+) -> None:
+    """Print (or write) values.schema.json of the Helm chart, generated from its values model."""
+    from kustos.install import chart as chart_files
+
+    if write is None:
+        console.out(chart_files.generated()[chart_files.SCHEMA], end="")
+        return
+    for path in chart_files.write(write):
+        console.print(f"wrote {path}")
 
 
 def main() -> None:

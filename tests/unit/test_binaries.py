@@ -48,6 +48,7 @@ def test_every_binary_the_dev_cluster_needs_is_built() -> None:
             **dict.fromkeys(ETCD_COMMANDS, 2),
             **dict.fromkeys(KUBE_COMMANDS, 1),
             "versitygw": 1,
+            "helm": 1,
         }
     )
 
@@ -80,7 +81,7 @@ def test_kubernetes_binaries_are_stamped_with_their_version() -> None:
 
     for binary in all_binaries():
         if binary.name not in KUBE_COMMANDS:
-            assert binary.name == "versitygw" or binary.ldflags == ()
+            assert binary.name in ("versitygw", "helm") or binary.ldflags == ()
             continue
         assert binary.version == KUBERNETES_VERSION
         assert binary.package == f"k8s.io/kubernetes/cmd/{binary.name}"

@@ -25,6 +25,8 @@ ETCD_VERSIONS = ("v3.5.35", "v3.6.16")
 KWOK_VERSION = "v0.8.0"
 # The S3-compatible server that etcd backups are written to in tests (F-ETCD-7).
 VERSITYGW_VERSION = "v1.8.0"
+# Renders, lints and installs the kustos chart (deploy/helm/kustos).
+HELM_VERSION = "v4.3.1"
 
 
 def _kubernetes_ldflags(version: str) -> list[str]:
@@ -84,6 +86,16 @@ def all_binaries() -> list[Binary]:
             (f"-X main.Version={VERSITYGW_VERSION}",),
         )
     )
+    binaries.append(
+        Binary(
+            "helm",
+            HELM_VERSION,
+            "helm",
+            "helm.sh/helm/v4/cmd/helm",
+            # What its Makefile stamps, so that `helm version` is truthful.
+            (f"-X helm.sh/helm/v4/internal/version.version={HELM_VERSION}",),
+        )
+    )
     for command in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
         binaries.append(
             Binary(
@@ -115,6 +127,8 @@ def _default_version(name: str) -> str:
         return ETCD_VERSIONS[-1]
     if name == "versitygw":
         return VERSITYGW_VERSION
+    if name == "helm":
+        return HELM_VERSION
     return KUBERNETES_VERSION
 
 

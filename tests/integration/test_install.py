@@ -1,0 +1,197 @@
+"""The chart and the plain manifest against the real API server: every object they hold is
+accepted (schemas, RBAC escalation checks, webhook configurations), `helm install` and
+`helm uninstall` work, and uninstalling keeps the CRDs.
+
+The operator's pods are not started here (replicas=0): running them in the cluster needs the
+dev cluster's in-cluster networking and ServiceAccount tokens (issue 14 items 4-6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kustos.api import RESOURCES
+from kustos.devcluster import binaries
+from kustos.devcluster.cluster import DevCluster
+from tests.integration.conftest import Kubectl
+from tests.integration.etcd_support import etcd_cluster, wait_healthy
+from tests.integration.kube import wait_until
+from tests.integration.operator import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "kustos"
+MANIFEST = REPO / "deploy" / "manifests" / "kustos.yaml"
+
+
+def helm(cluster: DevCluster, *args: str) -> str:
+    binaries.build([b for b in binaries.missing_binaries() if b.name == "helm"])
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(cluster.state_dir / "helm-home"),
+        "KUBECONFIG": str(cluster.kubeconfig),
+    }
+    result = subprocess.run(
+        [str(binaries.binary_path("helm")), *args], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_the_plain_manifest_is_accepted_by_the_api_server(dev_cluster: DevCluster) -> None:
+    dev_cluster.kubectl("create", "namespace", "kustos-system", check=False)
+    out = dev_cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", str(MANIFEST))
+    for kind in ("customresourcedefinition", "clusterrole", "deployment", "validatingwebhookconfiguration",
+                 "mutatingwebhookconfiguration", "poddisruptionbudget", "service"):  # fmt: skip
+        assert kind in out, out
+
+
+def test_helm_installs_in_namespaced_mode_and_uninstall_keeps_the_crds(
+    dev_cluster: DevCluster, kubectl: Kubectl
+) -> None:
+    release = f"kustos-{kubectl.namespace}"
+    adopt_crds(dev_cluster, release, kubectl.namespace)
+    helm(
+        dev_cluster, "install", release, str(CHART), "--namespace", kubectl.namespace,
+        "--set", f"namespaces={{{kubectl.namespace}}}", "--set", "replicas=0",
+    )  # fmt: skip
+    try:
+        role = kubectl.get("role", release)
+        assert {"etcdclusters"} <= {r for rule in role["rules"] for r in rule["resources"]}
+        config = json.loads(
+            dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "-o", "json")
+        )
+        selectors = {json.dumps(w["namespaceSelector"]) for w in config["webhooks"]}
+        assert selectors == {json.dumps({"matchLabels": {"kubernetes.io/metadata.name": kubectl.namespace}})}
+        assert kubectl.get("deployment", release)["spec"]["replicas"] == 0
+        assert "kustos" in helm(dev_cluster, "list", "--namespace", kubectl.namespace)
+    finally:
+        helm(dev_cluster, "uninstall", release, "--namespace", kubectl.namespace)
+    assert not dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "--ignore-not-found")
+    assert not kubectl("get", "role", release, "--ignore-not-found")
+    # The CRDs stay (helm.sh/resource-policy: keep): deleting them would delete every cluster.
+    assert dev_cluster.kubectl("get", "crd", "etcdclusters.kustos.dev", "-o", "name").strip()
+
+
+def adopt_crds(cluster: DevCluster, release: str, namespace: str) -> None:
+    """CRDs another test applied with kubectl become this release's, as helm requires."""
+    for crd in (r.crd.name for r in RESOURCES):
+        if cluster.kubectl("get", "crd", crd, "--ignore-not-found", "-o", "name").strip():
+            cluster.kubectl("annotate", "--overwrite", "crd", crd, f"meta.helm.sh/release-name={release}",
+                            f"meta.helm.sh/release-namespace={namespace}")  # fmt: skip
+            cluster.kubectl("label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
+
+
+def service_account_kubeconfig(cluster: DevCluster, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig that is the chart's ServiceAccount: a token from the TokenRequest API."""
+    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration", "1h").strip()
+    view = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json"))
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": view["clusters"][0]["cluster"]}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": namespace}}],
+    }  # fmt: skip
+    path.write_text(json.dumps(config))
+    whoami = subprocess.run(
+        [str(cluster.kubectl_path), "--kubeconfig", str(path), "auth", "whoami",
+         "-o", "jsonpath={.status.userInfo.username}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert whoami.stdout.strip() == f"system:serviceaccount:{namespace}:{account}"
+    return path
+
+
+def start_operator_as(kubeconfig: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("wb") as sink:
+        command = [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(kubeconfig), *args]
+        return subprocess.Popen(command, stdout=sink, stderr=sink, cwd=REPO)
+
+
+@pytest.mark.parametrize("mode", ["cluster", "namespaced"])
+async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permissions(
+    mode: str, dev_cluster: DevCluster, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """Not an administrator: the chart's ServiceAccount, with the roles the chart ships,
+    creates an EtcdCluster until it is healthy, and the API server refuses it nothing."""
+    release, namespace = f"kustos-{kubectl.namespace}", kubectl.namespace
+    adopt_crds(dev_cluster, release, namespace)
+    # No webhooks: their Service has no endpoint in the dev cluster yet, and Fail would block
+    # every EtcdCluster write in the session. The operator runs beside the cluster instead.
+    values = ["--set", "replicas=0", "--set", "webhook.enabled=false"]
+    operator_args = ["--namespace", namespace, "--lease-name", release, "--lease-namespace", namespace,
+                     "--metrics-address", f"127.0.0.1:{free_port()}"]  # fmt: skip
+    if mode == "namespaced":
+        values += ["--set", f"namespaces={{{namespace}}}"]
+        operator_args += ["--controllers", "etcdcluster,etcdbackup,etcdmaintenance,nodejob"]
+    helm(dev_cluster, "install", release, str(CHART), "--namespace", namespace, *values)
+    identity = f"system:serviceaccount:{namespace}:{release}"
+    assert (
+        dev_cluster.kubectl("auth", "can-i", "delete", "nodes", "--as", identity, check=False).strip() == "no"
+    )
+    assert dev_cluster.kubectl("auth", "can-i", "escalate", "clusterroles", "--as", identity,
+                               check=False).strip() == "no"  # fmt: skip
+    process = None
+    log = tmp_path / "operator.log"
+    try:
+        kubeconfig = service_account_kubeconfig(dev_cluster, namespace, release, tmp_path / "sa.json")
+        process = start_operator_as(kubeconfig, log, *operator_args)
+        kubectl.apply(etcd_cluster("least", 1))
+        await wait_healthy(kubectl, "least", 1, timeout=120)
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+        helm(dev_cluster, "uninstall", release, "--namespace", namespace)
+    text = log.read_text(errors="replace")
+    assert "controllers started" in text, text[-3000:]
+    assert "403" not in text and "forbidden" not in text.lower(), text[-3000:]
+
+
+async def test_the_operator_runs_a_storage_cluster_with_only_the_charts_permissions(
+    dev_cluster: DevCluster, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """The StorageCluster path: it generates ClusterRoles (which the operator may create only
+    holding their permissions) and binds the built-in scheduler roles (allowed by `bind` on
+    those two names), then removes everything when the StorageCluster is deleted."""
+    from tests.integration.test_storagecluster import storage_cluster, workers
+
+    release, namespace = f"kustos-{kubectl.namespace}", kubectl.namespace
+    adopt_crds(dev_cluster, release, namespace)
+    helm(dev_cluster, "install", release, str(CHART), "--namespace", namespace,
+         "--set", "replicas=0", "--set", "webhook.enabled=false")  # fmt: skip
+    process = None
+    log = tmp_path / "operator.log"
+    manifest = storage_cluster(kubectl, "stor", workers(dev_cluster), csi={"enable": True})
+    try:
+        kubeconfig = service_account_kubeconfig(dev_cluster, namespace, release, tmp_path / "sa.json")
+        process = start_operator_as(
+            kubeconfig, log, "--namespace", namespace, "--lease-name", release,
+            "--lease-namespace", namespace, "--metrics-address", f"127.0.0.1:{free_port()}",
+            "--controllers", "storagecluster",
+        )  # fmt: skip
+
+        async def running() -> bool:
+            status = kubectl.get("storagecluster", "stor").get("status") or {}
+            return status.get("ready") == "3/3" and status.get("phase") == "Running"
+
+        kubectl.apply(manifest)
+        await wait_until(running, "StorageCluster 3/3 Running as the chart's identity", timeout=120,
+                         cluster=dev_cluster, namespace=manifest["spec"]["namespace"])  # fmt: skip
+        bindings = dev_cluster.kubectl("get", "clusterrolebindings", "-o", "name")
+        assert "kube-scheduler" in bindings and "volume-scheduler" in bindings
+        kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=90s")
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+        kubectl("patch", "storagecluster", "stor", "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                check=False)  # fmt: skip
+        helm(dev_cluster, "uninstall", release, "--namespace", namespace)
+    text = log.read_text(errors="replace")
+    assert "403" not in text and "forbidden" not in text.lower(), text[-3000:]

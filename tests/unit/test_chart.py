@@ -1,0 +1,202 @@
+"""The Helm chart (deploy/helm/kustos): generated files current, `helm lint` clean, golden
+`helm template` outputs for the three modes, the plain manifest current, and the chart's
+webhook configurations equal to what the operator serves.
+
+helm is built from its pinned Go module when missing (as the integration tests build the
+control plane): nothing here skips. Regenerate goldens and deploy/manifests/kustos.yaml with
+KUSTOS_UPDATE_GOLDEN=1 (`make chart`) and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from kustos.devcluster import binaries
+from kustos.etcd.webhook import webhooks as etcd_webhooks
+from kustos.install import chart as chart_files
+from kustos.install.values import ChartValues, defaults
+from kustos.storage.webhook import scheduler_webhook
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "kustos"
+MANIFEST = REPO / "deploy" / "manifests" / "kustos.yaml"
+GOLDEN = Path(__file__).parent / "golden" / "chart"
+RELEASE, NAMESPACE = "kustos", "kustos-system"
+UPDATE = os.environ.get("KUSTOS_UPDATE_GOLDEN") == "1"
+
+MODES: dict[str, list[str]] = {
+    "default": [],
+    "namespaced": ["--set", "namespaces={team-a}"],
+    "cert-manager": ["--set", "webhook.certManager.enabled=true",
+                     "--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true"],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    binaries.build([b for b in binaries.missing_binaries() if b.name == "helm"])
+    return binaries.binary_path("helm")
+
+
+def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    # A private HOME: helm reads and writes its config and cache there, never the user's.
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(REPO / ".pytest_cache" / "helm-home")}
+    result = subprocess.run([str(helm), *args], capture_output=True, text=True, env=env, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def template(helm: Path, *args: str) -> str:
+    return run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args).stdout
+
+
+def documents(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def without_crds(text: str) -> str:
+    """The rendered chart but its CRDs (which test_generated_files_are_current pins)."""
+    kept = [d for d in documents(text) if d["kind"] != "CustomResourceDefinition"]
+    return yaml.safe_dump_all(kept, sort_keys=True, width=1_000_000)
+
+
+def test_generated_files_are_current() -> None:
+    if UPDATE:
+        chart_files.write(CHART)
+    assert chart_files.stale(CHART) == [], "regenerate with `kustos chart --write deploy/helm/kustos`"
+
+
+def test_values_yaml_states_the_models_defaults() -> None:
+    stated = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert ChartValues.model_validate(stated) == ChartValues()
+    assert stated == defaults()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_helm_lint_is_clean(helm: Path, mode: str) -> None:
+    result = run_helm(helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE, *MODES[mode])
+    assert "0 chart(s) failed" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_helm_template_matches_golden(helm: Path, mode: str) -> None:
+    rendered = without_crds(template(helm, *MODES[mode]))
+    golden = GOLDEN / f"{mode}.yaml"
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(rendered)
+    assert golden.read_text() == rendered, f"{golden} is stale; regenerate with KUSTOS_UPDATE_GOLDEN=1"
+
+
+def plain_manifest(helm: Path) -> str:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    header = (
+        "# kustos with the chart's default values: `helm template kustos deploy/helm/kustos "
+        f"--namespace {NAMESPACE}`,\n# kept current by tests/unit/test_chart.py. Apply with "
+        "`kubectl apply --server-side -f deploy/manifests/kustos.yaml`.\n"
+    )
+    return header + "---\n" + yaml.safe_dump(namespace, sort_keys=True) + template(helm)
+
+
+def test_plain_manifest_is_the_chart_with_defaults(helm: Path) -> None:
+    rendered = plain_manifest(helm)
+    if UPDATE:
+        MANIFEST.parent.mkdir(parents=True, exist_ok=True)
+        MANIFEST.write_text(rendered)
+    assert MANIFEST.read_text() == rendered, f"{MANIFEST} is stale; regenerate with KUSTOS_UPDATE_GOLDEN=1"
+
+
+def test_default_install_holds_every_crd_kept_on_uninstall(helm: Path) -> None:
+    crds = [d for d in documents(template(helm)) if d["kind"] == "CustomResourceDefinition"]
+    assert {c["metadata"]["name"] for c in crds} == {
+        "etcdclusters.kustos.dev", "etcdbackups.kustos.dev", "storageclusters.kustos.dev",
+        "storageupgrades.kustos.dev", "nodejobs.kustos.dev",
+    }  # fmt: skip
+    assert all(c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for c in crds)
+    off = documents(template(helm, "--set", "crds.install=false"))
+    assert not [d for d in off if d["kind"] == "CustomResourceDefinition"]
+
+
+def test_the_schema_refuses_typos_and_wrong_types(helm: Path) -> None:
+    typo = run_helm(helm, "template", RELEASE, str(CHART), "--set", "replcas=3", check=False)
+    assert typo.returncode != 0 and "replcas" in typo.stderr
+    wrong = run_helm(helm, "template", RELEASE, str(CHART), "--set", "replicas=two", check=False)
+    assert wrong.returncode != 0 and "replicas" in wrong.stderr
+
+
+def _operator_entries(namespaced: bool) -> dict[str, dict[str, Any]]:
+    """What the operator's manager applies, for the chart's Service (runtime/webhook.py)."""
+    served = etcd_webhooks()
+    if not namespaced:
+        served.append(scheduler_webhook(cast(Any, None), cast(Any, None)))
+    entries = {}
+    for webhook in served:
+        if namespaced:
+            webhook.namespace_selector = {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+        service = {"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443, "path": webhook.path}
+        entries[webhook.name] = webhook.configuration_entry({"service": service})
+    return entries
+
+
+@pytest.mark.parametrize("mode", ["default", "namespaced"])
+def test_chart_webhooks_are_what_the_operator_serves(helm: Path, mode: str) -> None:
+    """The leader applies its own copy of these entries with the CA bundle: they must agree, or
+    the leader and `helm upgrade` would fight over them."""
+    configurations = [
+        d for d in documents(template(helm, *MODES[mode]))
+        if d["kind"] in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+    ]  # fmt: skip
+    charted = {w["name"]: w for c in configurations for w in c["webhooks"]}
+    assert charted == _operator_entries(namespaced=mode == "namespaced")
+    assert {c["metadata"]["name"] for c in configurations} == {RELEASE}
+
+
+def test_deployment_is_hardened_and_highly_available(helm: Path) -> None:
+    rendered = documents(template(helm))
+    deployment = next(d for d in rendered if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == 2
+    assert "--leader-elect" in container["args"]
+    assert pod["securityContext"]["runAsUser"] == 65532 and pod["securityContext"]["runAsNonRoot"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    assert container["resources"]["requests"]["memory"] == "96Mi"
+    assert any(d["kind"] == "PodDisruptionBudget" for d in rendered)
+
+
+def test_namespaced_mode_reads_nothing_cluster_wide_but_nodes(helm: Path) -> None:
+    rendered = documents(template(helm, *MODES["namespaced"]))
+    cluster_roles = [d for d in rendered if d["kind"] == "ClusterRole"]
+    assert len(cluster_roles) == 1
+    for rule in cluster_roles[0]["rules"]:
+        reads = {"get", "list", "watch"} & set(rule["verbs"])
+        assert not reads or rule["resources"] == ["nodes"], rule
+        assert rule["resources"] == ["nodes"] or rule.get("resourceNames") == [RELEASE], rule
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in rendered if d["kind"] == "Role"}
+    assert roles == {("team-a", RELEASE), (NAMESPACE, f"{RELEASE}-operator")}
+    args = next(d for d in rendered if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert "--namespace=team-a" in args["args"]
+    assert "--controllers=etcdcluster,etcdbackup,etcdmaintenance,nodejob" in args["args"]
+
+
+def test_scheduler_roles_are_bound_not_held(helm: Path) -> None:
+    role = next(d for d in documents(template(helm)) if d["kind"] == "ClusterRole")
+    bind = [r for r in role["rules"] if "bind" in r["verbs"]]
+    assert bind == [{
+        "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"],
+        "resourceNames": ["system:kube-scheduler", "system:volume-scheduler"],
+    }]  # fmt: skip
+    assert not [
+        r for r in role["rules"] if "*" in r["verbs"] or "*" in r["resources"] or "escalate" in r["verbs"]
+    ]
