@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 # Top-level packages the operator must not load just by starting.
 NOT_ON_THE_OPERATOR_PATH = {
     "rich": "CLI output only: the dev cluster commands",
-    "cryptography": "only when an EtcdCluster uses TLS or a webhook certificate is made",
+    "cryptography": "only when an EtcdCluster uses TLS (webhook certificates: a child process)",
     "httpx": "the API client's httpx2 serves the etcd client too",
     "obstore": "backup agent pods only",
 }
@@ -44,6 +45,21 @@ def test_the_operator_does_not_load(operator_modules: set[str], package: str) ->
 
 def test_the_operator_does_not_load_the_dev_cluster(operator_modules: set[str]) -> None:
     assert not sorted(m for m in operator_modules if m.startswith("kustos.devcluster"))
+
+
+def test_webhook_certificates_are_made_and_read_without_loading_cryptography(tmp_path: Path) -> None:
+    """The in-cluster default makes or reads its webhook certificate at every start."""
+    cert = tmp_path / "tls.crt"
+    modules = loaded_after(
+        "from pathlib import Path\n"
+        "from kustos.runtime.webhook import ServingCertificate\n"
+        "made = ServingCertificate.self_signed(['kustos-webhook.kustos-system.svc'], ['127.0.0.1'], days=2)\n"
+        f"Path({str(cert)!r}).write_bytes(made.cert_pem)\n"
+        f"read = ServingCertificate.from_files(Path({str(cert)!r}), Path({str(cert)!r}))\n"
+        "assert read.not_after == made.not_after.replace(microsecond=0), (read.not_after, made.not_after)\n"
+    )
+    assert b"BEGIN CERTIFICATE" in cert.read_bytes()
+    assert "cryptography" not in modules
 
 
 def test_controllers_load_no_cli() -> None:

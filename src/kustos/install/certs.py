@@ -16,6 +16,7 @@ import datetime as dt
 import logging
 from typing import Any
 
+from kustos.runtime import certtool
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.webhook import ServingCertificate
@@ -46,16 +47,10 @@ def usable(secret: Obj | None, dns_names: list[str], now: dt.datetime) -> Servin
     cert, key, ca = _decode(secret, "tls.crt"), _decode(secret, "tls.key"), _decode(secret, "ca.crt")
     if not (cert and key and ca):
         return None
-    from cryptography import x509  # on demand, as in runtime.webhook
-
-    try:
-        parsed = x509.load_pem_x509_certificate(cert)
-        names = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, x509.ExtensionNotFound):
+    facts = certtool.call({"op": "inspect", "cert": cert.decode(errors="replace")})
+    if "error" in facts or not set(dns_names) <= set(facts["dns_names"]):
         return None
-    if not set(dns_names) <= set(names.get_values_for_type(x509.DNSName)):
-        return None
-    not_after = parsed.not_valid_after_utc
+    not_after = dt.datetime.fromisoformat(facts["not_after"])
     if not_after - now < RENEW_BEFORE:
         return None
     return ServingCertificate(cert, key, ca, not_after)

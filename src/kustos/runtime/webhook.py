@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kustos.runtime import certtool
 from kustos.runtime.informer import ResourceRef
 
 Obj = dict[str, Any]
@@ -118,62 +118,22 @@ class ServingCertificate:
 
     @classmethod
     def from_files(cls, cert_file: Path, key_file: Path, ca_file: Path | None = None) -> ServingCertificate:
-        from cryptography import x509  # on demand: cryptography costs ~9 MiB resident
-
         cert = cert_file.read_bytes()
-        parsed = x509.load_pem_x509_certificate(cert)
+        facts = certtool.call({"op": "inspect", "cert": cert.decode()})
+        if "error" in facts:
+            raise ValueError(f"{cert_file}: {facts['error']}")
         ca = ca_file.read_bytes() if ca_file else cert
-        return cls(cert, key_file.read_bytes(), ca, parsed.not_valid_after_utc)
+        return cls(cert, key_file.read_bytes(), ca, dt.datetime.fromisoformat(facts["not_after"]))
 
     @classmethod
     def self_signed(cls, dns_names: list[str], ips: list[str], days: int = 365) -> ServingCertificate:
-        """A private CA and a serving certificate from it, for development and tests."""
-        # On demand: an operator with certificates from files never loads the generator.
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import ec
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-        now = dt.datetime.now(dt.UTC)
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kustos-webhook-ca")])
-        ca = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name).issuer_name(ca_name)
-            .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-            .add_extension(x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False), critical=True)
-            .sign(ca_key, hashes.SHA256())
-        )  # fmt: skip
-        key = ec.generate_private_key(ec.SECP256R1())
-        names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
-        names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
-        not_after = now + dt.timedelta(days=days)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (dns_names or ips)[0])]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(not_after)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-            )
-            .sign(ca_key, hashes.SHA256())
-        )  # fmt: skip
+        """A private CA and a serving certificate from it, made in a child process (certtool)."""
+        made = certtool.call({"op": "generate", "dns_names": dns_names, "ips": ips, "days": days})
         return cls(
-            cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-            key_pem=key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            ),
-            ca_pem=ca.public_bytes(serialization.Encoding.PEM),
-            not_after=not_after,
+            cert_pem=made["cert"].encode(),
+            key_pem=made["key"].encode(),
+            ca_pem=made["ca"].encode(),
+            not_after=dt.datetime.fromisoformat(made["not_after"]),
         )
 
     @property
