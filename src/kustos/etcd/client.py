@@ -970,6 +970,8 @@ async def cluster_health(
             return err
         except TimeoutError:
             return EtcdUnavailable(f"no status within {timeout * 2:.1f}s", None, endpoint)
+        except OSError as err:
+            return EtcdUnavailable(str(err) or type(err).__name__, None, endpoint)
 
     wanted = list(dict.fromkeys(endpoints))
     results = await asyncio.gather(*(one(e) for e in wanted))
