@@ -88,7 +88,7 @@ class ExampleReconciler:
         )  # fmt: skip
         status["observedGeneration"] = meta.get("generation")
         if status != (example.get("status") or {}):
-            await self.manager.api.update_status(EXAMPLES, example, status)
+            await self.manager.api.replace_status(EXAMPLES, example, status)
             await self.manager.events.record(example, NORMAL, "Synced", "mirror ConfigMap applied")
         return None
 

@@ -180,7 +180,7 @@ class EtcdBackupReconciler:
     async def _write(self, raw: dict[str, Any], status: EtcdBackupStatus) -> None:
         # Nulls included: a merge patch only clears a field (nextAttemptTime) that it sends as null.
         payload = status.model_dump(by_alias=True)
-        updated = await self.api.update_status(ETCDBACKUPS, raw, payload)
+        updated = await self.api.replace_status(ETCDBACKUPS, raw, payload)
         raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
 
     async def _event(self, raw: dict[str, Any], kind: str, reason: str, message: str) -> None:

@@ -365,7 +365,7 @@ class EtcdClusterReconciler:
                 started_at=rfc3339(datetime.now(UTC)),
             ).model_dump(by_alias=True, exclude_none=True),
         })  # fmt: skip
-        await self.api.update_status(ETCDCLUSTERS, raw, status)
+        await self.api.replace_status(ETCDCLUSTERS, raw, status)
         names = ", ".join(m.name or format(m.id, "x") for m in members.members)
         message = f"adopting etcd cluster {members.cluster_id:x} ({names}) on etcd {version}"
         await self.event(cluster, "AdoptionStarted", message)
@@ -420,7 +420,7 @@ class EtcdClusterReconciler:
             message[:1000],
             raw["metadata"].get("generation"),
         )
-        await self.api.update_status(ETCDCLUSTERS, raw, status)
+        await self.api.replace_status(ETCDCLUSTERS, raw, status)
         if reason == "InvalidSpec":
             await self.manager.events.record(raw, WARNING, reason, message[:500])
 
@@ -562,7 +562,7 @@ class EtcdClusterReconciler:
         status = dict(raw.get("status") or {})
         status["nextMemberIndex"] = index + 1
         status.setdefault("storageType", cluster.spec.storage.type)
-        updated = await self.api.update_status(ETCDCLUSTERS, raw, status)
+        updated = await self.api.replace_status(ETCDCLUSTERS, raw, status)
         cluster.status = EtcdClusterStatus.model_validate(updated.get("status") or {})
         cluster.metadata["resourceVersion"] = updated["metadata"]["resourceVersion"]
 
@@ -713,7 +713,7 @@ class EtcdClusterReconciler:
         payload["observedGeneration"] = generation
         if payload != old:
             with contextlib.suppress(ApiStatusError):  # a conflict: the next pass writes it
-                await self.api.update_status(ETCDCLUSTERS, fresh, payload)
+                await self.api.replace_status(ETCDCLUSTERS, fresh, payload)
 
     async def _record_tls(
         self, cluster: EtcdCluster, old: dict[str, Any], status: EtcdClusterStatus, certs: ClusterTLS,

@@ -117,7 +117,7 @@ class Rebuilder:
             message=f"rebuilding from {source.describe()}",
         ).model_dump(by_alias=True)
         status["phase"] = "Recovering"
-        updated = await self.api.update_status(self.r.resource, raw, status)
+        updated = await self.api.replace_status(self.r.resource, raw, status)
         raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
         await self.consume_request(raw)
         await self.r.event(
@@ -267,7 +267,7 @@ class Rebuilder:
         status.phase = "Scaling" if cluster.spec.size > 1 else "Running"
         payload = status.model_dump(by_alias=True, exclude_none=True)
         payload["conditions"] = _conditions(raw, rebuild, done=True)
-        await self.api.update_status(self.r.resource, raw, payload)
+        await self.api.replace_status(self.r.resource, raw, payload)
         message = f"{rebuild.message}; growing back to {cluster.spec.size} members"
         if cluster.spec.storage.type == "pvc":
             older = f"{CLUSTER_LABEL}={cluster.metadata['name']},{EPOCH_LABEL}!={rebuild.epoch}"
@@ -291,7 +291,7 @@ class Rebuilder:
         status["conditions"] = _conditions(raw, rebuild, done=False)
         compact = {**status, "recovery": rebuild.model_dump(by_alias=True, exclude_none=True)}
         if compact != (raw.get("status") or {}):
-            updated = await self.api.update_status(self.r.resource, raw, status)
+            updated = await self.api.replace_status(self.r.resource, raw, status)
             raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
             raw["status"] = updated.get("status") or {}
 

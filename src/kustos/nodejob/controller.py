@@ -178,7 +178,7 @@ class NodeJobReconciler:
         await self._event(raw, WARNING, "InvalidSpec", message[:500])
 
     async def _write(self, raw: dict[str, Any], status: NodeJobStatus) -> None:
-        updated = await self.api.update_status(NODEJOBS, raw, status.model_dump(by_alias=True))
+        updated = await self.api.replace_status(NODEJOBS, raw, status.model_dump(by_alias=True))
         raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
 
     async def _event(self, raw: dict[str, Any], kind: str, reason: str, message: str) -> None:

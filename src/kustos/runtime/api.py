@@ -13,17 +13,21 @@ from typing import Any
 
 import httpx2
 
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.kube import FIELD_MANAGER, api_path
 
 Obj = dict[str, Any]
 
 
-class ApiStatusError(Exception):
-    """The API server refused: its status code, reason and message."""
+class ApiStatusError(ReconcileError):
+    """The API server refused: its status code, reason and message.
+
+    A ``ReconcileError``: a pass it fails is retried with backoff and logged in one line.
+    """
 
     def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(f"{code} {reason}: {message}")
+        super().__init__(f"{code} {reason}: {message}", reason or "ApiError")
         self.code = code
         self.reason = reason
         self.message = message
@@ -119,16 +123,33 @@ class Api:
         result: Obj = response.json()
         return result
 
-    async def update_status(self, ref: ResourceRef, obj: Obj, status: Obj) -> Obj:
-        """Replace ``obj``'s status through the subresource, stamping observedGeneration.
+    async def replace_status(self, ref: ResourceRef, obj: Obj, status: Obj) -> Obj:
+        """Replace ``obj``'s whole status through the subresource, stamping observedGeneration.
 
-        A merge patch that carries the resourceVersion: if someone else wrote the status
-        since we read ``obj``, this fails with a conflict and the reconcile is retried.
+        A PUT, so a field left out (or None) is cleared, unlike a merge patch. It carries
+        ``obj``'s resourceVersion: if anyone wrote the object since it was read, the API
+        server answers 409 (an ``ApiStatusError``, a ``ReconcileError``) and the pass is
+        retried on fresh state.
         """
         meta = obj["metadata"]
-        status = {**status, "observedGeneration": meta.get("generation")}
-        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": status}
-        return await self.patch(ref, meta.get("namespace"), meta["name"], patch, subresource="status")
+        body = {
+            "apiVersion": obj.get("apiVersion") or ref.api_version,
+            "kind": obj.get("kind") or ref.kind,
+            "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+            "spec": obj.get("spec"),
+            "status": without_nulls({**status, "observedGeneration": meta.get("generation")}),
+        }
+        if body["spec"] is None:
+            del body["spec"]
+        response = await self._raw.put(
+            self.path(ref, meta.get("namespace"), meta["name"], "status"),
+            content=json.dumps(body),
+            params={"fieldManager": self.field_manager},
+            headers={"Content-Type": "application/json"},
+        )
+        _raise_for(response)
+        result: Obj = response.json()
+        return result
 
     async def delete(
         self, ref: ResourceRef, namespace: str | None, name: str,
@@ -169,3 +190,13 @@ class Api:
              "value": finalizers},
         ]  # fmt: skip
         return await self.patch(ref, meta.get("namespace"), meta["name"], patch, kind="json")
+
+
+def without_nulls(value: Any) -> Any:
+    """Drop None values, recursively: in a replaced status an absent field and a null are alike,
+    and the API server's schema need not allow nulls."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from kustos.runtime.times import rfc3339
+
 Condition = dict[str, Any]
 
 
@@ -19,7 +21,7 @@ def set_condition(
     reason: str,
     message: str = "",
     observed_generation: int | None = None,
-    now: str | None = None,
+    now: str | datetime | None = None,
 ) -> list[Condition]:
     """Return the list with ``type_`` set; lastTransitionTime moves only when status changes.
 
@@ -28,7 +30,7 @@ def set_condition(
     value = status if isinstance(status, str) else ("True" if status else "False")
     result = [dict(c) for c in conditions or []]
     existing = next((c for c in result if c.get("type") == type_), None)
-    stamp = now or now_rfc3339()
+    stamp = rfc3339(now) if isinstance(now, datetime) else (now or now_rfc3339())
     if existing is None:
         existing = {"type": type_}
         result.append(existing)

@@ -11,6 +11,7 @@ restarted, so an operator never stops reacting without noticing.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import logging
@@ -30,6 +31,30 @@ Obj = dict[str, Any]
 # (event type, new object, previous object or None)
 Handler = Callable[[str, Obj, Obj | None], Awaitable[None] | None]
 Transform = Callable[[Obj], Obj]
+# An index function: the values under which an object is found (none, one or several).
+IndexFunc = Callable[[Obj], Iterable[str]]
+
+NODE_NAME_INDEX = "spec.nodeName"
+
+
+def pod_node_name(obj: Obj) -> Iterable[str]:
+    """Index pods by the node they are bound to (unscheduled pods are not indexed)."""
+    node = (obj.get("spec") or {}).get("nodeName")
+    return (node,) if node else ()
+
+
+def label_index(label: str) -> IndexFunc:
+    """Index objects by the value of one label (objects without it are not indexed)."""
+
+    def values(obj: Obj) -> Iterable[str]:
+        value = ((obj.get("metadata") or {}).get("labels") or {}).get(label)
+        return (value,) if value else ()
+
+    return values
+
+
+def label_index_name(label: str) -> str:
+    return f"label:{label}"
 
 
 @dataclass(frozen=True)
@@ -98,6 +123,9 @@ class Informer:
         self._handlers: list[Handler] = []
         self._synced = asyncio.Event()
         self._version = ""
+        self._indexers: dict[str, IndexFunc] = {}
+        # index name -> value -> keys (a dict as an ordered set)
+        self._indexes: dict[str, dict[str, dict[str, None]]] = {}
 
     # ---- reading -------------------------------------------------------------------
 
@@ -112,6 +140,63 @@ class Informer:
 
     def __len__(self) -> int:
         return len(self._store)
+
+    # ---- indexes ---------------------------------------------------------------------
+
+    def add_index(self, name: str, fn: IndexFunc) -> None:
+        """Keep the cache indexed by ``fn`` under ``name``; adding a name twice keeps the first
+        (informers are shared, and two controllers may ask for the same index)."""
+        if name in self._indexers:
+            return
+        self._indexers[name] = fn
+        self._indexes[name] = self._build(fn)
+
+    def index_by_node_name(self) -> str:
+        """Index pods by ``spec.nodeName``; returns the index name for ``by_index``."""
+        self.add_index(NODE_NAME_INDEX, pod_node_name)
+        return NODE_NAME_INDEX
+
+    def index_by_label(self, label: str) -> str:
+        """Index objects by the value of ``label``; returns the index name for ``by_index``."""
+        name = label_index_name(label)
+        self.add_index(name, label_index(label))
+        return name
+
+    def by_index(self, name: str, value: str) -> builtins.list[Obj]:
+        """The cached objects indexed under ``value`` (KeyError for an unknown index)."""
+        keys = self._indexes[name].get(value) or {}
+        return [self._store[k] for k in keys if k in self._store]
+
+    def index_values(self, name: str) -> builtins.list[str]:
+        """Every value under which some object is indexed."""
+        return list(self._indexes[name])
+
+    def _unindex(self, key: str, obj: Obj) -> None:
+        for name, fn in self._indexers.items():
+            index = self._indexes[name]
+            for value in fn(obj):
+                keys = index.get(value)
+                if keys is not None:
+                    keys.pop(key, None)
+                    if not keys:
+                        del index[value]
+
+    def _index(self, key: str, obj: Obj) -> None:
+        for name, fn in self._indexers.items():
+            index = self._indexes[name]
+            for value in fn(obj):
+                index.setdefault(value, {})[key] = None
+
+    def _build(self, fn: IndexFunc) -> dict[str, dict[str, None]]:
+        index: dict[str, dict[str, None]] = {}
+        for key, obj in self._store.items():
+            for value in fn(obj):
+                index.setdefault(value, {})[key] = None
+        return index
+
+    def _reindex(self) -> None:
+        for name, fn in self._indexers.items():
+            self._indexes[name] = self._build(fn)
 
     @property
     def has_synced(self) -> bool:
@@ -184,6 +269,7 @@ class Informer:
                 break
             params["continue"] = token
         old, self._store = self._store, fresh
+        self._reindex()
         for key, obj in old.items():
             if key not in fresh:
                 await self._notify("DELETED", obj, obj)
@@ -245,10 +331,13 @@ class Informer:
         obj = self._transform(obj)
         key = object_key(obj)
         previous = self._store.get(key)
+        if previous is not None:
+            self._unindex(key, previous)
         if kind == "DELETED":
             self._store.pop(key, None)
         else:
             self._store[key] = obj
+            self._index(key, obj)
         if version:
             self._version = version
         self._update_gauge()

@@ -336,7 +336,7 @@ class StorageClusterReconciler:
             status.get("conditions"), "SpecValid", False, "InvalidSpec", message[:1000],
             raw["metadata"].get("generation"),
         )  # fmt: skip
-        await self.api.update_status(STORAGECLUSTERS, raw, status)
+        await self.api.replace_status(STORAGECLUSTERS, raw, status)
         await self._event(raw, WARNING, "InvalidSpec", message[:500])
 
     async def _record(self, key: str, raw: dict[str, Any], o: Observed, step: Step) -> None:
@@ -348,7 +348,7 @@ class StorageClusterReconciler:
             await self._event(raw, NORMAL, "PhaseChanged", f"{old.get('phase')} -> {payload['phase']}")
         if payload != old:
             try:
-                await self.api.update_status(STORAGECLUSTERS, fresh, payload)
+                await self.api.replace_status(STORAGECLUSTERS, fresh, payload)
             except ApiStatusError as err:  # a conflict, or gone: the next pass writes it
                 log.debug("status not written: %s", err)
 

@@ -469,7 +469,7 @@ class StorageUpgradeReconciler:
         await self._event(raw, WARNING, reason, message[:1000])
 
     async def _write(self, raw: dict[str, Any], status: StorageUpgradeStatus) -> None:
-        updated = await self.api.update_status(STORAGEUPGRADES, raw, status.model_dump(by_alias=True))
+        updated = await self.api.replace_status(STORAGEUPGRADES, raw, status.model_dump(by_alias=True))
         raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
 
     async def _event(self, raw: dict[str, Any], kind: str, reason: str, message: str) -> None:

@@ -1,0 +1,37 @@
+"""Typed reconcile failures: what the runner retries, how it logs them, what status shows.
+
+- ``ReconcileError``: an expected failure (an API refusal, an unreachable etcd). The
+  runner logs it as one line, counts it in ``controller_runtime_reconcile_errors_total``
+  and retries the key with its exponential backoff; its message belongs in the
+  object's Progressing or Degraded condition (``record`` puts it there).
+- ``TerminalError``: retrying cannot help until the object changes (an invalid spec).
+  Recorded and counted, not retried; a change to the object wakes it again.
+- ``ReconcileTimeout``: the pass took longer than the controller's timeout.
+
+Any other exception is a bug: it is retried the same way but logged with its traceback.
+"""
+
+from __future__ import annotations
+
+
+class ReconcileError(Exception):
+    """A failed pass: ``message`` for people, ``reason`` (CamelCase) for conditions and Events."""
+
+    def __init__(self, message: str, reason: str = "ReconcileFailed") -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+
+
+class TerminalError(ReconcileError):
+    """Retrying will not help until the object changes."""
+
+
+class ReconcileTimeout(ReconcileError):
+    """The reconcile ran past its controller's timeout and was cancelled."""
+
+    def __init__(self, message: str, reason: str = "ReconcileTimeout") -> None:
+        super().__init__(message, reason)
+
+
+__all__ = ["ReconcileError", "ReconcileTimeout", "TerminalError"]

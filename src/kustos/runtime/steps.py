@@ -1,0 +1,25 @@
+"""The two steps every planner shares: wait and look again, or nothing left to do.
+
+Each family's planner puts these in its own ``Step`` union beside its own steps, so a
+controller's ``match`` reads the same in every family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Something is in the way (``reason`` says what); look again in ``seconds``."""
+
+    reason: str
+    seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class Done:
+    """Everything is as the spec asks: nothing to do until something changes."""
+
+
+__all__ = ["Done", "Wait"]
