@@ -18,8 +18,8 @@ from kustos.api.backup import EtcdBackup, EtcdBackupStatus
 from kustos.api.common import Condition
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd import backup as plan
-from kustos.etcd.controller import ETCDBACKUPS, ETCDCLUSTERS
 from kustos.etcd.pods import CLUSTER_LABEL
+from kustos.etcd.resources import ETCDBACKUPS, ETCDCLUSTERS
 from kustos.etcd.snapshot import parse_error, parse_result, scheduled_name
 from kustos.images import configured_agent_image
 from kustos.runtime.api import ApiStatusError

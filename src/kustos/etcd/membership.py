@@ -72,7 +72,9 @@ async def leader_call(
     return None
 
 
-async def statuses_of(endpoints: Sequence[str], tls: EtcdTLS | None, timeout: float = LIST_TIMEOUT) -> dict[str, Status]:
+async def statuses_of(
+    endpoints: Sequence[str], tls: EtcdTLS | None, timeout: float = LIST_TIMEOUT
+) -> dict[str, Status]:
     """Every endpoint that answered its status (with or without errors), asked concurrently."""
     answers = await cluster_health(endpoints, tls, timeout)
     return {url: s for url, s in answers.items() if isinstance(s, Status)}
@@ -99,10 +101,14 @@ async def add_member(
 
 async def promote(statuses: Mapping[str, Status], tls: EtcdTLS | None, member_id: int) -> bool:
     """Make a learner a voter; raises LearnerNotReady while it is not in sync."""
-    return await leader_call(statuses, tls, lambda c: c.member_promote(member_id), LearnerNotReady) is not None
+    return (
+        await leader_call(statuses, tls, lambda c: c.member_promote(member_id), LearnerNotReady) is not None
+    )
 
 
-async def update_peer_url(statuses: Mapping[str, Status], tls: EtcdTLS | None, member_id: int, url: str) -> bool:
+async def update_peer_url(
+    statuses: Mapping[str, Status], tls: EtcdTLS | None, member_id: int, url: str
+) -> bool:
     return await leader_call(statuses, tls, lambda c: c.member_update(member_id, [url])) is not None
 
 
@@ -115,7 +121,9 @@ async def move_leader(statuses: Mapping[str, Status], tls: EtcdTLS | None, to_id
     return await leader_call(statuses, tls, lambda c: c.move_leader(to_id)) is not None
 
 
-async def downgrade(statuses: Mapping[str, Status], tls: EtcdTLS | None, action: str, target: str = "") -> bool:
+async def downgrade(
+    statuses: Mapping[str, Status], tls: EtcdTLS | None, action: str, target: str = ""
+) -> bool:
     """etcd's downgrade API (VALIDATE, ENABLE, CANCEL) through the leader."""
     return await leader_call(statuses, tls, lambda c: c.downgrade(action, target)) is not None
 
@@ -127,7 +135,7 @@ def removal_refusal(members: MemberList, statuses: Mapping[str, Status], member_
     if victim is None:
         return None
     healthy = {s.member_id for s in statuses.values() if not s.errors}
-    voters = members.voters()
+    voters = members.voters
     healthy_after = sum(1 for m in voters if m.id in healthy and m.id != member_id)
     if removal_keeps_quorum(len(voters), healthy_after, victim.is_learner):
         return None

@@ -32,11 +32,13 @@ from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import Observed, Step
 from kustos.etcd.pods import CLUSTER_LABEL, EPOCH_LABEL
 from kustos.etcd.recovery import RecoveryStep, Source
+from kustos.etcd.restore import SnapshotSource
 from kustos.etcd.versions import agreed_version, rollback_target, version_refusal
 from kustos.runtime.conditions import get_condition, set_condition
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import WARNING
 from kustos.runtime.record import Note, note_failure
+from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_rfc3339, rfc3339
 
 Obj = dict[str, Any]
@@ -107,6 +109,7 @@ class Rebuild:
     seed_member: str = ""  # FinishRecovery: the seed's member name and cluster ID
     cluster_id: int = 0
     seed_url: str = ""
+    where: SnapshotSource | None = None  # CreateRestoreSeed: what the seed restores from
 
 
 ClusterStep = Step | InvalidSpec | Blocked | StartRebuild | StartAdoption | Rebuild
@@ -127,11 +130,11 @@ def needs_intent(step: ClusterStep) -> bool:
 
 def describe(step: ClusterStep) -> str:
     match step:
-        case planner.Wait(reason=reason):
+        case Wait(reason=reason):
             return reason
         case planner.QuorumLost(message=message) | planner.UpgradeHalted(message=message):
             return message
-        case planner.Done():
+        case Done():
             return "the cluster matches its spec"
         case InvalidSpec(message=message) | Blocked(message=message):
             return message
@@ -142,7 +145,7 @@ def describe(step: ClusterStep) -> str:
 
 def rebuild_message(step: RecoveryStep) -> str:
     match step:
-        case planner.Wait(reason=reason):
+        case Wait(reason=reason):
             return reason
         case recovery.RecoveryFailed(message=message):
             return message
@@ -237,7 +240,9 @@ def _finished(seen: Seen, step: Rebuild, rebuild: RecoveryStatus, stamp: str) ->
     status = EtcdClusterStatus.model_validate(seen.previous or {})
     rebuild.phase = "Succeeded"
     rebuild.completed_at = stamp
-    rebuild.message = f"rebuilt from {Source(rebuild.source_kind, rebuild.source, rebuild.revision).describe()}"
+    rebuild.message = (
+        f"rebuilt from {Source(rebuild.source_kind, rebuild.source, rebuild.revision).describe()}"
+    )
     status.recovery = rebuild
     status.epoch = rebuild.epoch
     status.cluster_id = f"{step.cluster_id:x}"
@@ -262,7 +267,9 @@ def _rebuild_conditions(seen: Seen, rebuild: RecoveryStatus, done: bool, stamp: 
     failed = rebuild.phase == "Failed"
     conditions = set_condition(conditions, "Available", done, "Recovered" if done else "Recovering",
                                message, generation, stamp)  # fmt: skip
-    conditions = set_condition(conditions, "Progressing", not failed, "Recovering", message, generation, stamp)
+    conditions = set_condition(
+        conditions, "Progressing", not failed, "Recovering", message, generation, stamp
+    )
     reason = "RecoveryFailed" if failed else "Recovered" if done else "Recovering"
     return set_condition(conditions, "Degraded", not done, reason, message, generation, stamp)
 
@@ -321,7 +328,7 @@ def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
     conditions = set_condition(conditions, "Available", available,
                                "QuorumHealthy" if available else "QuorumLost",
                                f"{healthy_voters} healthy voting members", generation, stamp)  # fmt: skip
-    progressing = not isinstance(step, planner.Done | planner.QuorumLost)
+    progressing = not isinstance(step, Done | planner.QuorumLost)
     conditions = set_condition(conditions, "Progressing", progressing,
                                type(step).__name__, describe(step), generation, stamp)  # fmt: skip
     halted = isinstance(step, planner.UpgradeHalted)
@@ -367,9 +374,11 @@ def quorum_loss_confirmed(conditions: list[Obj], now: datetime) -> bool:
 
 
 def phase(cluster: EtcdCluster, o: Observed, step: Step, healthy_voters: int) -> Phase:
-    if not o.ever_formed or (cluster.status and cluster.status.phase == "Creating" and healthy_voters < o.size):
+    if not o.ever_formed or (
+        cluster.status and cluster.status.phase == "Creating" and healthy_voters < o.size
+    ):
         return "Creating"
-    if isinstance(step, planner.Done):
+    if isinstance(step, Done):
         return "Running"
     if (
         any(planner.is_old_version(o, p) for p in o.pods)
@@ -377,7 +386,9 @@ def phase(cluster: EtcdCluster, o: Observed, step: Step, healthy_voters: int) ->
         or isinstance(step, planner.UpgradeHalted)
     ):
         return "Upgrading"
-    if (o.members is not None and any(not m.healthy for m in o.members)) or isinstance(step, planner.RecreatePod):
+    if (o.members is not None and any(not m.healthy for m in o.members)) or isinstance(
+        step, planner.RecreatePod
+    ):
         return "Recovering"
     return "Scaling" if o.members is not None and len(o.members) != o.size else "Running"
 
@@ -389,7 +400,9 @@ def _condition(status: Obj, type_: str) -> Obj:
     return get_condition(status.get("conditions"), type_) or {}
 
 
-def _turned(old: Obj, new: Obj, type_: str, fields: tuple[str, ...] = ("status", "reason", "message")) -> bool:
+def _turned(
+    old: Obj, new: Obj, type_: str, fields: tuple[str, ...] = ("status", "reason", "message")
+) -> bool:
     before, after = _condition(old, type_), _condition(new, type_)
     return any(before.get(f) != after.get(f) for f in fields)
 
