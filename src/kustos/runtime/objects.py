@@ -5,7 +5,6 @@ path); these helpers keep ``obj["metadata"]["name"]``-style lookups, and the sma
 judgements every family makes (is this pod ready, is that node lost), in one place.
 """
 
-
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
