@@ -19,6 +19,7 @@ from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, MemberList, Statu
 from kustos.etcd.planner import ClaimView, MemberView, Observed, PodView
 from kustos.etcd.pods import CLUSTER_LABEL, MEMBER_ID_ANNOTATION, MEMBER_LABEL, VERSION_ANNOTATION, pod_epoch
 from kustos.etcd.versions import image_version, rollback, rollback_target, target_version, upgrade_refusal
+from kustos.runtime import objects
 from kustos.runtime.informer import Informer
 from kustos.runtime.times import parse_duration, parse_rfc3339
 
@@ -140,57 +141,29 @@ async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList,
 # ---- pods and volumes -------------------------------------------------------------------------
 
 
-def _pod_running(pod: Obj) -> bool:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    return any("running" in (s.get("state") or {}) for s in statuses)
-
-
-def _running_since(pod: Obj) -> datetime | None:
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    started = [((s.get("state") or {}).get("running") or {}).get("startedAt") for s in statuses]
-    moments = [m for m in (parse_rfc3339(s) for s in started if s) if m is not None]
-    return max(moments) if moments else None
-
-
-def _pod_ready(pod: Obj) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
-def _node_lost(node: Obj | None) -> bool:
-    if node is None:
-        return True
-    ready = next(
-        (c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"), None
-    )
-    return ready is None or ready.get("status") != "True"
-
-
 def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodView | None:
     """The planner's view of a member pod (None: not a member pod of ``cluster``)."""
-    meta = pod["metadata"]
-    index = planner.pod_index(cluster, meta["name"])
+    name = objects.name(pod)
+    index = planner.pod_index(cluster, name)
     if index is None:
         return None
-    annotations = meta.get("annotations") or {}
+    annotations = objects.annotations(pod)
     member_id = annotations.get(MEMBER_ID_ANNOTATION)
-    node_name = (pod.get("spec") or {}).get("nodeName")
+    node_name = objects.pod_node(pod)
     containers = (pod.get("spec") or {}).get("containers") or [{}]
     version = annotations.get(VERSION_ANNOTATION) or image_version(containers[0].get("image", ""))
     return PodView(
-        name=meta["name"],
+        name=name,
         index=index,
-        uid=meta.get("uid", ""),
+        uid=objects.uid(pod) or "",
         ip=(pod.get("status") or {}).get("podIP"),
-        deleting=bool(meta.get("deletionTimestamp")),
-        running=_pod_running(pod),
-        ready=_pod_ready(pod),
+        deleting=objects.deleting(pod),
+        running=objects.pod_running(pod),
+        ready=objects.pod_ready(pod),
         member_id=int(member_id, 16) if member_id else None,
-        node_lost=bool(node_name) and _node_lost(node(str(node_name))),
+        node_lost=node_name is not None and objects.node_lost(node(node_name)),
         version=version,
-        running_since=_running_since(pod),
+        running_since=objects.running_since(pod),
     )
 
 
@@ -213,14 +186,15 @@ class Observer:
         self.nodes = nodes
         self.claims = claims
         self.certs = certs
+        self.pods_by_cluster = pods.index_by_label(CLUSTER_LABEL)
+        self.claims_by_cluster = claims.index_by_label(CLUSTER_LABEL)
 
     def pods_of(self, cluster: EtcdCluster) -> list[Obj]:
+        """The cluster's pods (every epoch), from the cache's index by cluster label."""
         namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
         return [
-            p for p in self.pods.list()
-            if p["metadata"].get("namespace") == namespace
-            and (p["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name
-        ]  # fmt: skip
+            p for p in self.pods.by_index(self.pods_by_cluster, name) if objects.namespace(p) == namespace
+        ]
 
     def pod_view(self, cluster: EtcdCluster, pod: Obj) -> PodView | None:
         return pod_view(cluster.metadata["name"], pod, self.nodes.get)
@@ -231,14 +205,19 @@ class Observer:
         namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
         epoch = cluster.status.epoch if cluster.status else 0
         views = []
-        for claim in self.claims.list():
-            meta = claim["metadata"]
-            labels = meta.get("labels") or {}
-            created = parse_rfc3339(meta.get("creationTimestamp"))
-            if meta.get("namespace") != namespace or labels.get(CLUSTER_LABEL) != name:
+        for claim in self.claims.by_index(self.claims_by_cluster, name):
+            created = parse_rfc3339(claim["metadata"].get("creationTimestamp"))
+            if objects.namespace(claim) != namespace:
                 continue
-            if pod_epoch(claim) == epoch and created is not None and not meta.get("deletionTimestamp"):
-                views.append(ClaimView(meta["name"], labels[MEMBER_LABEL], meta["uid"], created))
+            if pod_epoch(claim) == epoch and created is not None and not objects.deleting(claim):
+                views.append(
+                    ClaimView(
+                        objects.name(claim),
+                        objects.labels(claim)[MEMBER_LABEL],
+                        objects.uid(claim) or "",
+                        created,
+                    )
+                )
         return tuple(views)
 
     async def observe(self, cluster: EtcdCluster, now: datetime) -> tuple[Observed, EtcdView, dict[str, str]]:
@@ -250,7 +229,7 @@ class Observer:
         views = [v for p in pod_objects if (v := self.pod_view(cluster, p)) is not None]
         certs: ClusterTLS | None = None
         if spec.tls is not None:
-            member_pods = [p for p in pod_objects if p["metadata"]["name"] in {v.name for v in views}]
+            member_pods = [p for p in pod_objects if objects.name(p) in {v.name for v in views}]
             certs = await self.certs.reconcile(cluster, member_pods, now)
             views = [replace(v, tls_stale=certs.stale.get(v.name)) for v in views]
         base = skeleton(cluster, now)
