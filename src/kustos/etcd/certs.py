@@ -34,6 +34,7 @@ from kustos.api.etcd import EtcdCluster
 from kustos.api.etcd_tls import RENEW_ANNOTATION, CertificateStatus, TLSStatus
 from kustos.etcd import tls
 from kustos.etcd.client import EtcdTLS
+from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
 from kustos.runtime.resources import PODS
@@ -168,7 +169,7 @@ def _cluster_owner(cluster: EtcdCluster) -> Obj:
 
 
 def _pod_owner(pod: Obj) -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+    return {"apiVersion": "v1", "kind": "Pod", "name": objects.name(pod), "uid": objects.uid(pod)}
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def member_renewal_reason(
     """Why a running member must restart onto a new certificate, or None (pure)."""
     if secret is None:
         return None  # not issued yet: the pod waits for it
-    annotations = secret["metadata"].get("annotations") or {}
+    annotations = objects.annotations(secret)
     cert = _decode(secret, "tls.crt")
     if annotations.get(POD_UID_ANNOTATION) != pod.uid:
         return "its certificate was issued for an earlier pod of the same name" if pod.running else None
@@ -484,15 +485,13 @@ def _pair(secret: Obj | None, cert_key: str, key_key: str) -> tls.KeyPair | None
 
 
 def _member_pod(pod: Obj) -> MemberPod:
-    meta = pod["metadata"]
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return MemberPod(
-        name=meta["name"],
-        uid=meta.get("uid", ""),
+        name=objects.name(pod),
+        uid=objects.uid(pod) or "",
         ip=(pod.get("status") or {}).get("podIP"),
-        running=any("running" in (s.get("state") or {}) for s in statuses),
-        deleting=bool(meta.get("deletionTimestamp")),
-        fingerprint=(meta.get("annotations") or {}).get(FINGERPRINT_ANNOTATION),
+        running=objects.pod_running(pod),
+        deleting=objects.deleting(pod),
+        fingerprint=objects.annotations(pod).get(FINGERPRINT_ANNOTATION),
     )
 
 

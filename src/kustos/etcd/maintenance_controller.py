@@ -74,8 +74,8 @@ class MaintenanceReconciler:
         try:
             window_open, next_tick = plan.in_window(settings.schedule, parse_duration(settings.window), now)
         except ValueError as err:
-            await self._note(
-                cached, recorded, f"spec.maintenance.defragmentation.schedule: {err}", warning=True
+            await self._note(  # a copy: the write below updates its object, never the cache's
+                {**cached}, recorded, f"spec.maintenance.defragmentation.schedule: {err}", warning=True
             )
             return None  # a spec change wakes us
         if recorded.in_progress is None:
