@@ -113,10 +113,11 @@ class EtcdClusterReconciler:
             return None
         await self._ensure_services(cluster)
         seen, step = await self.plan(raw, cluster, now)
-        if isinstance(step, Wait | Done):
-            log.debug("planned %s", step)
+        shown = step.step if isinstance(step, Rebuild) else step
+        if isinstance(shown, Wait | Done):
+            log.debug("planned %s", shown)
         else:
-            log.info("step: %s", step)
+            log.info("step: %s", shown)
         written = raw
         if needs_intent(step):
             # The step's own recorded intent: a conflict here fails the pass before anything acts.
@@ -127,7 +128,7 @@ class EtcdClusterReconciler:
             requeue = await self.act(raw, cluster, seen, step)
         except ReconcileError as err:
             failure = err
-        faults.exit_after(type(step.step if isinstance(step, Rebuild) else step).__name__)
+        faults.exit_after(type(shown).__name__)
         if written is raw:
             fresh = self.clusters.get(key)
             if fresh is not None and fresh is not raw:
