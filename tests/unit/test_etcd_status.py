@@ -151,6 +151,14 @@ def test_a_failure_is_the_progressing_condition() -> None:
     )  # fmt: skip
 
 
+def test_a_pass_that_could_not_observe_keeps_the_status_and_says_why() -> None:
+    seen = Seen({"phase": "Running", "ready": "3/3"}, 2, cluster())
+    result = status(seen, report.Unobserved(), NOW, ReconcileError("409 Conflict", "Conflict"))
+    assert result["phase"] == "Running" and result["ready"] == "3/3"
+    assert condition(result, "Progressing")["reason"] == "Conflict"
+    assert status(seen, report.Unobserved(), NOW) == seen.previous
+
+
 def test_an_invalid_spec_is_degraded_and_nothing_else_changes() -> None:
     seen = Seen({"phase": "Running", "ready": "3/3"}, 4)
     result = status(seen, InvalidSpec("invalid spec: size"), NOW)

@@ -50,6 +50,7 @@ from kustos.etcd.status import (
     Seen,
     StartAdoption,
     StartRebuild,
+    Unobserved,
     needs_intent,
     notes,
     status,
@@ -111,8 +112,13 @@ class EtcdClusterReconciler:
             seen = Seen(dict(raw.get("status") or {}), objects.generation(raw))
             await self._record(raw, seen, InvalidSpec(f"invalid spec: {err}"), now, None)
             return None
-        await self._ensure_services(cluster)
-        seen, step = await self.plan(raw, cluster, now)
+        try:
+            await self._ensure_services(cluster)
+            seen, step = await self.plan(raw, cluster, now)
+        except ReconcileError as err:  # nothing to plan from: the record says why, as it stood
+            seen = Seen(dict(raw.get("status") or {}), objects.generation(raw), cluster)
+            await self._record(raw, seen, Unobserved(), now, err)
+            raise
         shown = step.step if isinstance(step, Rebuild) else step
         if isinstance(shown, Wait | Done):
             log.debug("planned %s", shown)
@@ -239,7 +245,7 @@ class EtcdClusterReconciler:
     async def act(self, raw: dict[str, Any], cluster: EtcdCluster, seen: Seen, step: ClusterStep) -> float:
         """Carry out one step (its status is the record's); return when to look again."""
         match step:
-            case InvalidSpec():
+            case InvalidSpec() | Unobserved():
                 return STEADY_RESYNC
             case Blocked(reason=reason):
                 return RESTORE_WAIT if reason == "RestoreWaiting" else ADOPTION_WAIT

@@ -73,6 +73,12 @@ class InvalidSpec:
 
 
 @dataclass(frozen=True)
+class Unobserved:
+    """The pass failed before it could plan (an API or etcd call while observing): the status
+    stays as it was, with the failure in Progressing."""
+
+
+@dataclass(frozen=True)
 class Blocked:
     """spec.restore or spec.adopt cannot start yet: ``reason`` is RestoreWaiting or AdoptionWaiting."""
 
@@ -112,7 +118,7 @@ class Rebuild:
     where: SnapshotSource | None = None  # CreateRestoreSeed: what the seed restores from
 
 
-ClusterStep = Step | InvalidSpec | Blocked | StartRebuild | StartAdoption | Rebuild
+ClusterStep = Step | InvalidSpec | Unobserved | Blocked | StartRebuild | StartAdoption | Rebuild
 
 
 def needs_intent(step: ClusterStep) -> bool:
@@ -167,6 +173,8 @@ def status(seen: Seen, step: ClusterStep, now: datetime, failure: ReconcileError
             result = _degraded(seen, "InvalidSpec", message, stamp)
         case Blocked(reason=reason, message=message):
             result = _degraded(seen, reason, message, stamp)
+        case Unobserved():
+            result = dict(seen.previous)
         case StartRebuild():
             result = _start_rebuild(seen, step, stamp)
         case StartAdoption():
@@ -494,5 +502,6 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
 
 __all__ = [
     "QUORUM_LOSS_GRACE", "Blocked", "ClusterStep", "InvalidSpec", "Rebuild", "Seen", "StartAdoption",
-    "StartRebuild", "describe", "needs_intent", "notes", "phase", "quorum_loss_confirmed", "status",
+    "StartRebuild", "Unobserved", "describe", "needs_intent", "notes", "phase", "quorum_loss_confirmed",
+    "recovered_message", "status",
 ]  # fmt: skip
