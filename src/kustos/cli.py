@@ -227,6 +227,9 @@ def run(
     webhook_key: Annotated[Path | None, typer.Option(help="PEM key for --webhook-cert.")] = None,
     webhook_ca: Annotated[Path | None, typer.Option(help="CA bundle for --webhook-cert.")] = None,
     shutdown_timeout: Annotated[float, typer.Option(help="Seconds for in-flight reconciles.")] = 30.0,
+    cache_sync_timeout: Annotated[
+        float, typer.Option(help="Seconds before a controller still waiting for its caches is reported.")
+    ] = 120.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
     json_logs: Annotated[bool, typer.Option(help="One JSON object per log line.")] = False,
     controllers_: Annotated[
@@ -238,6 +241,7 @@ def run(
 ) -> None:
     """Run the operator: every kustos controller, against the current cluster."""
     from kustos import controllers
+    from kustos.runtime.deps import Deps
     from kustos.runtime.kube import load_config
     from kustos.runtime.logs import setup_logging
     from kustos.runtime.manager import LeadershipLost, Manager, ManagerOptions
@@ -261,25 +265,38 @@ def run(
         webhook_configuration_name=webhook_configuration_name,
         certificate=certificate,
         shutdown_timeout=shutdown_timeout,
+        cache_sync_timeout=cache_sync_timeout,
     )
 
     async def serve() -> None:
         manager = Manager.from_config(load_config(kubeconfig, context), options)
         names = None if controllers_ == "all" else [n for n in controllers_.split(",") if n and n != "none"]
-        controllers.register_all(manager, names)
+        deps = Deps()
+        controllers.register_all(manager, deps, names)
         for target in extra_controllers or []:
             module_name, _, function = target.partition(":")
-            getattr(importlib.import_module(module_name), function)(manager)
+            controllers.with_deps(getattr(importlib.import_module(module_name), function))(manager, deps)
         try:
             await manager.run()
         finally:
             await manager.clients.close()
 
+    import logging
+
+    from kustos.runtime.controller import describe, expected
+
+    log = logging.getLogger("kustos.run")
     try:
         asyncio.run(serve())
     except LeadershipLost as err:
-        console.print(f"[red]{err}: exiting so that a fresh start waits as a standby")
+        log.error("%s: exiting so that a fresh start waits as a standby", err)
         raise typer.Exit(3) from err
+    except Exception as err:
+        if not expected(err):
+            raise  # a bug: its traceback is the report
+        # The API server went away (or refused) where nothing could retry: one line, not a traceback.
+        log.error("exiting: %s", describe(err))
+        raise typer.Exit(1) from err
 
 
 def main() -> None:

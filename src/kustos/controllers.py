@@ -1,32 +1,49 @@
-"""Every controller kustos runs, registered on a manager by ``kustos run``."""
+"""Every controller kustos runs, registered on a manager by ``kustos run``.
+
+Each family exposes ``register(manager: Manager, deps: Deps) -> None``; ``kustos run``
+builds one ``Deps`` (the clock, settings) and hands it to all of them.
+"""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
 from kustos.etcd.maintenance_controller import register as register_maintenance
 from kustos.nodejob import controller as nodejob_controller
+from kustos.runtime.deps import Deps
 from kustos.runtime.manager import Manager
 from kustos.storage import controller as storage_controller
 from kustos.storage import upgrade_controller as storageupgrade_controller
 
-CONTROLLERS: dict[str, Callable[[Manager], None]] = {
-    "etcdcluster": etcd_controller.register,
-    "etcdbackup": backup_controller.register,
-    "etcdmaintenance": register_maintenance,
+Register = Callable[[Manager, Deps], None]
+
+
+def with_deps(register: Callable[..., None]) -> Register:
+    """Adapt a ``register(manager)`` that does not take deps yet (etcd's, until it moves over)."""
+    if len(inspect.signature(register).parameters) >= 2:
+        return register
+    return lambda manager, _deps: register(manager)
+
+
+CONTROLLERS: dict[str, Register] = {
+    "etcdcluster": with_deps(etcd_controller.register),
+    "etcdbackup": with_deps(backup_controller.register),
+    "etcdmaintenance": with_deps(register_maintenance),
     "storagecluster": storage_controller.register,
     "nodejob": nodejob_controller.register,
     "storageupgrade": storageupgrade_controller.register,
 }
 
 
-def register_all(manager: Manager, names: list[str] | None = None) -> None:
+def register_all(manager: Manager, deps: Deps | None = None, names: list[str] | None = None) -> None:
     """Register the named controllers (all when None); an unknown name is an error."""
+    deps = deps or Deps()
     chosen = list(CONTROLLERS) if names is None else names
     unknown = [n for n in chosen if n not in CONTROLLERS]
     if unknown:
         raise ValueError(f"unknown controllers {unknown}; known: {sorted(CONTROLLERS)}")
     for name in chosen:
-        CONTROLLERS[name](manager)
+        CONTROLLERS[name](manager, deps)

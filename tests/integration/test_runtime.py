@@ -19,6 +19,7 @@ from lightkube.types import PatchType
 from kustos.devcluster.cluster import DevCluster, DevClusterError
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.crd import crd_for
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import NORMAL, EventRecorder
 from kustos.runtime.kube import connect, load_config
 from kustos.runtime.metrics import Metrics
@@ -312,3 +313,89 @@ async def test_api_helpers_apply_finalizers_and_guarded_writes(
         )
     finally:
         await clients.close()
+
+
+async def test_a_controller_whose_crd_is_absent_waits_while_the_others_run(
+    kubectl: Kubectl, dev_cluster: DevCluster, example_crd: None, tmp_path: Path
+) -> None:
+    """The ghost controller's CRD is not installed: it is reported and waits; Example runs."""
+    process = start_operator(
+        dev_cluster, tmp_path, "--no-leader-elect", "--cache-sync-timeout", "2",
+        "--extra-controllers", "tests.example.controller:register",
+        "--webhook-configuration-name", f"kustos-absent-{kubectl.namespace}",
+        controllers="tests.example.controller:register_unsyncable",
+    )  # fmt: skip
+    try:
+        kubectl.apply(example("beside-a-ghost", "runs"))
+        await wait_until(
+            lambda: mirror_says(kubectl, "beside-a-ghost", "runs"),
+            "Example runs beside the ghost",
+            timeout=30,
+        )
+
+        async def reported() -> bool:
+            code, text = process.readyz()
+            return code == 200 and "controller ghost waits for ghosts.example.kustos.dev" in text
+
+        await wait_until(reported, "ready, with the ghost controller reported as waiting", timeout=15)
+        assert process.metric('kustos_controller_caches_synced{controller="ghost"}') == 0
+        assert process.metric('kustos_controller_caches_synced{controller="example"}') == 1
+        assert "ghosts.example.kustos.dev is not served" in process.log()
+    finally:
+        process.stop()
+        dev_cluster.kubectl("delete", "validatingwebhookconfiguration", f"kustos-absent-{kubectl.namespace}",
+                            "--ignore-not-found")  # fmt: skip
+
+
+async def test_replace_status_clears_fields_and_refuses_a_stale_copy(
+    kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
+    from tests.example.controller import EXAMPLES
+
+    kubectl.apply(example("replaced", "x", labels={"a": "b"}))
+    metrics = Metrics()
+    clients = connect(load_config(dev_cluster.kubeconfig), metrics)
+    try:
+        api = Api(clients.raw)
+        obj = await api.get(EXAMPLES, kubectl.namespace, "replaced")
+        assert obj is not None
+        written = await api.replace_status(EXAMPLES, obj, {"phase": "Ready", "ready": "1/1"})
+        assert written["status"] == {"phase": "Ready", "ready": "1/1", "observedGeneration": 1}
+        cleared = await api.replace_status(EXAMPLES, written, {"phase": "Pending", "ready": None})
+        assert cleared["status"] == {"phase": "Pending", "observedGeneration": 1}
+        with pytest.raises(ReconcileError) as stale:
+            await api.replace_status(EXAMPLES, written, {"phase": "Stale"})
+        assert isinstance(stale.value, ApiStatusError) and stale.value.conflict
+    finally:
+        await clients.close()
+
+
+async def test_losing_the_api_server_stands_down_with_one_line(
+    dev_cluster: DevCluster, example_crd: None, tmp_path: Path
+) -> None:
+    """The API server goes away for longer than the renew deadline: exit 3, said in one line."""
+    process = start_operator(dev_cluster, tmp_path, "--lease-name", "gone-tests", "--lease-duration", "6",
+                             "--renew-deadline", "4", "--retry-period", "1",
+                             "--webhook-configuration-name", "kustos-gone-tests")  # fmt: skip
+    gauge = 'leader_election_master_status{name="gone-tests"}'
+    try:
+        await wait_until(lambda: _leads(process, gauge), "the operator leads", timeout=30)
+        # Down for longer than the renew deadline; shorter than the module operator's (20 s).
+        outage = asyncio.create_task(asyncio.to_thread(dev_cluster.restart_component, "kube-apiserver", 9.0))
+        code = await asyncio.to_thread(process.wait, 30)
+        await outage
+
+        async def answers() -> bool:
+            return dev_cluster.kubectl("get", "--raw", "/readyz", check=False).strip() == "ok"
+
+        await wait_until(answers, "API server back", timeout=60)
+        log = process.log()
+        assert code == 3, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+        assert "lost the lease default/gone-tests: not renewed for 4s" in log
+        assert log.strip().splitlines()[-1].endswith("exiting so that a fresh start waits as a standby")
+    finally:
+        process.kill(signal.SIGKILL)
+        dev_cluster.kubectl(
+            "delete", "validatingwebhookconfiguration", "kustos-gone-tests", "--ignore-not-found"
+        )

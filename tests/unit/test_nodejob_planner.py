@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kustos.api.nodejob import NodeJob, NodeJobSpec, NodeProgress
+from kustos.api.nodejob import NodeJob, NodeJobSpec, NodeJobStatus, NodeProgress
 from kustos.nodejob import planner
-from kustos.nodejob.planner import NodeView, Observed, PodView, Taint
+from kustos.nodejob.planner import NodeView, Observed, Plan, PodView, Taint
+from kustos.runtime.errors import ReconcileError
 
-NOW = "2026-01-01T00:00:00Z"
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+NOW_TEXT = "2026-01-01T00:00:00Z"
 
 
 def spec(**extra: Any) -> NodeJobSpec:
@@ -138,7 +141,7 @@ def test_progress_pending_running_done() -> None:
     assert step.action == "Record" and not step.completed
     assert [(n.name, n.state, n.pod) for n in step.nodes] == [("w1", "Done", "p1"), ("w2", "Running", "p2")]
     assert step.newly_done == ("w1",) and step.progress == "1/2"
-    assert step.nodes[0].done_time == NOW
+    assert step.nodes[0].done_time == NOW_TEXT
     assert "w2" in step.message
 
 
@@ -241,3 +244,43 @@ def test_daemonset_manifest() -> None:
 
 def test_long_names_fit() -> None:
     assert len(planner.daemon_set_name("x" * 63)) <= 63
+
+
+# ---- status: one pure function of what was observed, the step and the time ----------------
+
+
+def test_status_after_creating_the_daemon_set() -> None:
+    o = observed(spec(), ds=False, name="clean", generation=2)
+    step = planner.plan(o)
+    assert step.action == "CreateDaemonSet"
+    status = planner.status(o, step)
+    assert (status.phase, status.daemon_set, status.start_time) == ("Running", "clean-nodejob", NOW_TEXT)
+    assert status.message == "running busybox through DaemonSet clean-nodejob"
+    [completed] = status.conditions
+    assert (completed.type, completed.status, completed.reason, completed.observed_generation) == (
+        "Completed", "False", "Running", 2,
+    )  # fmt: skip
+
+
+def test_status_when_complete_keeps_times_and_clears_an_old_degraded() -> None:
+    previous = planner.invalid(NodeJobStatus(start_time="2025-12-31T00:00:00Z"), "bad", 1, NOW)
+    pods = tuple(PodView(f"p-{n}", n, True, word_seen=True) for n in ("w1", "w2", "w3"))
+    o = observed(spec(), pods, name="clean", previous=previous)
+    step = planner.plan(o)
+    status = planner.status(o, step)
+    assert status.completed and status.phase == "Completed" and status.progress == "3/3"
+    assert status.start_time == "2025-12-31T00:00:00Z" and status.completion_time == NOW_TEXT
+    kinds = {c.type: (c.status, c.reason) for c in status.conditions}
+    assert kinds == {"Completed": ("True", "AllNodesDone"), "Degraded": ("False", "AsExpected")}
+
+
+def test_status_invalid_and_failed() -> None:
+    o = observed(spec(nodeSelectorTerms=[label_term("role", "In")]))
+    status = planner.status(o, planner.plan(o))
+    assert status.phase == "Failed" and "needs at least one value" in str(status.message)
+    assert [(c.type, c.status, c.reason) for c in status.conditions] == [("Degraded", "True", "InvalidSpec")]
+    failed = planner.status(
+        observed(spec(), ds=False), Plan("CreateDaemonSet"), ReconcileError("quota", "Refused")
+    )
+    assert failed.message == "quota"
+    assert [(c.type, c.status, c.reason) for c in failed.conditions] == [("Degraded", "True", "Refused")]

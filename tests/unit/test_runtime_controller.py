@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import httpx2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kustos.runtime.api import ApiStatusError
 from kustos.runtime.controller import Controller, ControllerRunner, Result, label_keys, owner_keys
+from kustos.runtime.errors import ReconcileError, ReconcileTimeout, TerminalError
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.workqueue import ExponentialBackoff, RateLimiter, TokenBucket
@@ -348,3 +351,101 @@ async def test_a_key_that_keeps_failing_does_not_stop_the_workers() -> None:
         await asyncio.wait_for(other_done.wait(), 0.5)
     finally:
         await runner.stop(0.5)
+
+
+# ---- typed failures and the per-reconcile timeout ----------------------------------------
+
+
+async def _fail_once_with(err: Exception, caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    done = asyncio.Event()
+
+    async def reconcile(key: str) -> None:
+        done.set()
+        raise err
+
+    with caplog.at_level(logging.INFO, logger="kustos.runtime.controller"):
+        async with _running(reconcile) as (runner, _):
+            runner.enqueue("ns/a")
+            await asyncio.wait_for(done.wait(), 1)
+            await asyncio.sleep(0.005)
+    return [r for r in caplog.records if r.name == "kustos.runtime.controller"]
+
+
+async def test_a_reconcile_error_logs_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    records = await _fail_once_with(ReconcileError("etcd unreachable", "EtcdUnavailable"), caplog)
+    assert records[0].levelno == logging.WARNING and records[0].exc_info is None
+    assert records[0].getMessage() == "reconcile failed (retry 1): etcd unreachable"
+
+
+async def test_a_network_error_logs_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    records = await _fail_once_with(httpx2.ConnectError("All connection attempts failed"), caplog)
+    assert records[0].exc_info is None
+    assert "ConnectError: All connection attempts failed" in records[0].getMessage()
+
+
+async def test_an_unexpected_exception_keeps_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    records = await _fail_once_with(KeyError("name"), caplog)
+    assert records[0].levelno == logging.ERROR and records[0].exc_info is not None
+
+
+async def test_a_conflict_is_routine(caplog: pytest.LogCaptureFixture) -> None:
+    records = await _fail_once_with(ApiStatusError(409, "Conflict", "the object has been modified"), caplog)
+    assert records[0].levelno == logging.INFO
+
+
+async def test_a_terminal_error_is_counted_and_not_retried() -> None:
+    calls: list[str] = []
+
+    async def reconcile(key: str) -> None:
+        calls.append(key)
+        raise TerminalError("spec.size must be odd", "InvalidSpec")
+
+    async with _running(reconcile) as (runner, metrics):
+        runner.enqueue("ns/a")
+        await asyncio.sleep(0.2)
+        assert calls == ["ns/a"]
+        assert _sample(metrics, "controller_runtime_reconcile_errors_total") == 1
+        assert runner.queue.failures("ns/a") == 0
+        runner.enqueue("ns/a")  # the object changed: called again
+        await asyncio.sleep(0.05)
+        assert calls == ["ns/a", "ns/a"]
+
+
+async def test_a_hung_reconcile_times_out_and_frees_the_worker() -> None:
+    calls: list[str] = []
+    second = asyncio.Event()
+
+    async def reconcile(key: str) -> None:
+        calls.append(key)
+        if key == "ns/hung":
+            await asyncio.sleep(3600)
+        second.set()
+
+    metrics = Metrics()
+    controller = Controller("test", CLUSTERS, reconcile, workers=1, limiter=_fast_limiter(), timeout=0.05)
+    runner = ControllerRunner(controller, metrics)
+    runner.start()
+    try:
+        runner.enqueue("ns/hung")
+        runner.enqueue("ns/b")
+        await asyncio.wait_for(second.wait(), 2)
+        assert _sample(metrics, "controller_runtime_reconcile_errors_total") >= 1
+        assert runner.queue.failures("ns/hung") >= 1  # retried with backoff
+    finally:
+        await runner.stop(0.1)
+
+
+async def test_a_timeout_raised_inside_is_not_mistaken_for_ours() -> None:
+    async def reconcile(key: str) -> None:
+        raise TimeoutError("etcd did not answer")
+
+    runner = ControllerRunner(Controller("test", CLUSTERS, reconcile, timeout=5), Metrics())
+    with pytest.raises(TimeoutError, match="etcd did not answer"):
+        await runner._call("ns/a")
+
+    async def slow(key: str) -> None:
+        await asyncio.sleep(1)
+
+    runner = ControllerRunner(Controller("test", CLUSTERS, slow, timeout=0.01), Metrics())
+    with pytest.raises(ReconcileTimeout):
+        await runner._call("ns/a")

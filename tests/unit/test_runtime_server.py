@@ -197,3 +197,17 @@ async def test_webhook_server_answers_admission_reviews_over_tls() -> None:
     finally:
         await server.stop()
     assert not server.serving
+
+
+async def test_readyz_notes_are_said_without_failing(
+    probes: tuple[ProbeServer, Metrics], http: httpx.AsyncClient
+) -> None:
+    server, _ = probes
+    waiting = {"text": "controller ghost waits for ghosts.example.kustos.dev"}
+    server.add_readiness_note("controllers", lambda: waiting["text"])
+    url = f"http://127.0.0.1:{server.port}/readyz"
+    response = await http.get(url)
+    assert response.status_code == 200
+    assert response.text == "ok\ncontrollers: controller ghost waits for ghosts.example.kustos.dev"
+    waiting["text"] = ""
+    assert (await http.get(url)).text == "ok"

@@ -9,6 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kustos.api.storageupgrade import StorageUpgradeStatus
+from kustos.runtime.errors import ReconcileError
 from kustos.storage import upgrade_planner as up
 from kustos.storage.upgrade_planner import (
     ClaimView,
@@ -333,3 +335,65 @@ def test_the_pull_job_runs_the_new_image_on_the_storage_nodes() -> None:
     assert len(job.metadata["name"]) <= 63 and len(job.spec.label_selector.split("=", 1)[1]) <= 63
     owner = job.metadata["ownerReferences"][0]
     assert owner["kind"] == "StorageUpgrade" and owner["uid"] == "uid-1" and owner["controller"] is True
+
+
+# ---- status: one pure function of what was observed, the step and the time ----------------
+
+
+def test_the_shared_steps_are_the_runtime_ones() -> None:
+    from kustos.runtime.steps import Done, Wait
+
+    assert up.Wait is Wait and up.Done is Done
+    assert up.plan(observed("RollNodes", daemon_set=ds(NEW, generation=2))) == Wait(
+        "waiting for the DaemonSet controller to see the new image", seconds=1.0
+    )
+
+
+def test_status_entering_the_pull_records_where_it_started() -> None:
+    o = observed(None, cluster=ClusterView("c", OLD), generation=3)
+    status = up.status(o, up.Advance("PullImage"))
+    assert (status.step, status.cluster, status.previous_image) == ("PullImage", "c", OLD)
+    assert status.start_time == status.step_start_time == "2026-01-01T00:00:00Z"
+    assert status.message == f"Pulling the new container image {NEW} on every storage node"
+    [completed] = status.conditions
+    assert (completed.type, completed.status, completed.reason, completed.observed_generation) == (
+        "Completed", "False", "PullImage", 3,
+    )  # fmt: skip
+
+
+def test_status_of_a_wait_says_why_and_counts_node_pods() -> None:
+    o = observed("RollNodes", daemon_set=ds(NEW, generation=2), pull_job_progress=" (ignored)")
+    status = up.status(o, up.plan(o))
+    assert status.message == "waiting for the DaemonSet controller to see the new image"
+    assert status.nodes_ready == "3/3"
+    missing = observed(None, cluster=None, cluster_problem="StorageCluster c not found in namespace ns")
+    assert up.status(missing, up.plan(missing)).message == "StorageCluster c not found in namespace ns"
+
+
+def test_status_of_a_failure_says_how_to_restore_and_a_failed_step_is_degraded() -> None:
+    o = observed("ScaleDown")
+    status = up.status(o, up.Fail("pods still exist"))
+    assert status.step == "Failed" and status.completion_time == "2026-01-01T00:00:00Z"
+    assert "kustos storage restore-workloads up -n ns" in str(status.message)
+    assert [(c.type, c.reason) for c in status.conditions] == [("Failed", "UpgradeFailed")]
+    w = WorkloadView("Deployment", "ns", "web", 0, remembered=2, owner=ME)
+    failed = up.status(o, up.ScaleDown(w, 2), ReconcileError("forbidden", "Forbidden"))
+    assert failed.message == "ScaleDown failed: forbidden" and failed.step is None
+    assert [(c.type, c.status, c.reason) for c in failed.conditions] == [("Degraded", "True", "Forbidden")]
+    recovered = up.status(replace(o, previous=failed), up.ScaleDown(w, 2))
+    assert [(c.type, c.status, c.reason) for c in recovered.conditions] == [
+        ("Degraded", "False", "AsExpected")
+    ]
+
+
+def test_status_marks_a_restored_workload_unless_deleting() -> None:
+    previous = StorageUpgradeStatus.model_validate(
+        {
+            "step": "ScaleUp",
+            "workloads": [{"kind": "Deployment", "namespace": "ns", "name": "web", "replicas": 2}],
+        }
+    )
+    w = WorkloadView("Deployment", "ns", "web", 0, remembered=2, owner=ME)
+    assert up.status(observed("ScaleUp", previous=previous), up.ScaleUp(w, 2)).workloads[0].restored
+    deleting = observed("ScaleUp", previous=previous, deleting=True)
+    assert not up.status(deleting, up.ScaleUp(w, 2)).workloads[0].restored

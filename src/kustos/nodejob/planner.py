@@ -2,7 +2,8 @@
 
 The controller observes the job, its DaemonSet, the nodes and the job's pods (and
 the logs of the pods not yet done), and ``plan`` says the one thing to do: create
-the DaemonSet, or record the progress it sees (and whether the job is complete).
+the DaemonSet, or record the progress it sees (and whether the job is complete);
+``status`` says what the status is after that step, from what was observed and the time.
 """
 
 from __future__ import annotations
@@ -10,10 +11,22 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kustos.api.nodejob import NodeJob, NodeJobSpec, NodeProgress, NodeSelectorRequirement, NodeSelectorTerm
+from kustos.api.common import Condition
+from kustos.api.nodejob import (
+    NodeJob,
+    NodeJobSpec,
+    NodeJobStatus,
+    NodeProgress,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+)
 from kustos.api.nodejob import Toleration as TolerationSpec
+from kustos.runtime.conditions import set_condition
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.times import rfc3339
 
 JOB_LABEL = "kustos.dev/nodejob"
 CONTAINER = "job"
@@ -66,7 +79,13 @@ class Observed:
     recorded: tuple[NodeProgress, ...] = ()
     """The per-node progress in the status: a node once done stays done."""
     completed: bool = False
-    now: str = ""
+    now: datetime = datetime(1970, 1, 1, tzinfo=UTC)
+    """From the injected clock (tz-aware UTC)."""
+    name: str = ""
+    """The job's name (its DaemonSet is named after it)."""
+    generation: int | None = None
+    previous: NodeJobStatus = field(default_factory=NodeJobStatus)
+    """The status as read: times and conditions carry over from it."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +255,7 @@ def plan(o: Observed) -> Plan:
         if before is not None and before.state == "Done":
             progress.append(before)
         elif pod is not None and pod.word_seen:
-            progress.append(NodeProgress(name=name, pod=pod_name, state="Done", done_time=o.now or None))
+            progress.append(NodeProgress(name=name, pod=pod_name, state="Done", done_time=rfc3339(o.now)))
             newly_done.append(name)
         elif pod is not None and pod.running and not pod.deleting:
             progress.append(NodeProgress(name=name, pod=pod_name, state="Running"))
@@ -260,6 +279,74 @@ def plan(o: Observed) -> Plan:
         newly_done=tuple(newly_done),
         message=message,
     )
+
+
+# ---- the status ---------------------------------------------------------------------------------
+
+
+def _set(
+    conditions: list[Condition], type_: str, value: bool, reason: str, message: str,
+    generation: int | None, now: datetime,
+) -> list[Condition]:  # fmt: skip
+    current = [c.model_dump(by_alias=True, exclude_none=True) for c in conditions]
+    updated = set_condition(current, type_, value, reason, message, generation, now)
+    return [Condition.model_validate(c) for c in updated]
+
+
+def _conditions(o: Observed, type_: str, value: bool, reason: str, message: str) -> list[Condition]:
+    return _set(o.previous.conditions, type_, value, reason, message, o.generation, o.now)
+
+
+def invalid(previous: NodeJobStatus, message: str, generation: int | None, now: datetime) -> NodeJobStatus:
+    """The status of a job whose spec cannot run: Failed, and Degraded says why."""
+    result = previous.model_copy(deep=True)
+    result.phase = "Failed"
+    result.message = message[:1000]
+    result.conditions = _set(
+        previous.conditions, "Degraded", True, "InvalidSpec", result.message, generation, now
+    )
+    return result
+
+
+def _recovered(o: Observed, conditions: list[Condition]) -> list[Condition]:
+    """A Degraded condition from an earlier pass (invalid spec, failed step) no longer holds."""
+    if not any(c.type == "Degraded" and c.status == "True" for c in conditions):
+        return conditions
+    return _set(conditions, "Degraded", False, "AsExpected", "", o.generation, o.now)
+
+
+def status(o: Observed, step: Plan, failure: ReconcileError | None = None) -> NodeJobStatus:
+    """The whole status after ``step`` (acted on, unless ``failure`` says it failed)."""
+    result = o.previous.model_copy(deep=True)
+    now = rfc3339(o.now)
+    if step.action == "Invalid":
+        return invalid(o.previous, step.message, o.generation, o.now)
+    if failure is not None:
+        result.message = failure.message[:1000]
+        result.conditions = _conditions(o, "Degraded", True, failure.reason, result.message)
+        return result
+    if step.action == "CreateDaemonSet":
+        result.phase = "Running"
+        result.daemon_set = daemon_set_name(o.name)
+        result.start_time = result.start_time or now
+        result.message = f"running {o.spec.image} through DaemonSet {result.daemon_set}"
+        result.conditions = _conditions(o, "Completed", False, "Running", result.message)
+        result.conditions = _recovered(o, result.conditions)
+        return result
+    result.nodes = list(step.nodes)
+    result.progress = step.progress
+    result.message = step.message
+    result.daemon_set = result.daemon_set or daemon_set_name(o.name)
+    if step.completed:
+        result.completed = True
+        result.phase = "Completed"
+        result.completion_time = result.completion_time or now
+        result.conditions = _conditions(o, "Completed", True, "AllNodesDone", step.message)
+    else:
+        result.phase = "Running"
+        result.conditions = _conditions(o, "Completed", False, "Running", step.message)
+    result.conditions = _recovered(o, result.conditions)
+    return result
 
 
 # ---- the DaemonSet ---------------------------------------------------------------------------

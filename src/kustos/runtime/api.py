@@ -26,11 +26,13 @@ class ApiStatusError(ReconcileError):
     A ``ReconcileError``: a pass it fails is retried with backoff and logged in one line.
     """
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"{code} {reason}: {message}", reason or "ApiError")
         self.code = code
         self.reason = reason
         self.message = message
+        self.causes = causes
+        """The messages of the Status's details.causes (a PDB's refusal names the budget there)."""
 
     @property
     def not_found(self) -> bool:
@@ -40,16 +42,24 @@ class ApiStatusError(ReconcileError):
     def conflict(self) -> bool:
         return self.code == 409
 
+    @property
+    def too_many_requests(self) -> bool:
+        """429: for an eviction, a PodDisruptionBudget allows no disruption now."""
+        return self.code == 429
+
 
 def _raise_for(response: httpx2.Response) -> None:
     if response.status_code < 400:
         return
+    causes: tuple[str, ...] = ()
     try:
         body = response.json()
         reason, message = body.get("reason", ""), body.get("message", response.text)
-    except ValueError:
+        details = body.get("details") or {}
+        causes = tuple(str(c.get("message") or c.get("reason")) for c in details.get("causes") or [])
+    except (ValueError, AttributeError):
         reason, message = "", response.text
-    raise ApiStatusError(response.status_code, reason, message)
+    raise ApiStatusError(response.status_code, reason, message, causes)
 
 
 class Api:
@@ -71,6 +81,48 @@ class Api:
         _raise_for(response)
         result: Obj = response.json()
         return result
+
+    async def list_objects(
+        self, ref: ResourceRef, namespace: str | None = None,
+        label_selector: str | None = None, field_selector: str | None = None,
+    ) -> list[Obj]:  # fmt: skip
+        """Every object that matches (all pages), straight from the API server, not a cache."""
+        params: dict[str, str] = {"limit": "500"}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        items: list[Obj] = []
+        while True:
+            response = await self._raw.get(self.path(ref, namespace), params=params)
+            _raise_for(response)
+            body = response.json()
+            for item in body.get("items") or []:
+                item.setdefault("apiVersion", ref.api_version)
+                item.setdefault("kind", ref.kind)
+                items.append(item)
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            params["continue"] = token
+
+    async def evict(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        """Evict a pod through the Eviction API (policy/v1), which honours PodDisruptionBudgets.
+
+        Raises ``ApiStatusError``: 429 when a budget allows no disruption now, 404 if it is gone.
+        """
+        body: Obj = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        if grace_seconds is not None:
+            body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
+        path = api_path("", "v1", "pods", namespace, name) + "/eviction"
+        response = await self._raw.post(
+            path, content=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
+        _raise_for(response)
 
     async def logs(self, namespace: str, pod: str, container: str, tail_lines: int = 50) -> str:
         """The tail of a container's log (agent pods report their result there)."""

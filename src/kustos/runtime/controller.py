@@ -3,6 +3,14 @@
 A reconciler is ``async def reconcile(key) -> Result | None``. It observes (from
 the caches), plans and acts one step; it may return ``Result(requeue_after=...)``
 to be called again later, or raise to be retried with exponential backoff.
+
+Failures (controller-runtime's reconcileHandler): every error is counted in
+``controller_runtime_reconcile_errors_total`` and retried with the key's own
+exponential backoff, capped. An expected failure (``ReconcileError``, an API or
+network error) is logged as one line; anything else is a bug and keeps its
+traceback. A ``TerminalError`` is not retried: the object's next change wakes it.
+A pass longer than the controller's ``timeout`` is cancelled as a
+``ReconcileTimeout``, so one hung call cannot hold a worker.
 """
 
 from __future__ import annotations
@@ -14,6 +22,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
+import httpx2
+
+from kustos.runtime.api import ApiStatusError
+from kustos.runtime.errors import ReconcileError, ReconcileTimeout, TerminalError
 from kustos.runtime.informer import InformerOptions, Obj, ResourceRef
 from kustos.runtime.logs import reconcile_context
 from kustos.runtime.metrics import Metrics
@@ -78,6 +90,8 @@ class Controller:
     watches: list[Watch] = field(default_factory=list)
     primary_options: InformerOptions | None = None
     limiter: RateLimiter | None = None
+    timeout: float | None = 120.0
+    """Seconds one reconcile may take before it is cancelled (None: no limit)."""
 
     def owns(self, resource: ResourceRef, options: InformerOptions | None = None) -> Controller:
         """Wake the owner when an object it owns (by ownerReference) changes."""
@@ -121,7 +135,8 @@ class ControllerRunner:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        await asyncio.wait(tasks, timeout=5)
+        if tasks:  # none when the controller never started (its caches never synced)
+            await asyncio.wait(tasks, timeout=5)
 
     def abandon(self) -> None:
         """Stop at once, cancelling in-flight reconciles (the lease is gone)."""
@@ -153,17 +168,17 @@ class ControllerRunner:
         started = time.monotonic()
         with reconcile_context(name, key, uuid.uuid4().hex[:12]):
             try:
-                result = await self.controller.reconcile(key)
+                result = await self._call(key)
             except asyncio.CancelledError:
                 raise
             except Exception as err:
                 self.metrics.reconcile_total.labels(name, "error").inc()
                 self.metrics.reconcile_errors.labels(name).inc()
-                log.warning(
-                    "reconcile failed (retry %d): %s", self.queue.failures(key) + 1, err,
-                    exc_info=log.isEnabledFor(logging.DEBUG),
-                )  # fmt: skip
-                self.queue.add_rate_limited(key)
+                self._log_failure(key, err)
+                if isinstance(err, TerminalError):
+                    self.queue.forget(key)  # not retried: the object's next change wakes it
+                else:
+                    self.queue.add_rate_limited(key)
                 return
             finally:
                 self.metrics.reconcile_time.labels(name).observe(time.monotonic() - started)
@@ -174,3 +189,39 @@ class ControllerRunner:
             self.queue.add_after(key, result.requeue_after)
         else:
             self.metrics.reconcile_total.labels(name, "success").inc()
+
+    async def _call(self, key: str) -> Result | None:
+        limit = self.controller.timeout
+        if limit is None:
+            return await self.controller.reconcile(key)
+        try:
+            async with asyncio.timeout(limit) as scope:  # cancel-safe, unlike wait_for on 3.11
+                return await self.controller.reconcile(key)
+        except TimeoutError as err:
+            if scope.expired():
+                raise ReconcileTimeout(f"reconcile took longer than {limit:g}s and was cancelled") from err
+            raise
+
+    def _log_failure(self, key: str, err: Exception) -> None:
+        if isinstance(err, TerminalError):
+            log.warning("reconcile failed, not retried until %s changes: %s", key, err)
+        elif isinstance(err, ApiStatusError) and err.conflict:
+            # Someone wrote the object since the cache showed it: routine, retried on fresh state.
+            log.info("reconcile retried (retry %d): %s", self.queue.failures(key) + 1, err)
+        elif expected(err):
+            log.warning("reconcile failed (retry %d): %s", self.queue.failures(key) + 1, describe(err))
+        else:
+            log.error("reconcile failed (retry %d): %s", self.queue.failures(key) + 1, describe(err),
+                      exc_info=err)  # fmt: skip
+
+
+def expected(err: BaseException) -> bool:
+    """Failures that are not bugs and need no traceback: typed reconcile errors, API and network
+    errors, timeouts."""
+    return isinstance(err, ReconcileError | httpx2.HTTPError | TimeoutError | ConnectionError)
+
+
+def describe(err: BaseException) -> str:
+    """One line for a failure; the type when the message alone says nothing (a bare ConnectError)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if not isinstance(err, ReconcileError) or not text else text

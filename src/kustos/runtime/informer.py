@@ -79,6 +79,10 @@ class ResourceExpired(Exception):
     """The resourceVersion we would resume from is gone (410): relist."""
 
 
+class ResourceNotServed(Exception):
+    """The API server does not serve the resource (404 on the list): its CRD is absent."""
+
+
 def new_state_only(handler: Callable[[str, Obj], Awaitable[None]]) -> Handler:
     """Adapt a handler that acts on the new state alone (most do) to ``Informer.add_handler``."""
 
@@ -123,6 +127,9 @@ class Informer:
         self._handlers: list[Handler] = []
         self._synced = asyncio.Event()
         self._version = ""
+        self.absent = False
+        """The last list found the resource not served (its CRD absent); lists go on until it is."""
+        self.last_error: str | None = None
         self._indexers: dict[str, IndexFunc] = {}
         # index name -> value -> keys (a dict as an ordered set)
         self._indexes: dict[str, dict[str, dict[str, None]]] = {}
@@ -225,9 +232,30 @@ class Informer:
             except ResourceExpired:
                 self._restarted("expired")
                 continue
+            except ResourceNotServed:
+                if not self.absent:
+                    log.warning("%s is not served (is its CRD installed?): listing again until it is",
+                                self.resource)  # fmt: skip
+                self.absent, self.last_error = True, "not served (is its CRD installed?)"
+                self._restarted("absent")
+                await asyncio.sleep(backoff * (1 + random.random()))
+                backoff = min(backoff * 2, 30.0)
             except Exception as err:
                 self._restarted("error")
-                log.warning("informer %s failed, relisting in %.1fs: %s", self.resource, backoff, err)
+                first = self.last_error is None
+                self.last_error = _one_line(err)
+                # Only the first failure of a streak is a warning, and an unreachable API server is
+                # said once for every informer: it fails them all every few seconds, which must
+                # not bury the log.
+                unreachable = isinstance(err, httpx2.TransportError)
+                if first and unreachable and not _outage["reported"]:
+                    _outage["reported"] = True
+                    log.warning("the API server is unreachable (%s); informers relist until it answers",
+                                self.last_error)  # fmt: skip
+                else:
+                    (log.warning if first and not unreachable else log.debug)(
+                        "informer %s failed, relisting in %.1fs: %s", self.resource, backoff, self.last_error
+                    )
                 await asyncio.sleep(backoff * (1 + random.random()))
                 backoff = min(backoff * 2, 30.0)
 
@@ -256,6 +284,8 @@ class Informer:
                 params.pop("continue", None)  # a list page expired: start the list again
                 fresh.clear()
                 continue
+            if response.status_code == 404:
+                raise ResourceNotServed(str(self.resource))
             response.raise_for_status()
             body = response.json()
             for item in body.get("items") or []:
@@ -280,6 +310,12 @@ class Informer:
             elif previous["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
                 await self._notify("MODIFIED", obj, previous)
         self._update_gauge()
+        if self.absent:
+            log.info("%s is served now", self.resource)
+        if _outage["reported"]:
+            _outage["reported"] = False
+            log.info("the API server answers again")
+        self.absent, self.last_error = False, None
         self._synced.set()
 
     async def _watch(self) -> None:
@@ -358,3 +394,12 @@ class Informer:
                     await result
             except Exception:
                 log.exception("handler of %s failed on %s", self.resource, object_key(obj))
+
+
+# Whether this process has said the API server is unreachable (once per outage, for all informers).
+_outage = {"reported": False}
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -77,20 +77,30 @@ class LeaderElector:
                 lease.spec.renewTime = _now()
                 await self._client.replace(lease)
                 log.info("released lease %s/%s", self.config.namespace, self.config.name)
-        except ApiError as err:
-            log.warning("could not release the lease: %s", err)
+        except Exception as err:  # the API server may be gone: say so in one line and go on exiting
+            log.warning("could not release the lease: %s", _one_line(err))
         self._set_leader(False)
 
     async def _acquire(self) -> None:
         log.info("waiting to lead as %s (lease %s/%s)", self.config.identity, self.config.namespace,
                  self.config.name)  # fmt: skip
-        while not await self._try_acquire_or_renew():  # noqa: ASYNC110 - polling the API, not a local flag
+        failing = False
+        while True:
+            try:
+                if await self._try_acquire_or_renew():
+                    break
+                failing = False
+            except Exception as err:  # the API server is away: a standby keeps trying, as client-go's
+                if not failing:
+                    log.warning("acquiring the lease failed, retrying: %s", _one_line(err))
+                failing = True
             await asyncio.sleep(self.config.retry_period)
         log.info("became the leader")
         self._set_leader(True)
 
     async def _renew_until_lost(self, leading: asyncio.Task[None]) -> None:
         last_renewed = time.monotonic()
+        last_error = ""
         while True:
             if leading.done():
                 return
@@ -99,14 +109,20 @@ class LeaderElector:
                 async with asyncio.timeout(self.config.renew_deadline):  # cancel-safe, unlike wait_for
                     renewed = await self._try_acquire_or_renew()
             except (TimeoutError, Exception) as err:
-                log.warning("renewing the lease failed: %s", err)
+                # The first failure of a streak is news; the rest would only repeat it.
+                (log.debug if last_error else log.warning)("renewing the lease failed: %s", _one_line(err))
+                last_error = _one_line(err)
                 renewed = False
             if renewed:
-                last_renewed = time.monotonic()
-            elif (
-                time.monotonic() - last_renewed >= self.config.renew_deadline or not await self._still_ours()
-            ):
-                log.error("lost the lease: standing down")
+                last_renewed, last_error = time.monotonic(), ""
+            elif time.monotonic() - last_renewed >= self.config.renew_deadline:
+                cfg, why = self.config, f" ({last_error})" if last_error else ""
+                log.error("lost the lease %s/%s: not renewed for %.0fs%s; standing down",
+                          cfg.namespace, cfg.name, cfg.renew_deadline, why)  # fmt: skip
+                return
+            elif not await self._still_ours():
+                log.error("lost the lease %s/%s: another replica holds it; standing down",
+                          self.config.namespace, self.config.name)  # fmt: skip
                 return
 
     async def _still_ours(self) -> bool:
@@ -175,3 +191,8 @@ class LeaderElector:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -4,6 +4,12 @@ Informers start at once on every replica, so a standby has warm caches; the
 controllers (and the webhook configurations they own) run only on the leader.
 Losing the lease stops the controllers and ends ``run`` so that the process exits:
 two leaders never act at once.
+
+Each controller starts as soon as ITS caches have synced (controller-runtime's
+per-controller WaitForCacheSync): a controller whose resource is not served (a CRD
+that is absent, e.g. Rook's on a cluster without Rook) is reported after
+``cache_sync_timeout`` (a log line, ``kustos_controller_caches_synced`` at 0, a
+line in /readyz) and waits for it, while every other controller runs.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import logging
 import signal
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +54,8 @@ class ManagerOptions:
     webhook_configuration_name: str = "kustos"
     certificate: ServingCertificate | None = None
     shutdown_timeout: float = 30.0
+    cache_sync_timeout: float = 120.0
+    """Seconds /readyz waits for every cache; after it a controller still waiting is reported."""
 
 
 class Manager:
@@ -59,11 +68,14 @@ class Manager:
         self.probes = ProbeServer(self.metrics, options.metrics_address)
         self._informers: dict[tuple[ResourceRef, str | None, str | None, str | None], Informer] = {}
         self._controllers: list[ControllerRunner] = []
+        self._sources: dict[str, list[Informer]] = {}  # controller name -> its informers
+        self._started_at: float | None = None
         self._webhooks: list[Webhook] = []
         self.webhook_server: WebhookServer | None = None
         self._stop = asyncio.Event()
         self.elector: LeaderElector | None = None
         self.probes.add_readiness_check("informers", self._informers_synced)
+        self.probes.add_readiness_note("controllers", self._controllers_waiting)
 
     @classmethod
     def from_config(cls, config: Any, options: ManagerOptions) -> Manager:
@@ -85,6 +97,7 @@ class Manager:
     def add_controller(self, controller: Controller) -> ControllerRunner:
         runner = ControllerRunner(controller, self.metrics)
         primary = self.informer(controller.primary, controller.primary_options)
+        sources = self._sources.setdefault(controller.name, [primary])
         primary.add_handler(lambda _kind, obj, _old: runner.enqueue(object_key(obj)))
         for watch in controller.watches:
 
@@ -97,7 +110,10 @@ class Manager:
                 for key in keys:
                     runner.enqueue(key)
 
-            self.informer(watch.resource, watch.options).add_handler(enqueue_mapped)
+            informer = self.informer(watch.resource, watch.options)
+            informer.add_handler(enqueue_mapped)
+            if informer not in sources:
+                sources.append(informer)
         self._controllers.append(runner)
         return runner
 
@@ -105,8 +121,32 @@ class Manager:
         self._webhooks.append(webhook)
 
     def _informers_synced(self) -> tuple[bool, str]:
-        waiting = [str(i.resource) for i in self._informers.values() if not i.has_synced]
-        return (not waiting, "caches not synced: " + ", ".join(waiting)) if waiting else (True, "")
+        """Not ready while caches sync; past the sync timeout a cache still waiting (a CRD that is
+        absent) no longer fails readiness: the controllers that do not need it run."""
+        waiting = sorted({_describe(i) for i in self._informers.values() if not i.has_synced})
+        if not waiting:
+            return True, ""
+        return self._sync_deadline_passed(), "caches not synced: " + ", ".join(waiting)
+
+    def _sync_deadline_passed(self) -> bool:
+        started = self._started_at
+        return started is not None and time.monotonic() - started >= self.options.cache_sync_timeout
+
+    def _controllers_waiting(self) -> str:
+        """Each controller still waiting for its caches, and for what (a note: never fails /readyz)."""
+        return "; ".join(
+            f"controller {name} waits for " + ", ".join(_describe(i) for i in informers if not i.has_synced)
+            for name, informers in self._sources.items()
+            if not all(i.has_synced for i in informers)
+        )
+
+    def waiting_controllers(self) -> dict[str, list[str]]:
+        """Controllers whose caches have not synced yet, with the resources they wait for."""
+        return {
+            name: [_describe(i) for i in informers if not i.has_synced]
+            for name, informers in self._sources.items()
+            if not all(i.has_synced for i in informers)
+        }
 
     # ---- running -------------------------------------------------------------------
 
@@ -119,6 +159,9 @@ class Manager:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._stop.set)
+        self._started_at = time.monotonic()
+        for runner in self._controllers:
+            self.metrics.caches_synced.labels(runner.controller.name).set(0)
         await self.probes.start()
         if self._webhooks:
             await self._start_webhooks()
@@ -171,29 +214,59 @@ class Manager:
         return True  # the elector returned: the lease is gone
 
     async def _lead_until_stopped(self) -> None:
-        synced: asyncio.Future[Any] = asyncio.ensure_future(
-            asyncio.gather(*(i.wait_synced() for i in self._informers.values()))
-        )
-        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stop.wait())
-        await asyncio.wait([synced, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if not synced.done():
-            synced.cancel()  # stopped before the caches ever synced: nothing to finish
-            return
-        stopped.cancel()
-        if self._webhooks:
-            await self._apply_webhook_configurations()
-        for runner in self._controllers:
-            runner.start()
-        log.info("controllers started: %s", ", ".join(r.controller.name for r in self._controllers))
+        starters = [asyncio.create_task(self._start_when_synced(r)) for r in self._controllers]
         try:
+            if self._webhooks:
+                # The webhooks read the caches: point the API server at them once those synced (or
+                # the sync timeout passed, so an absent CRD does not keep every webhook away).
+                await self._wait_synced(list(self._informers.values()), self.options.cache_sync_timeout)
+                if not self._stop.is_set():
+                    await self._apply_webhook_configurations()
             await self._stop.wait()
         except asyncio.CancelledError:
             # Leadership lost: another leader may act soon, so in-flight work is abandoned now.
+            for task in starters:
+                task.cancel()
             for runner in self._controllers:
                 runner.abandon()
             raise
+        for task in starters:
+            task.cancel()
+        await asyncio.gather(*starters, return_exceptions=True)
         # Stopped: take no new work and let in-flight reconciles finish within the timeout.
         await asyncio.gather(*(r.stop(self.options.shutdown_timeout) for r in self._controllers))
+
+    async def _start_when_synced(self, runner: ControllerRunner) -> None:
+        """Start ``runner`` once its own caches have synced; report it if that takes too long."""
+        name = runner.controller.name
+        informers = self._sources.get(name, [])
+        if not await self._wait_synced(informers, self.options.cache_sync_timeout):
+            if self._stop.is_set():
+                return
+            waiting = ", ".join(_describe(i) for i in informers if not i.has_synced)
+            log.warning("controller %s: caches not synced after %.0fs, waiting for %s; the other "
+                        "controllers run", name, self.options.cache_sync_timeout, waiting)  # fmt: skip
+            await self._wait_synced(informers, None)
+        if self._stop.is_set():
+            return
+        runner.start()
+        self.metrics.caches_synced.labels(name).set(1)
+        log.info("controller %s started", name)
+
+    async def _wait_synced(self, informers: list[Informer], timeout: float | None) -> bool:
+        """Wait until ``informers`` synced (True), the timeout passed or a stop was asked (False)."""
+        synced: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(*(i.wait_synced() for i in informers))
+        )
+        stopped: asyncio.Future[Any] = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait([synced, stopped], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in (synced, stopped):
+                if not future.done():
+                    future.cancel()
+                future.add_done_callback(_retrieve)
+        return all(i.has_synced for i in informers) and not self._stop.is_set()
 
     async def _start_webhooks(self) -> None:
         certificate = self.options.certificate
@@ -226,6 +299,17 @@ class Manager:
         )
         for ref, obj in configurations:
             await self.api.apply(ref, obj)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark a cancelled wait's outcome as seen (asyncio would log it as never retrieved)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _describe(informer: Informer) -> str:
+    why = f" ({informer.last_error})" if informer.last_error else ""
+    return f"{informer.resource}{why}"
 
 
 class LeadershipLost(RuntimeError):

@@ -102,9 +102,16 @@ class Metrics:
             ["resource"],
             registry=r,
         )
+        self.caches_synced = Gauge(
+            "kustos_controller_caches_synced",
+            "1 once every cache a controller reads has synced and it runs; 0 while it waits "
+            "(for instance for a CRD that is not installed)",
+            ["controller"],
+            registry=r,
+        )
         self.watch_restarts = Counter(
             "kustos_informer_watch_restarts_total",
-            "Watches restarted, by reason (closed, expired, inactive, error)",
+            "Watches restarted, by reason (closed, expired, inactive, absent, error)",
             ["resource", "reason"],
             registry=r,
         )

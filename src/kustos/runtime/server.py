@@ -14,6 +14,7 @@ from kustos.runtime.metrics import Metrics
 from kustos.runtime.webhook import ServingCertificate, Webhook, handle_review
 
 ReadinessCheck = Callable[[], tuple[bool, str]]
+ReadinessNote = Callable[[], str]
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -30,11 +31,16 @@ class ProbeServer:
         self._metrics = metrics
         self._address = address
         self._checks: dict[str, ReadinessCheck] = {}
+        self._notes: dict[str, ReadinessNote] = {}
         self._server: HttpServer | None = None
         self.port = 0
 
     def add_readiness_check(self, name: str, check: ReadinessCheck) -> None:
         self._checks[name] = check
+
+    def add_readiness_note(self, name: str, note: ReadinessNote) -> None:
+        """Something /readyz says without failing on it (e.g. a controller waiting for its CRD)."""
+        self._notes[name] = note
 
     async def start(self) -> None:
         self._server = HttpServer(*split_address(self._address))
@@ -60,9 +66,10 @@ class ProbeServer:
             ok, detail = check()
             if not ok:
                 failing.append(f"{name}: {detail}")
+        notes = [f"{name}: {text}" for name, note in self._notes.items() if (text := note())]
         if failing:
-            return Response.text("not ready\n" + "\n".join(failing), 503)
-        return Response.text("ok")
+            return Response.text("\n".join(["not ready", *failing, *notes]), 503)
+        return Response.text("\n".join(["ok", *notes]))
 
 
 class WebhookServer:

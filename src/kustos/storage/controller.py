@@ -19,6 +19,7 @@ from kustos.api.storage import StorageCluster
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import is_true, now_rfc3339, set_condition
 from kustos.runtime.controller import Controller, Result
+from kustos.runtime.deps import Deps
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager, ManagerOptions
@@ -412,7 +413,7 @@ def _all_others(reconciler: StorageClusterReconciler) -> Any:
     return keys
 
 
-def register(manager: Manager) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     from kustos.storage.webhook import scheduler_webhook  # the webhook reads this controller's caches
 
     reconciler = StorageClusterReconciler(manager)

@@ -12,25 +12,27 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from kustos.api.common import Condition
 from kustos.api.nodejob import NodeJob
 from kustos.api.storage import StorageCluster
 from kustos.api.storageupgrade import StorageUpgrade, StorageUpgradeStatus, UpgradeStep, WorkloadStatus
-from kustos.runtime import faults
+from kustos.runtime import faults, objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.conditions import is_true, set_condition
+from kustos.runtime.clock import Clock
+from kustos.runtime.conditions import is_true
 from kustos.runtime.controller import Controller, Result
-from kustos.runtime.events import NORMAL, WARNING
+from kustos.runtime.deps import Deps
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.events import WARNING
 from kustos.runtime.informer import ResourceRef
-from kustos.runtime.kube import api_path
 from kustos.runtime.manager import Manager
+from kustos.runtime.record import Note, record
 from kustos.runtime.resources import CLAIMS, PODS, STORAGE_CLASSES
-from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
+from kustos.runtime.steps import Done, Wait
+from kustos.runtime.times import parse_duration, parse_rfc3339
 from kustos.storage import names
 from kustos.storage import upgrade_planner as up
 from kustos.storage.upgrade_planner import (
@@ -41,6 +43,7 @@ from kustos.storage.upgrade_planner import (
     Observed,
     VolumeMatch,
     WorkloadView,
+    restore_command,
 )
 
 log = logging.getLogger(__name__)
@@ -60,56 +63,25 @@ DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 
 PULL_SCRIPT = "echo done; trap 'exit 0' TERM; while true; do sleep 1; done"
 
-ENTER_EVENTS: dict[str, tuple[str, str]] = {
-    "PullImage": ("PullImage", "Pulling the new container image {image} on every storage node"),
-    "PauseClusterCtrl": (
-        "PauseClusterCtrl",
-        "Pausing the cluster controller and enabling cluster maintenance mode on {cluster}",
-    ),
-    "ScaleDown": (
-        "UpgradeInit",
-        "Upgrade of cluster {cluster} started: scaling down the workloads using its volumes",
-    ),
-    "RollNodes": ("RollNodes", "{count} workload(s) scaled down; rolling the node pods to {image}"),
-    "ScaleUp": ("ScaleUp", "Every node pod runs {image}; scaling the workloads back up"),
-    "Completed": (
-        "UpgradeComplete",
-        "Cluster {cluster} upgraded to {image}. "
-        "Delete the upgrade object to disable cluster maintenance mode",
-    ),
-}
-
 
 def pull_job_name(upgrade: str) -> str:
     return f"{upgrade}-pull"[:63].rstrip("-.")
 
 
-def restore_command(namespace: str, name: str) -> str:
-    return f"kustos storage restore-workloads {name} -n {namespace}"
-
-
 class StorageUpgradeReconciler:
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Manager, clock: Clock) -> None:
         self.manager = manager
         self.api = manager.api
-        self.raw = manager.clients.raw
+        self.clock = clock
         self.upgrades = manager.informer(STORAGEUPGRADES)
         self.clusters = manager.informer(STORAGECLUSTERS)
         self.jobs = manager.informer(NODEJOBS)
 
-    # ---- reading straight from the API --------------------------------------------------
-
     async def _list(
         self, ref: ResourceRef, namespace: str | None, selector: str | None = None
     ) -> list[dict[str, Any]]:
-        path = api_path(ref.group, ref.version, ref.plural, namespace if ref.namespaced else None)
-        params = {"labelSelector": selector} if selector else {}
-        response = await self.raw.get(path, params=params)
-        response.raise_for_status()
-        items: list[dict[str, Any]] = response.json().get("items") or []
-        for item in items:
-            item.setdefault("kind", ref.kind)
-        return items
+        """Straight from the API: workloads, claims and classes are read only while upgrading."""
+        return await self.api.list_objects(ref, namespace if ref.namespaced else None, selector)
 
     # ---- observe ---------------------------------------------------------------------------
 
@@ -152,8 +124,9 @@ class StorageUpgradeReconciler:
             pod_image = next(
                 (c.get("image", "") for c in pod_containers if c.get("name") == names.node_container_name), ""
             )
-            pods.append(NodePodView(pod["metadata"]["name"], pod_image, _ready(pod),
-                                    bool(pod["metadata"].get("deletionTimestamp"))))  # fmt: skip
+            pods.append(
+                NodePodView(objects.name(pod), pod_image, objects.pod_ready(pod), objects.deleting(pod))
+            )
         status = ds.get("status") or {}
         return DaemonSetView(
             namespace=namespace,
@@ -207,10 +180,12 @@ class StorageUpgradeReconciler:
                 )  # fmt: skip
         return tuple(views)
 
-    async def observe(self, upgrade: StorageUpgrade, cluster: StorageCluster | None) -> Observed:
+    async def observe(
+        self, upgrade: StorageUpgrade, cluster: StorageCluster | None, problem: str
+    ) -> Observed:
         status = upgrade.status or StorageUpgradeStatus()
-        namespace, name = upgrade.metadata["namespace"], upgrade.metadata["name"]
-        deleting = bool(upgrade.metadata.get("deletionTimestamp"))
+        namespace, name = str(objects.namespace(upgrade.metadata)), objects.name(upgrade.metadata)
+        deleting = objects.deleting(upgrade.metadata)
         job = self.jobs.get(f"{namespace}/{pull_job_name(name)}")
         cluster_view = None
         daemon_set = None
@@ -235,7 +210,7 @@ class StorageUpgradeReconciler:
             upgrade=f"{namespace}/{name}",
             new_image=upgrade.spec.new_image,
             step=status.step,
-            now=datetime.now(UTC),
+            now=self.clock.now(),
             step_started=parse_rfc3339(status.step_start_time),
             timeout=parse_duration(upgrade.spec.step_timeout),
             cluster=cluster_view,
@@ -246,6 +221,10 @@ class StorageUpgradeReconciler:
             workloads=workloads,
             daemon_set=daemon_set,
             deleting=deleting,
+            previous=status,
+            generation=objects.generation(upgrade.metadata),
+            cluster_problem=problem,
+            pull_job_progress=_job_progress(job) if status.step == "PullImage" else "",
         )
 
     # ---- reconcile -------------------------------------------------------------------------
@@ -254,7 +233,7 @@ class StorageUpgradeReconciler:
         raw = self.upgrades.get(key)
         if raw is None:
             return None
-        deleting = bool(raw["metadata"].get("deletionTimestamp"))
+        deleting = objects.deleting(raw)
         if deleting and up.FINALIZER not in (raw["metadata"].get("finalizers") or []):
             return None
         try:
@@ -263,54 +242,77 @@ class StorageUpgradeReconciler:
             if deleting:
                 await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
                 return None
-            await self._fail(raw, StorageUpgradeStatus(), f"invalid spec: {err}", reason="InvalidSpec")
+            what, now, generation = f"invalid spec: {err}", self.clock.now(), objects.generation(raw)
+            status = up.failed(StorageUpgradeStatus(), objects.key(raw), what, now, generation, "InvalidSpec")
+            news = (raw.get("status") or {}).get("message") != status.message
+            await self._record(
+                raw, status, [Note("InvalidSpec", status.message or "", WARNING)] if news else []
+            )
             return None
         if not deleting and up.FINALIZER not in (raw["metadata"].get("finalizers") or []):
             updated = await self.api.add_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
             raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
             raw["metadata"]["finalizers"] = updated["metadata"].get("finalizers")
         cluster, why = self._cluster_of(upgrade)
-        observed = await self.observe(upgrade, cluster)
+        observed = await self.observe(upgrade, cluster, why)
         step = up.plan(observed)
-        if isinstance(step, up.Wait | up.Done):
+        if isinstance(step, Wait | Done):
             log.debug("planned %s", step)
         else:
             log.info("step: %s", step)
-        status = upgrade.status or StorageUpgradeStatus()
+        if isinstance(step, Done):
+            return None
+        failure: ReconcileError | None = None
+        notes: list[Note] = []
+        try:
+            notes = await self.act(raw, upgrade, cluster, step)
+        except ReconcileError as err:
+            failure = err
+        if failure is None and not isinstance(step, Wait | up.Fail | up.Advance):
+            faults.exit_after(type(step).__name__)  # acted, not yet recorded
+        status = up.status(observed, step, failure)
+        notes += self._notes(observed, step, status, failure)
+        try:
+            await self._record(raw, status, notes)
+        except ApiStatusError as err:
+            # A workload's restored mark is progress only: the workload itself says it is restored
+            # (its annotation is gone), and completing marks every recorded workload restored.
+            if not (isinstance(step, up.ScaleUp) and err.conflict and failure is None):
+                raise
+        if failure is not None:
+            raise failure
+        if isinstance(step, up.Advance | up.Fail):
+            faults.exit_after(f"Advance{step.to}" if isinstance(step, up.Advance) else "Fail")
         match step:
-            case up.Done():
+            case Wait(seconds=seconds):
+                return Result(requeue_after=seconds)
+            case up.Fail() | up.Release():
                 return None
-            case up.Wait(reason=reason, after=after):
-                if status.step == "PullImage":
-                    meta = raw["metadata"]
-                    reason += _job_progress(
-                        self.jobs.get(f"{meta['namespace']}/{pull_job_name(meta['name'])}")
-                    )
-                if cluster is None and why:
-                    reason = why
-                    await self._event(raw, WARNING, "ClusterNotFound", why)
-                await self._note(raw, status, observed, reason)
-                return Result(requeue_after=after)
-            case up.Fail(reason=reason):
-                await self._fail(raw, status, reason)
-                faults.exit_after("Fail")
-                return None
+            case up.Advance(to=to):
+                return None if to == "Completed" else Result(requeue_after=0.2)
+        return Result(requeue_after=0.2)
+
+    def _notes(
+        self, o: Observed, step: up.Step, status: StorageUpgradeStatus, failure: ReconcileError | None
+    ) -> list[Note]:
+        """The Events of this pass: entering a step, failing, a missing cluster (when news)."""
+        if failure is not None:
+            return []
+        match step:
+            case Wait() if o.cluster is None and o.cluster_problem and status.message != o.previous.message:
+                return [Note("ClusterNotFound", o.cluster_problem, WARNING)]
+            case up.Fail():
+                return [Note("UpgradeFailed", (status.message or "")[:1000], WARNING)]
             case up.Advance():
-                assert cluster is not None
-                await self._advance(raw, upgrade, status, cluster, step)
-                faults.exit_after(f"Advance{step.to}")
-                return None if step.to == "Completed" else Result(requeue_after=0.2)
-        assert cluster is not None or isinstance(step, up.ScaleUp | up.Release)
-        await self.act(raw, upgrade, cluster, step)
-        faults.exit_after(type(step).__name__)
-        if isinstance(step, up.ScaleUp) and not deleting:
-            await self._mark_restored(raw, status, step.workload)
-        return None if isinstance(step, up.Release) else Result(requeue_after=0.2)
+                reason, message = up.enter_message(o, step, len(status.workloads))
+                return [Note(reason, message)]
+        return []
 
     async def act(
         self, raw: dict[str, Any], upgrade: StorageUpgrade, cluster: StorageCluster | None, step: up.Step
-    ) -> None:
-        namespace, name = upgrade.metadata["namespace"], upgrade.metadata["name"]
+    ) -> list[Note]:
+        """Take ``step`` (Wait, Fail and Advance are only recorded); the Events it makes."""
+        namespace, name = str(objects.namespace(upgrade.metadata)), objects.name(upgrade.metadata)
         patch: dict[str, Any]
         match step:
             case up.CreatePullJob():
@@ -336,9 +338,7 @@ class StorageUpgradeReconciler:
                 await self.api.patch(
                     STORAGECLUSTERS, namespace, cluster.metadata["name"], patch_ops, kind="json"
                 )
-                await self._event(
-                    raw, NORMAL, "MaintenanceOff", f"Cluster {cluster.metadata['name']} left maintenance mode"
-                )
+                return [Note("MaintenanceOff", f"Cluster {cluster.metadata['name']} left maintenance mode")]
             case up.ScaleDown(workload=w, remember=remember):
                 patch = {
                     "metadata": {
@@ -356,12 +356,9 @@ class StorageUpgradeReconciler:
                     "spec": {"replicas": replicas},
                 }
                 await self.api.patch(WORKLOAD_KINDS[w.kind], w.namespace, w.name, patch)
-                await self._event(
-                    raw,
-                    NORMAL,
-                    "WorkloadRestored",
-                    f"{w.kind} {w.namespace}/{w.name} scaled back to {replicas}",
-                )
+                return [
+                    Note("WorkloadRestored", f"{w.kind} {w.namespace}/{w.name} scaled back to {replicas}")
+                ]
             case up.PatchDaemonSet(image=image):
                 assert cluster is not None
                 ds_namespace, ds_name = names.node_daemonset(cluster)
@@ -386,94 +383,13 @@ class StorageUpgradeReconciler:
                 except ApiStatusError as err:
                     if not err.not_found:  # a stale cache: an earlier pass released it already
                         raise
+        return []
 
     # ---- record -----------------------------------------------------------------------------
 
-    async def _advance(
-        self, raw: dict[str, Any], upgrade: StorageUpgrade, status: StorageUpgradeStatus,
-        cluster: StorageCluster, step: up.Advance,
-    ) -> None:  # fmt: skip
-        now = rfc3339(datetime.now(UTC))
-        if step.to == "PullImage":
-            status.start_time = status.start_time or now
-            status.cluster = cluster.metadata["name"]
-            status.previous_image = cluster.spec.images.node_container
-        if step.to == "RollNodes":
-            status.workloads = list(step.workloads)
-        if step.to == "Completed":
-            # The planner completes only once no workload carries this upgrade's annotation.
-            for recorded in status.workloads:
-                recorded.restored = True
-        reason, template = ENTER_EVENTS[step.to]
-        message = template.format(
-            image=upgrade.spec.new_image, cluster=cluster.metadata["name"], count=len(status.workloads)
-        )
-        status.step = step.to
-        status.step_start_time = now
-        status.message = message
-        if step.to == "Completed":
-            status.completion_time = now
-            status.conditions = _conditions(raw, "Completed", True, "UpgradeComplete", message)
-        else:
-            status.conditions = _conditions(raw, "Completed", False, step.to, message)
-        await self._write(raw, status)
-        await self._event(raw, NORMAL, reason, message)
-
-    async def _note(
-        self, raw: dict[str, Any], status: StorageUpgradeStatus, o: Observed, message: str
-    ) -> None:
-        nodes = None
-        if o.daemon_set is not None:
-            ready, desired = up.node_progress(o)
-            nodes = f"{ready}/{desired}"
-        if status.message == message and (nodes is None or status.nodes_ready == nodes):
-            return
-        status.message = message
-        if nodes is not None:
-            status.nodes_ready = nodes
-        await self._write(raw, status)
-
-    async def _mark_restored(
-        self, raw: dict[str, Any], status: StorageUpgradeStatus, w: WorkloadView
-    ) -> None:
-        changed = False
-        for recorded in status.workloads:
-            if (recorded.kind, recorded.namespace, recorded.name) == w.key and not recorded.restored:
-                recorded.restored = True
-                changed = True
-        if not changed:
-            return
-        try:
-            await self._write(raw, status)
-        except ApiStatusError as err:
-            # Progress only: the workload itself says it is restored (its annotation is gone),
-            # and completing marks every recorded workload restored.
-            if not err.conflict:
-                raise
-
-    async def _fail(
-        self, raw: dict[str, Any], status: StorageUpgradeStatus, what: str, reason: str = "UpgradeFailed"
-    ) -> None:
-        meta = raw["metadata"]
-        command = restore_command(meta["namespace"], meta["name"])
-        message = (
-            f"{what}. The cluster stays in maintenance; scaled-down workloads keep their replica counts "
-            f"in the {up.REPLICAS_ANNOTATION} annotation: `{command}` "
-            "scales them back (deleting this upgrade does too)"
-        )
-        status.step = "Failed"
-        status.message = message[:2000]
-        status.completion_time = rfc3339(datetime.now(UTC))
-        status.conditions = _conditions(raw, "Failed", True, reason, status.message)
-        await self._write(raw, status)
-        await self._event(raw, WARNING, reason, message[:1000])
-
-    async def _write(self, raw: dict[str, Any], status: StorageUpgradeStatus) -> None:
-        updated = await self.api.replace_status(STORAGEUPGRADES, raw, status.model_dump(by_alias=True))
-        raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
-
-    async def _event(self, raw: dict[str, Any], kind: str, reason: str, message: str) -> None:
-        await self.manager.events.record(raw, kind, reason, message)
+    async def _record(self, raw: dict[str, Any], status: StorageUpgradeStatus, notes: list[Note]) -> None:
+        await record(self.api, STORAGEUPGRADES, raw, status.model_dump(by_alias=True), self.manager.events,
+                     notes=notes, announce=())  # fmt: skip
 
 
 def pull_job(upgrade: StorageUpgrade, cluster: StorageCluster) -> dict[str, Any]:
@@ -518,19 +434,6 @@ def _job_progress(job: dict[str, Any] | None) -> str:
     return f" ({status['progress']} nodes: {status.get('message', '')})" if status.get("progress") else ""
 
 
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
-def _conditions(raw: dict[str, Any], type_: str, value: bool, reason: str, message: str) -> list[Condition]:
-    current = (raw.get("status") or {}).get("conditions")
-    updated = set_condition(current, type_, value, reason, message[:1000], raw["metadata"].get("generation"))
-    return [Condition.model_validate(c) for c in updated]
-
-
 def _upgrades_in_namespace(reconciler: StorageUpgradeReconciler) -> Any:
     """A StorageCluster change wakes every upgrade in its namespace."""
 
@@ -545,8 +448,8 @@ def _upgrades_in_namespace(reconciler: StorageUpgradeReconciler) -> Any:
     return keys
 
 
-def register(manager: Manager) -> None:
-    reconciler = StorageUpgradeReconciler(manager)
+def register(manager: Manager, deps: Deps) -> None:
+    reconciler = StorageUpgradeReconciler(manager, deps.clock)
     controller = Controller("storageupgrade", STORAGEUPGRADES, reconciler.reconcile, workers=2)
     controller.owns(NODEJOBS)
     controller.watch(STORAGECLUSTERS, _upgrades_in_namespace(reconciler))

@@ -1,4 +1,5 @@
-"""The StorageUpgrade planner: the next step of an offline upgrade. Pure: no I/O, no clock.
+"""The StorageUpgrade planner: the next step of an offline upgrade, and the status after it.
+Pure: no I/O, no clock (``now`` is observed, from the injected clock).
 
 The flow, each step recorded in ``status.step`` before the next begins:
 
@@ -26,7 +27,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from kustos.api.storageupgrade import UpgradeStep, WorkloadStatus
+from kustos.api.common import Condition
+from kustos.api.storageupgrade import StorageUpgradeStatus, UpgradeStep, WorkloadStatus
+from kustos.runtime.conditions import set_condition
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.steps import Done, Wait
+from kustos.runtime.times import rfc3339
 
 REPLICAS_ANNOTATION = "kustos.dev/upgrade-replicas"
 OWNER_ANNOTATION = "kustos.dev/upgrade"
@@ -120,20 +126,16 @@ class Observed:
     workloads: tuple[WorkloadView, ...] = ()
     daemon_set: DaemonSetView | None = None
     deleting: bool = False
+    previous: StorageUpgradeStatus = field(default_factory=StorageUpgradeStatus)
+    """The status as read: what the next status starts from."""
+    generation: int | None = None
+    cluster_problem: str = ""
+    """Why no single StorageCluster was found (not found, several, invalid)."""
+    pull_job_progress: str = ""
+    """The pre-pull NodeJob's progress, as its status says it (`` (2/3 nodes: ...)``)."""
 
 
 # ---- what to do ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Wait:
-    reason: str
-    after: float = 2.0
-
-
-@dataclass(frozen=True)
-class Done:
-    pass
 
 
 @dataclass(frozen=True)
@@ -300,10 +302,10 @@ def plan(o: Observed) -> Step:
     if o.step in ("Completed", "Failed"):
         return Done()
     if o.cluster is None:
-        return Wait("the StorageCluster was not found", after=10.0)
+        return Wait("the StorageCluster was not found", seconds=10.0)
     held = o.cluster.maintenance
     if held is not None and held != o.maintenance_value:
-        return Wait(f"the StorageCluster is in maintenance for {held}", after=10.0)
+        return Wait(f"the StorageCluster is in maintenance for {held}", seconds=10.0)
     if o.step is None:
         return Advance("PullImage")
     if o.step == "PullImage":
@@ -349,7 +351,7 @@ def _scale_down(o: Observed) -> Step:
     if left:
         if _timed_out(o):
             return Fail(f"{left} pod(s) of the scaled-down workloads still exist after {o.timeout}")
-        return Wait(f"waiting for {left} pod(s) of {len(users)} workload(s) to go", after=1.0)
+        return Wait(f"waiting for {left} pod(s) of {len(users)} workload(s) to go", seconds=1.0)
     recorded = tuple(
         WorkloadStatus.model_validate(
             {"kind": w.kind, "namespace": w.namespace, "name": w.name, "replicas": w.remembered or 0}
@@ -377,7 +379,7 @@ def _roll(o: Observed) -> Step:
     if ds.image != o.new_image:
         return PatchDaemonSet(o.new_image)
     if ds.observed_generation < ds.generation:
-        return Wait("waiting for the DaemonSet controller to see the new image", after=1.0)
+        return Wait("waiting for the DaemonSet controller to see the new image", seconds=1.0)
     if ds.on_delete:
         old = sorted(p.name for p in ds.pods if p.image != o.new_image and not p.deleting)
         if old:
@@ -426,3 +428,120 @@ def scaled_down(
         )
         out.append((kind, namespace, name, int(value)))
     return sorted(out)
+
+
+# ---- the status -----------------------------------------------------------------------------------
+
+ENTER_EVENTS: dict[str, tuple[str, str]] = {
+    "PullImage": ("PullImage", "Pulling the new container image {image} on every storage node"),
+    "PauseClusterCtrl": (
+        "PauseClusterCtrl",
+        "Pausing the cluster controller and enabling cluster maintenance mode on {cluster}",
+    ),
+    "ScaleDown": (
+        "UpgradeInit",
+        "Upgrade of cluster {cluster} started: scaling down the workloads using its volumes",
+    ),
+    "RollNodes": ("RollNodes", "{count} workload(s) scaled down; rolling the node pods to {image}"),
+    "ScaleUp": ("ScaleUp", "Every node pod runs {image}; scaling the workloads back up"),
+    "Completed": (
+        "UpgradeComplete",
+        "Cluster {cluster} upgraded to {image}. "
+        "Delete the upgrade object to disable cluster maintenance mode",
+    ),
+}
+
+
+def restore_command(namespace: str, name: str) -> str:
+    return f"kustos storage restore-workloads {name} -n {namespace}"
+
+
+def _set(
+    status: StorageUpgradeStatus, type_: str, value: bool, reason: str, message: str,
+    generation: int | None, now: datetime,
+) -> list[Condition]:  # fmt: skip
+    current = [c.model_dump(by_alias=True, exclude_none=True) for c in status.conditions]
+    updated = set_condition(current, type_, value, reason, message[:1000], generation, now)
+    return [Condition.model_validate(c) for c in updated]
+
+
+def failed(
+    previous: StorageUpgradeStatus, upgrade: str, what: str, now: datetime, generation: int | None,
+    reason: str = "UpgradeFailed",
+) -> StorageUpgradeStatus:  # fmt: skip
+    """Failed for good: the message says how to give the workloads back."""
+    namespace, _, name = upgrade.partition("/")
+    message = (
+        f"{what}. The cluster stays in maintenance; scaled-down workloads keep their replica counts "
+        f"in the {REPLICAS_ANNOTATION} annotation: `{restore_command(namespace, name)}` "
+        "scales them back (deleting this upgrade does too)"
+    )
+    result = previous.model_copy(deep=True)
+    result.step = "Failed"
+    result.message = message[:2000]
+    result.completion_time = rfc3339(now)
+    result.conditions = _set(result, "Failed", True, reason, result.message, generation, now)
+    return result
+
+
+def wait_message(o: Observed, step: Wait) -> str:
+    if o.cluster is None and o.cluster_problem:
+        return o.cluster_problem
+    return step.reason + (o.pull_job_progress if o.step == "PullImage" else "")
+
+
+def enter_message(o: Observed, step: Advance, workloads: int) -> tuple[str, str]:
+    """The Event reason and message of entering ``step.to``."""
+    assert o.cluster is not None
+    reason, template = ENTER_EVENTS[step.to]
+    return reason, template.format(image=o.new_image, cluster=o.cluster.name, count=workloads)
+
+
+def status(o: Observed, step: Step, failure: ReconcileError | None = None) -> StorageUpgradeStatus:
+    """The whole status after ``step`` (acted on, unless ``failure`` says it failed)."""
+    result = o.previous.model_copy(deep=True)
+    now = rfc3339(o.now)
+    if failure is not None:
+        result.message = f"{type(step).__name__} failed: {failure.message}"[:2000]
+        result.conditions = _set(
+            result, "Degraded", True, failure.reason, result.message, o.generation, o.now
+        )
+        return result
+    if any(c.type == "Degraded" and c.status == "True" for c in result.conditions):
+        result.conditions = _set(result, "Degraded", False, "AsExpected", "", o.generation, o.now)
+    match step:
+        case Wait():
+            result.message = wait_message(o, step)
+            if o.daemon_set is not None:
+                ready, desired = node_progress(o)
+                result.nodes_ready = f"{ready}/{desired}"
+        case Fail(reason=reason):
+            return failed(result, o.upgrade, reason, o.now, o.generation)
+        case Advance():
+            assert o.cluster is not None
+            if step.to == "PullImage":
+                result.start_time = result.start_time or now
+                result.cluster = o.cluster.name
+                result.previous_image = o.cluster.node_image
+            if step.to == "RollNodes":
+                result.workloads = list(step.workloads)
+            if step.to == "Completed":
+                # The planner completes only once no workload carries this upgrade's annotation.
+                for recorded in result.workloads:
+                    recorded.restored = True
+            _, message = enter_message(o, step, len(result.workloads))
+            result.step = step.to
+            result.step_start_time = now
+            result.message = message
+            if step.to == "Completed":
+                result.completion_time = now
+                result.conditions = _set(
+                    result, "Completed", True, "UpgradeComplete", message, o.generation, o.now
+                )
+            else:
+                result.conditions = _set(result, "Completed", False, step.to, message, o.generation, o.now)
+        case ScaleUp(workload=w) if not o.deleting:
+            for recorded in result.workloads:
+                if (recorded.kind, recorded.namespace, recorded.name) == w.key:
+                    recorded.restored = True
+    return result

@@ -1,0 +1,108 @@
+"""Per-controller cache sync: a controller whose resource is not served waits, reported, while
+the others run; it starts once the resource appears."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+
+from kustos.runtime.controller import Controller
+from kustos.runtime.informer import ResourceRef
+from kustos.runtime.kube import KubeClients
+from kustos.runtime.manager import Manager, ManagerOptions
+from kustos.runtime.metrics import Metrics
+
+THINGS = ResourceRef("kustos.dev", "v1alpha1", "things", "Thing")
+GHOSTS = ResourceRef("kustos.dev", "v1alpha1", "ghosts", "Ghost")
+
+
+class FakeApiServer:
+    """Serves lists of one object per resource, watches that stay silent; ghosts 404 until served."""
+
+    def __init__(self) -> None:
+        self.ghosts_served = False
+
+    async def __call__(self, request: httpx2.Request) -> httpx2.Response:
+        plural = request.url.path.rsplit("/", 1)[-1]
+        if plural == "ghosts" and not self.ghosts_served:
+            return httpx2.Response(
+                404, json={"reason": "NotFound", "message": "the server could not find it"}
+            )
+        if request.url.params.get("watch"):
+            return httpx2.Response(200, content=_silence())
+        item = {"metadata": {"name": f"{plural}-1", "namespace": "ns", "resourceVersion": "1"}}
+        return httpx2.Response(200, json={"items": [item], "metadata": {"resourceVersion": "1"}})
+
+
+async def _silence() -> AsyncIterator[bytes]:
+    await asyncio.sleep(3600)
+    yield b""
+
+
+def _sample(metrics: Metrics, controller: str) -> float | None:
+    return metrics.registry.get_sample_value("kustos_controller_caches_synced", {"controller": controller})
+
+
+async def test_a_controller_with_an_absent_crd_waits_without_stopping_the_others() -> None:
+    server = FakeApiServer()
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
+    clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
+    options = ManagerOptions(leader_election=False, metrics_address="127.0.0.1:0", cache_sync_timeout=0.3)
+    manager = Manager(clients, options)
+    reconciled: dict[str, asyncio.Event] = {"things": asyncio.Event(), "ghosts": asyncio.Event()}
+
+    def reconciler(plural: str) -> Any:
+        async def reconcile(key: str) -> None:
+            reconciled[plural].set()
+
+        return reconcile
+
+    manager.add_controller(Controller("things", THINGS, reconciler("things")))
+    manager.add_controller(Controller("ghost", GHOSTS, reconciler("ghosts")))
+    running = asyncio.create_task(manager.run())
+    try:
+        await asyncio.wait_for(reconciled["things"].wait(), 2)
+        ready, detail = manager._informers_synced()
+        assert not ready and "ghosts.kustos.dev" in detail  # within the sync timeout: not ready
+        assert _sample(manager.metrics, "things") == 1 and _sample(manager.metrics, "ghost") == 0
+        await asyncio.sleep(0.4)
+        ready, detail = manager._informers_synced()
+        assert ready, detail  # past it: the absent CRD no longer fails readiness ...
+        waiting = manager._controllers_waiting()
+        assert waiting == "controller ghost waits for ghosts.kustos.dev (not served (is its CRD installed?))"
+        assert manager.waiting_controllers() == {
+            "ghost": ["ghosts.kustos.dev (not served (is its CRD installed?))"]
+        }
+        assert not reconciled["ghosts"].is_set()
+
+        server.ghosts_served = True  # the CRD is installed: the controller starts
+        await asyncio.wait_for(reconciled["ghosts"].wait(), 10)
+        assert _sample(manager.metrics, "ghost") == 1
+        assert manager.waiting_controllers() == {}
+    finally:
+        manager.request_stop()
+        await asyncio.wait_for(running, 10)
+        await raw.aclose()
+
+
+async def test_stopping_while_caches_never_sync_is_prompt() -> None:
+    server = FakeApiServer()
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
+    clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
+    options = ManagerOptions(leader_election=False, metrics_address="127.0.0.1:0", cache_sync_timeout=60)
+    manager = Manager(clients, options)
+
+    async def nothing(key: str) -> None:
+        return None
+
+    manager.add_controller(Controller("ghost", GHOSTS, nothing))
+    running = asyncio.create_task(manager.run())
+    await asyncio.sleep(0.2)
+    manager.request_stop()
+    await asyncio.wait_for(running, 5)
+    await raw.aclose()
+    assert json.dumps(manager.waiting_controllers())
