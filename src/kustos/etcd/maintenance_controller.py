@@ -239,4 +239,8 @@ class MaintenanceReconciler:
 
 def register(manager: Manager, deps: Deps | None = None) -> None:
     reconciler = MaintenanceReconciler(manager, deps)
-    manager.add_controller(Controller("etcdmaintenance", ETCDCLUSTERS, reconciler.reconcile, workers=2))
+    # A pass may wait out one defragmentation: the runner's per-pass timeout must not cut it short.
+    timeout = DEFRAGMENT_TIMEOUT + 60.0
+    manager.add_controller(
+        Controller("etcdmaintenance", ETCDCLUSTERS, reconciler.reconcile, workers=2, timeout=timeout)
+    )
