@@ -6,7 +6,6 @@ observe through here, and none of them imports another to do it.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -260,7 +259,3 @@ class Observer:
         )  # fmt: skip
         return observed, etcd, client_urls
 
-
-async def ask_all(members: list[tuple[str, str]], tls: EtcdTLS | None) -> list[maintenance.MemberView]:
-    """``member_health`` of every (name, client URL), concurrently."""
-    return list(await asyncio.gather(*(member_health(n, u, tls) for n, u in members)))
