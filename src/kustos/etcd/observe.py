@@ -258,4 +258,3 @@ class Observer:
             claims=self.claims_of(cluster),
         )  # fmt: skip
         return observed, etcd, client_urls
-
