@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from kustos.api.etcd import EtcdCluster
-from kustos.etcd.controller import creation_version, target_version
-from kustos.etcd.versions import agreed_version, image_version, parse, rollback_target, upgrade_refusal
+from kustos.etcd.versions import (
+    agreed_version,
+    creation_version,
+    image_version,
+    parse,
+    rollback_target,
+    target_version,
+    upgrade_refusal,
+)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from kustos.etcd.certs import CLIENT_DIR, client_secret_name
 from kustos.etcd.pods import CLUSTER_LABEL, current_version
 from kustos.etcd.pods import image as etcd_image
 from kustos.etcd.snapshot import SNAPSHOT_SUFFIX
+from kustos.runtime import objects
 from kustos.runtime.times import parse_duration
 
 Obj = dict[str, Any]
@@ -217,6 +218,6 @@ def expired(backups: list[Obj], keep: int) -> list[Obj]:
     old: list[Obj] = []
     for phase in ("Succeeded", "Failed"):
         done = [b for b in backups if (b.get("status") or {}).get("phase") == phase]
-        done.sort(key=lambda b: (b["metadata"].get("creationTimestamp", ""), b["metadata"]["name"]))
+        done.sort(key=lambda b: (b["metadata"].get("creationTimestamp", ""), objects.name(b)))
         old += done[: max(0, len(done) - keep)]
     return old

@@ -9,7 +9,6 @@ with backoff and never touch the cluster: the agent only reads a member's snapsh
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,16 +17,20 @@ from kustos.api.backup import EtcdBackup, EtcdBackupStatus
 from kustos.api.common import Condition
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd import backup as plan
-from kustos.etcd.controller import ETCDBACKUPS, ETCDCLUSTERS
 from kustos.etcd.pods import CLUSTER_LABEL
+from kustos.etcd.resources import ETCDBACKUPS, ETCDCLUSTERS
 from kustos.etcd.snapshot import parse_error, parse_result, scheduled_name
 from kustos.images import configured_agent_image
+from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
+from kustos.runtime.clock import Clock
 from kustos.runtime.conditions import set_condition
 from kustos.runtime.controller import Controller, Result, label_keys
-from kustos.runtime.events import NORMAL, WARNING
+from kustos.runtime.deps import Deps
+from kustos.runtime.events import WARNING
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
+from kustos.runtime.record import Note, record
 from kustos.runtime.resources import CLAIMS, PODS
 from kustos.runtime.times import parse_rfc3339, rfc3339
 
@@ -36,22 +39,19 @@ log = logging.getLogger(__name__)
 WAIT_FOR_CLUSTER = 10.0
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
 class EtcdBackupReconciler:
-    def __init__(self, manager: Manager, image: str) -> None:
+    def __init__(self, manager: Manager, image: str, deps: Deps | None = None) -> None:
         self.manager = manager
         self.api = manager.api
         self.image = image
+        self.clock: Clock = (deps or Deps()).clock
         self.backups = manager.informer(ETCDBACKUPS)
         self.clusters = manager.informer(ETCDCLUSTERS)
         self.pods = manager.informer(PODS, InformerOptions(label_selector=plan.BACKUP_LABEL))
 
     async def reconcile(self, key: str) -> Result | None:
         raw = self.backups.get(key)
-        if raw is None or raw["metadata"].get("deletionTimestamp"):
+        if raw is None or objects.deleting(raw):
             return None
         backup = EtcdBackup.model_validate(raw)
         status = backup.status or EtcdBackupStatus()
@@ -69,7 +69,8 @@ class EtcdBackupReconciler:
             if status.next_attempt_time is None:
                 why = await self._failure_reason(namespace, pod) if pod else "the agent pod disappeared"
                 return await self._failed(raw, backup, status, why)
-            wait = (parse_rfc3339(status.next_attempt_time) or _now()) - _now()
+            now = self.clock.now()
+            wait = (parse_rfc3339(status.next_attempt_time) or now) - now
             if wait.total_seconds() > 0:
                 return Result(requeue_after=wait.total_seconds())
         return await self._start_attempt(raw, backup, status)
@@ -99,7 +100,7 @@ class EtcdBackupReconciler:
         attempt = status.attempts + 1
         try:
             await self.api.create(
-                PODS, plan.agent_pod(backup, cluster, storage, member, attempt, self.image, _now())
+                PODS, plan.agent_pod(backup, cluster, storage, member, attempt, self.image, self.clock.now())
             )
         except ApiStatusError as err:
             if not err.conflict:
@@ -107,12 +108,11 @@ class EtcdBackupReconciler:
         status.phase = "Running"
         status.attempts = attempt
         status.next_attempt_time = None
-        status.start_time = status.start_time or rfc3339(_now())
+        status.start_time = status.start_time or rfc3339(self.clock.now())
         status.member = member[0]
         status.storage = storage
         status.message = f"attempt {attempt}: streaming a snapshot from {member[0]}"
-        await self._write(raw, status)
-        await self._event(raw, NORMAL, "BackupStarted", status.message)
+        await self._write(raw, status, Note("BackupStarted", status.message))
         return Result(requeue_after=5.0)
 
     async def _succeeded(
@@ -134,9 +134,8 @@ class EtcdBackupReconciler:
         status.message = f"{result.size} bytes at revision {result.revision} in {result.location}"
         if result.pruned:
             status.message += f"; retention removed {', '.join(result.pruned)}"
-        status.conditions = _conditions(raw, succeeded=True, reason="Succeeded", message=status.message)
-        await self._write(raw, status)
-        await self._event(raw, NORMAL, "BackupSucceeded", status.message)
+        self._condition(raw, status, succeeded=True, reason="Succeeded")
+        await self._write(raw, status, Note("BackupSucceeded", status.message))
         return None
 
     async def _failed(
@@ -146,22 +145,20 @@ class EtcdBackupReconciler:
         if status.attempts >= plan.MAX_ATTEMPTS:
             status.phase = "Failed"
             status.message = f"{message}; giving up after {status.attempts} attempts"
-            status.conditions = _conditions(raw, succeeded=False, reason="Failed", message=status.message)
-            await self._write(raw, status)
-            await self._event(raw, WARNING, "BackupFailed", status.message)
+            self._condition(raw, status, succeeded=False, reason="Failed")
+            await self._write(raw, status, Note("BackupFailed", status.message, WARNING))
             return None
         delay = plan.retry_delay(status.attempts)
-        status.next_attempt_time = rfc3339(_now() + delay)
+        status.next_attempt_time = rfc3339(self.clock.now() + delay)
         status.message = f"{message}; retrying in {delay.total_seconds():.0f}s"
-        status.conditions = _conditions(raw, succeeded=False, reason="Retrying", message=status.message)
-        await self._write(raw, status)
-        await self._event(raw, WARNING, "BackupAttemptFailed", status.message)
+        self._condition(raw, status, succeeded=False, reason="Retrying")
+        await self._write(raw, status, Note("BackupAttemptFailed", status.message, WARNING))
         return Result(requeue_after=delay.total_seconds())
 
     async def _failure_reason(self, namespace: str, pod: dict[str, Any]) -> str:
         container = plan.failed_container(pod)
         try:
-            text = await self.api.logs(namespace, pod["metadata"]["name"], container)
+            text = await self.api.logs(namespace, objects.name(pod), container)
         except ApiStatusError as err:
             return f"the agent failed and its log is unavailable: {err}"
         lines = text.strip().splitlines() or ["the agent failed without a message"]
@@ -174,38 +171,45 @@ class EtcdBackupReconciler:
             return
         status.phase = status.phase or "Pending"
         status.message = message
-        await self._write(raw, status)
-        await self._event(raw, WARNING, "BackupWaiting", message)
+        await self._write(raw, status, Note("BackupWaiting", message, WARNING))
 
-    async def _write(self, raw: dict[str, Any], status: EtcdBackupStatus) -> None:
-        # Nulls included: a merge patch only clears a field (nextAttemptTime) that it sends as null.
-        payload = status.model_dump(by_alias=True)
-        updated = await self.api.replace_status(ETCDBACKUPS, raw, payload)
+    def _condition(self, raw: dict[str, Any], status: EtcdBackupStatus, succeeded: bool, reason: str) -> None:
+        """The Succeeded condition, saying the status message."""
+        current = (raw.get("status") or {}).get("conditions")
+        updated = set_condition(
+            current,
+            "Succeeded",
+            succeeded,
+            reason,
+            status.message or "",
+            objects.generation(raw),
+            self.clock.now(),
+        )
+        status.conditions = [Condition.model_validate(c) for c in updated]
+
+    async def _write(self, raw: dict[str, Any], status: EtcdBackupStatus, note: Note) -> None:
+        """The attempt's record (replaced: a cleared nextAttemptTime goes), then its Event."""
+        payload = status.model_dump(by_alias=True, exclude_none=True)
+        updated = await record(
+            self.api, ETCDBACKUPS, raw, payload, self.manager.events, notes=[note], announce=()
+        )
         raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
-
-    async def _event(self, raw: dict[str, Any], kind: str, reason: str, message: str) -> None:
-        await self.manager.events.record(raw, kind, reason, message)
-
-
-def _conditions(raw: dict[str, Any], succeeded: bool, reason: str, message: str) -> list[Condition]:
-    current = (raw.get("status") or {}).get("conditions")
-    generation = raw["metadata"].get("generation")
-    updated = set_condition(current, "Succeeded", succeeded, reason, message, generation)
-    return [Condition.model_validate(c) for c in updated]
 
 
 class BackupScheduleReconciler:
     """Creates an EtcdBackup when a cluster's schedule is due, and deletes expired ones."""
 
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Manager, deps: Deps | None = None) -> None:
         self.manager = manager
         self.api = manager.api
+        self.clock: Clock = (deps or Deps()).clock
         self.clusters = manager.informer(ETCDCLUSTERS)
         self.backups = manager.informer(ETCDBACKUPS)
+        self.by_cluster = self.backups.index_by_label(CLUSTER_LABEL)
 
     async def reconcile(self, key: str) -> Result | None:
         raw = self.clusters.get(key)
-        if raw is None or raw["metadata"].get("deletionTimestamp"):
+        if raw is None or objects.deleting(raw):
             return None
         try:
             cluster = EtcdCluster.model_validate(raw)
@@ -216,18 +220,16 @@ class BackupScheduleReconciler:
             return None
         namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
         scheduled = [
-            b for b in self.backups.list()
-            if b["metadata"].get("namespace") == namespace
-            and (b["metadata"].get("labels") or {}).get(CLUSTER_LABEL) == name
-            and (b["metadata"].get("labels") or {}).get(plan.SCHEDULED_LABEL) == "true"
+            b for b in self.backups.by_index(self.by_cluster, name)
+            if objects.namespace(b) == namespace and objects.labels(b).get(plan.SCHEDULED_LABEL) == "true"
         ]  # fmt: skip
         for old in plan.expired(scheduled, schedule.keep):
-            await self.api.delete(ETCDBACKUPS, namespace, old["metadata"]["name"], uid=old["metadata"]["uid"])
+            await self.api.delete(ETCDBACKUPS, namespace, objects.name(old), uid=objects.uid(old))
         created = [parse_rfc3339(b["metadata"].get("creationTimestamp")) for b in scheduled]
+        now = self.clock.now()
         last = max([c for c in created if c is not None], default=None)
-        last = last or parse_rfc3339(cluster.metadata.get("creationTimestamp")) or _now()
+        last = last or parse_rfc3339(cluster.metadata.get("creationTimestamp")) or now
         due = plan.next_scheduled(schedule, last)
-        now = _now()
         if due > now:
             return Result(requeue_after=(due - now).total_seconds())
         if not (cluster.status and cluster.status.cluster_id):
@@ -242,18 +244,17 @@ class BackupScheduleReconciler:
 
 def _backup_keys(backup: dict[str, Any]) -> list[str]:
     """A scheduled backup's change wakes its cluster's schedule (to prune)."""
-    labels = backup["metadata"].get("labels") or {}
-    cluster = labels.get(CLUSTER_LABEL)
-    return [f"{backup['metadata']['namespace']}/{cluster}"] if cluster else []
+    cluster = objects.labels(backup).get(CLUSTER_LABEL)
+    return [f"{objects.namespace(backup)}/{cluster}"] if cluster else []
 
 
-def register(manager: Manager) -> None:
+def register(manager: Manager, deps: Deps | None = None) -> None:
     image = configured_agent_image()
-    backups = EtcdBackupReconciler(manager, image)
+    backups = EtcdBackupReconciler(manager, image, deps)
     controller = Controller("etcdbackup", ETCDBACKUPS, backups.reconcile, workers=2)
     controller.watch(PODS, label_keys(plan.BACKUP_LABEL), InformerOptions(label_selector=plan.BACKUP_LABEL))
     manager.add_controller(controller)
-    schedules = BackupScheduleReconciler(manager)
+    schedules = BackupScheduleReconciler(manager, deps)
     schedule_controller = Controller("etcdbackup-schedule", ETCDCLUSTERS, schedules.reconcile)
     schedule_controller.watch(ETCDBACKUPS, _backup_keys)
     manager.add_controller(schedule_controller)

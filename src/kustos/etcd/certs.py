@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from kustos.api.etcd import EtcdCluster
 from kustos.api.etcd_tls import RENEW_ANNOTATION, CertificateStatus, TLSStatus
 from kustos.etcd.client import EtcdTLS
+from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
 from kustos.runtime.resources import PODS
@@ -168,7 +169,7 @@ def _cluster_owner(cluster: EtcdCluster) -> Obj:
 
 
 def _pod_owner(pod: Obj) -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+    return {"apiVersion": "v1", "kind": "Pod", "name": objects.name(pod), "uid": objects.uid(pod)}
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def member_renewal_reason(
 
     if secret is None:
         return None  # not issued yet: the pod waits for it
-    annotations = secret["metadata"].get("annotations") or {}
+    annotations = objects.annotations(secret)
     cert = _decode(secret, "tls.crt")
     if annotations.get(POD_UID_ANNOTATION) != pod.uid:
         return "its certificate was issued for an earlier pod of the same name" if pod.running else None
@@ -496,15 +497,13 @@ def _pair(secret: Obj | None, cert_key: str, key_key: str) -> tls.KeyPair | None
 
 
 def _member_pod(pod: Obj) -> MemberPod:
-    meta = pod["metadata"]
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
     return MemberPod(
-        name=meta["name"],
-        uid=meta.get("uid", ""),
+        name=objects.name(pod),
+        uid=objects.uid(pod) or "",
         ip=(pod.get("status") or {}).get("podIP"),
-        running=any("running" in (s.get("state") or {}) for s in statuses),
-        deleting=bool(meta.get("deletionTimestamp")),
-        fingerprint=(meta.get("annotations") or {}).get(FINGERPRINT_ANNOTATION),
+        running=objects.pod_running(pod),
+        deleting=objects.deleting(pod),
+        fingerprint=objects.annotations(pod).get(FINGERPRINT_ANNOTATION),
     )
 
 

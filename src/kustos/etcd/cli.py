@@ -155,7 +155,7 @@ def recover(
 async def _annotate_cluster(
     kubeconfig: Path | None, context: str | None, namespace: str, name: str, key: str, value: str
 ) -> dict[str, Any] | None:
-    from kustos.etcd.controller import ETCDCLUSTERS
+    from kustos.etcd.resources import ETCDCLUSTERS
     from kustos.runtime.api import Api, ApiStatusError
     from kustos.runtime.kube import connect, load_config
     from kustos.runtime.metrics import Metrics

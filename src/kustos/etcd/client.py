@@ -39,6 +39,8 @@ from typing import Any, BinaryIO, NamedTuple, Self, TypeAlias, cast
 
 import httpx2 as httpx  # the API client's httpx2: one HTTP stack loaded, not two
 
+from kustos.runtime.errors import ReconcileError
+
 __all__ = [
     "Alarm",
     "BadLeaderTransferee",
@@ -92,8 +94,12 @@ SNAPSHOT_SHA256_SIZE = 32
 # --------------------------------------------------------------------------- errors
 
 
-class EtcdError(Exception):
-    """Any failure of an etcd call; ``code`` is the gRPC code (None: no answer from etcd)."""
+class EtcdError(ReconcileError):
+    """Any failure of an etcd call; ``code`` is the gRPC code (None: no answer from etcd).
+
+    A ``ReconcileError``: a pass it fails is retried with backoff, and its message reaches
+    the object's conditions. ``message`` stays etcd's own (without the endpoint).
+    """
 
     def __init__(
         self,
@@ -108,7 +114,8 @@ class EtcdError(Exception):
         self.http_status = http_status
         where = f"{endpoint}: " if endpoint else ""
         what = f" (gRPC code {code})" if code is not None else ""
-        super().__init__(f"{where}{message}{what}")
+        super().__init__(f"{where}{message}{what}", "EtcdError")
+        self.message = message
 
 
 class EtcdUnavailable(EtcdError):
@@ -970,6 +977,8 @@ async def cluster_health(
             return err
         except TimeoutError:
             return EtcdUnavailable(f"no status within {timeout * 2:.1f}s", None, endpoint)
+        except OSError as err:
+            return EtcdUnavailable(str(err) or type(err).__name__, None, endpoint)
 
     wanted = list(dict.fromkeys(endpoints))
     results = await asyncio.gather(*(one(e) for e in wanted))

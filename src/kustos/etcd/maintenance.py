@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from cronsim import CronSim, CronSimError
 
 from kustos.api.etcd import AutoCompactionSpec, DefragmentationSpec, MaintenanceSpec
+from kustos.runtime.steps import Wait as Wait  # the shared step, in this planner's Step union
 
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _FACTORS = {
@@ -111,13 +112,6 @@ class FinishRecord:
     healthy again: record how it ended."""
 
     member: MemberView
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Something is in the way; look again soon."""
-
-    reason: str
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,13 @@
 
 A controller of its own beside the EtcdCluster controller: it reads the cluster's
 status (phase, members, client URLs) that controller writes, asks each member for its
-status and health, and defragments at most one member per pass (``maintenance.plan``).
-It writes only ``status.maintenance``, with merge patches of that subtree, so it never
-overwrites what the EtcdCluster controller records. Before a defragmentation starts,
-``status.maintenance.inProgress`` says so: an operator that stops in the middle leaves a
-record that the next one finishes, and no second member is touched meanwhile.
+status and health (``observe.member_health``), and defragments at most one member
+per pass (``maintenance.plan``). It changes only ``status.maintenance``: it replaces the
+status it read with that field changed, guarded by the resourceVersion, and on a
+conflict reads it again, so it never overwrites what the EtcdCluster controller records.
+Before a defragmentation starts, ``status.maintenance.inProgress`` says so: an operator
+that stops in the middle leaves a record that the next one finishes, and no second
+member is touched meanwhile.
 
 Members of a TLS cluster are asked with the operator's client certificate, the one the
 EtcdCluster controller keeps (``certs.operator_certificates``); this controller only reads it.
@@ -17,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,51 +26,40 @@ from pydantic import ValidationError
 from kustos.api.etcd import DefragmentationRecord, EtcdCluster, MaintenanceStatus
 from kustos.etcd import maintenance as plan
 from kustos.etcd.certs import operator_certificates
-from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, Status
-from kustos.etcd.controller import ETCDCLUSTERS
+from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
+from kustos.etcd.observe import member_health
+from kustos.etcd.resources import ETCDCLUSTERS
+from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
+from kustos.runtime.clock import Clock
 from kustos.runtime.controller import Controller, Result
+from kustos.runtime.deps import Deps
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.manager import Manager
+from kustos.runtime.steps import Wait
 from kustos.runtime.times import parse_duration, rfc3339
 
 log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT = 3.0
+WRITE_ATTEMPTS = 5  # a conflicting write of the EtcdCluster controller: read again and retry
 DEFRAGMENT_TIMEOUT = 600.0  # a large database takes a while; the member is blocked meanwhile
 WAIT = 5.0  # a cluster that is not settled is looked at again this soon
 AFTER_STEP = 1.0
 NO_CLIENT_CERTIFICATE = "waiting for the operator's client certificate"
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-async def member_view(name: str, url: str, tls: EtcdTLS | None = None) -> plan.MemberView:
-    """Status and health of one member; anything that does not answer in time is unhealthy."""
-    try:
-        async with EtcdClient(url, tls, timeout=STATUS_TIMEOUT) as client:
-            status: Status = await client.status()
-            healthy = not status.errors and await client.health(serializable=True)
-    except (EtcdError, OSError, TimeoutError):
-        return plan.MemberView(name, url, healthy=False)
-    return plan.MemberView(
-        name, url, healthy=healthy, learner=status.is_learner, leader=status.is_leader,
-        db_size=status.db_size, db_size_in_use=status.db_size_in_use,
-    )  # fmt: skip
-
-
 class MaintenanceReconciler:
-    def __init__(self, manager: Manager) -> None:
+    def __init__(self, manager: Manager, deps: Deps | None = None) -> None:
         self.manager = manager
         self.api = manager.api
+        self.clock: Clock = (deps or Deps()).clock
         self.clusters = manager.informer(ETCDCLUSTERS)
         self.certs = operator_certificates(manager)
 
     async def reconcile(self, key: str) -> Result | None:
         cached = self.clusters.get(key)
-        if cached is None or cached["metadata"].get("deletionTimestamp"):
+        if cached is None or objects.deleting(cached):
             return None
         try:
             cluster = EtcdCluster.model_validate(cached)
@@ -80,12 +70,12 @@ class MaintenanceReconciler:
         if not settings.enabled and recorded.in_progress is None:
             return None
         interval = parse_duration(settings.check_interval).total_seconds() or 1.0
-        now = _now()
+        now = self.clock.now()
         try:
             window_open, next_tick = plan.in_window(settings.schedule, parse_duration(settings.window), now)
         except ValueError as err:
-            await self._note(
-                cached, recorded, f"spec.maintenance.defragmentation.schedule: {err}", warning=True
+            await self._note(  # a copy: the write below updates its object, never the cache's
+                {**cached}, recorded, f"spec.maintenance.defragmentation.schedule: {err}", warning=True
             )
             return None  # a spec change wakes us
         if recorded.in_progress is None:
@@ -95,7 +85,7 @@ class MaintenanceReconciler:
             if (cluster.status.phase if cluster.status else None) != "Running":
                 return Result(requeue_after=WAIT)  # its status changes wake us too
         # Read it afresh: the cache may not hold our own last write to status.maintenance yet.
-        raw = await self.api.get(ETCDCLUSTERS, cached["metadata"]["namespace"], cached["metadata"]["name"])
+        raw = await self.api.get(ETCDCLUSTERS, objects.namespace(cached), objects.name(cached))
         if raw is None:
             return None
         try:
@@ -110,7 +100,7 @@ class MaintenanceReconciler:
             await self._note(raw, recorded, f"{NO_CLIENT_CERTIFICATE}: {problem}")
             return Result(requeue_after=min(WAIT, interval))
         members = [m for m in (status.members if status else []) if m.client_url]
-        views = await asyncio.gather(*(member_view(m.name, m.client_url, tls) for m in members))
+        views = await asyncio.gather(*(member_health(m.name, m.client_url, tls) for m in members))
         observed = plan.Observed(
             phase=status.phase if status else None, size=cluster.spec.size, members=tuple(views),
             threshold=settings.threshold, min_db_size=plan.parse_quantity(settings.min_db_size),
@@ -127,7 +117,7 @@ class MaintenanceReconciler:
         if plan.wanting(observed) or (recorded.message or "").startswith(NO_CLIENT_CERTIFICATE):
             # Only then is a reason worth a status write: most clusters need nothing, most of the time.
             await self._note(raw, recorded, step.reason)
-        if isinstance(step, plan.Wait):
+        if isinstance(step, Wait):
             return Result(requeue_after=min(WAIT, interval))
         return Result(requeue_after=interval)
 
@@ -139,7 +129,7 @@ class MaintenanceReconciler:
         member = step.member
         record = DefragmentationRecord(
             member=member.name,
-            started_at=rfc3339(_now()),
+            started_at=rfc3339(self.clock.now()),
             db_size_before=member.db_size,
             leader=member.leader,
         )
@@ -154,12 +144,12 @@ class MaintenanceReconciler:
                 await client.defragment(timeout=DEFRAGMENT_TIMEOUT)
         except (EtcdError, OSError, TimeoutError) as err:
             error = str(err) or type(err).__name__
-        after = await member_view(member.name, member.url, tls)
+        after = await member_health(member.name, member.url, tls)
         for _ in range(5):  # the member may take a moment to answer after a long defragmentation
             if after.db_size:
                 break
             await asyncio.sleep(0.5)
-            after = await member_view(member.name, member.url, tls)
+            after = await member_health(member.name, member.url, tls)
         await self._complete(raw, recorded, record, after, error, time.monotonic() - started)
 
     async def _finish_interrupted(
@@ -174,7 +164,7 @@ class MaintenanceReconciler:
         self, raw: dict[str, Any], recorded: MaintenanceStatus, record: DefragmentationRecord,
         after: plan.MemberView, error: str | None, seconds: float | None,
     ) -> None:  # fmt: skip
-        record.completed_at = rfc3339(_now())
+        record.completed_at = rfc3339(self.clock.now())
         if after.db_size:
             record.db_size_after = after.db_size
             record.reclaimed = max(0, record.db_size_before - after.db_size)
@@ -212,20 +202,45 @@ class MaintenanceReconciler:
             await self.manager.events.record(raw, WARNING, "MaintenanceInvalid", message)
 
     async def _write(self, raw: dict[str, Any], recorded: MaintenanceStatus) -> None:
-        """A merge patch of status.maintenance alone: the EtcdCluster controller owns the rest.
+        """Replace status.maintenance alone: the EtcdCluster controller owns the rest.
 
-        Nulls included, so that a finished inProgress is cleared; no resourceVersion, so a
-        concurrent write of the other fields neither conflicts with nor is undone by this one.
+        The status as read, with this field replaced (a finished inProgress is cleared),
+        guarded by the resourceVersion: on a conflict (the EtcdCluster controller wrote
+        meanwhile) the object is read again and the write retried, so a concurrent write of
+        the other fields neither conflicts with nor is undone by this one.
         """
-        meta = raw["metadata"]
-        patch = {"status": {"maintenance": recorded.model_dump(by_alias=True)}}
-        try:
-            await self.api.patch(ETCDCLUSTERS, meta["namespace"], meta["name"], patch, subresource="status")
-        except ApiStatusError as err:
-            if not err.not_found:
-                raise
+        current = raw
+        for attempt in range(WRITE_ATTEMPTS):
+            status = {**(current.get("status") or {})}
+            status["maintenance"] = recorded.model_dump(by_alias=True, exclude_none=True)
+            # replace_status stamps observedGeneration from the object's generation; what the
+            # EtcdCluster controller observed stays as it recorded it (the API server ignores a
+            # generation sent in a status write).
+            observed = {
+                **current,
+                "metadata": {**current["metadata"], "generation": status.get("observedGeneration")},
+            }
+            try:
+                updated = await self.api.replace_status(ETCDCLUSTERS, observed, status)
+            except ApiStatusError as err:
+                if err.not_found:
+                    return
+                if not err.conflict or attempt == WRITE_ATTEMPTS - 1:
+                    raise
+                fresh = await self.api.get(ETCDCLUSTERS, objects.namespace(raw), objects.name(raw))
+                if fresh is None:
+                    return
+                current = fresh
+                continue
+            raw["metadata"] = updated["metadata"]
+            raw["status"] = updated.get("status") or {}
+            return
 
 
-def register(manager: Manager) -> None:
-    reconciler = MaintenanceReconciler(manager)
-    manager.add_controller(Controller("etcdmaintenance", ETCDCLUSTERS, reconciler.reconcile, workers=2))
+def register(manager: Manager, deps: Deps | None = None) -> None:
+    reconciler = MaintenanceReconciler(manager, deps)
+    # A pass may wait out one defragmentation: the runner's per-pass timeout must not cut it short.
+    timeout = DEFRAGMENT_TIMEOUT + 60.0
+    manager.add_controller(
+        Controller("etcdmaintenance", ETCDCLUSTERS, reconciler.reconcile, workers=2, timeout=timeout)
+    )

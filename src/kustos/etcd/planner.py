@@ -51,10 +51,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-
-def quorum(voters: int) -> int:
-    return voters // 2 + 1
-
+from kustos.etcd.membership import quorum
+from kustos.etcd.membership import removal_keeps_quorum as _keeps_quorum
+from kustos.runtime.steps import Done as Done  # the shared steps, in this planner's Step union
+from kustos.runtime.steps import Wait as Wait
 
 # etcd refuses a membership change until its leader has been connected to every voting
 # member for this long (--strict-reconfig-check, etcdserver.HealthInterval).
@@ -231,14 +231,9 @@ class DeleteClaim:
 
 
 @dataclass(frozen=True)
-class Wait:
-    reason: str
-    seconds: float = 2.0
-
-
-@dataclass(frozen=True)
 class QuorumLost:
     message: str
+    refused: str | None = None  # the controller's: why a rebuild asked for cannot start
 
 
 @dataclass(frozen=True)
@@ -246,11 +241,6 @@ class UpgradeHalted:
     """A member on the new version failed: stop rolling, touch nothing more."""
 
     message: str
-
-
-@dataclass(frozen=True)
-class Done:
-    pass
 
 
 Step = (
@@ -319,11 +309,9 @@ def match_pods(o: Observed, members: tuple[MemberView, ...]) -> dict[int, PodVie
 
 def removal_keeps_quorum(members: tuple[MemberView, ...], victim: MemberView) -> bool:
     """Would the healthy voters left still be a majority of the voters left?"""
-    if victim.learner:
-        return True
     voters = [m for m in members if not m.learner]
     healthy_after = sum(1 for m in voters if m.healthy and m.id != victim.id)
-    return len(voters) > 1 and healthy_after >= quorum(len(voters) - 1)
+    return _keeps_quorum(len(voters), healthy_after, victim.learner)
 
 
 def is_dead(o: Observed, member: MemberView, pod: PodView | None) -> bool:

@@ -8,6 +8,8 @@ from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import secure_member_pod
 from kustos.etcd.maintenance import compaction_args
 from kustos.etcd.planner import dns_name, peer_service, pod_name
+from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.resources import CLAIMS, PODS
 
 Obj = dict[str, Any]
 
@@ -234,3 +236,15 @@ def services(cluster: EtcdCluster) -> list[Obj]:
         },
     }
     return [client, peer]
+
+
+async def submit_pod(api: Api, cluster: EtcdCluster, manifest: Obj) -> None:
+    """Create a member pod (and its claim first, with PVC storage); one that exists is fine."""
+    if cluster.spec.storage.type == "pvc":
+        claim = member_claim(cluster, manifest["metadata"]["name"], pod_epoch(manifest))
+        await api.apply(CLAIMS, claim)
+    try:
+        await api.create(PODS, manifest)
+    except ApiStatusError as err:
+        if not err.conflict:
+            raise

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from kustos.etcd.planner import DeletePod, PodView, Wait
+from kustos.etcd.planner import DeletePod, PodView
+from kustos.runtime.steps import Wait
 
 RECOVER_ANNOTATION = "kustos.dev/recover"
 """Set by ``kustos etcd recover``: ``auto``, ``member/<pod>`` or ``backup/<EtcdBackup>``."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from kustos.api.etcd import EtcdCluster
+
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-\d+)?$")
 
 
@@ -75,3 +77,39 @@ def agreed_version(reported: Iterable[str]) -> str | None:
     silent member must not make a half-done rollback look finished, or an upgrade look done."""
     versions = set(reported)
     return versions.pop() if len(versions) == 1 and "" not in versions else None
+
+
+# ---- what a cluster's spec and status ask for ----------------------------------------------
+
+
+def _current(cluster: EtcdCluster) -> str | None:
+    """The version every member last reported running (None before they all answered once)."""
+    return cluster.status.current_version if cluster.status else None
+
+
+def version_refusal(cluster: EtcdCluster) -> str | None:
+    """Why spec.version cannot be rolled out from the version the members run, if it cannot."""
+    return upgrade_refusal(_current(cluster), cluster.spec.version)
+
+
+def rollback(cluster: EtcdCluster) -> str | None:
+    """The minor ("3.5") etcd's downgrade protocol takes the cluster to, if spec.version asks for it."""
+    current = _current(cluster)
+    return rollback_target(current, cluster.spec.version) if current else None
+
+
+def target_version(cluster: EtcdCluster) -> str:
+    """The version members should run: the spec's, unless that change is refused."""
+    current = _current(cluster)
+    if current and version_refusal(cluster) is not None:
+        return current
+    return cluster.spec.version
+
+
+def creation_version(cluster: EtcdCluster, rolling_back: bool) -> str:
+    """The version a (re)created member pod starts on. While a rollback is under way (a member
+    still runs the newer minor) the version the cluster ran: a PVC member's data may not be
+    downgraded yet, and the rollback then restarts it in place. Once every member runs the
+    older minor, that one: etcd lets only such a member join."""
+    current = _current(cluster)
+    return current if current and rolling_back else target_version(cluster)

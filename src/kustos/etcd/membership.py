@@ -1,0 +1,178 @@
+"""Membership calls to an etcd cluster, and the quorum arithmetic that guards a removal.
+
+Given endpoints (with what each said in its status) and TLS material, never an
+EtcdCluster: the EtcdCluster controller uses these, and node maintenance will use
+them to remove the member of a dead control-plane node. Imports no controller.
+
+A call goes to the leader first (a follower forwards, but the leader answers at
+once), then to any other voting member; learners refuse membership calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+from kustos.etcd.client import (
+    EtcdClient,
+    EtcdError,
+    EtcdTLS,
+    LearnerNotReady,
+    MemberAddResult,
+    MemberList,
+    Status,
+    cluster_health,
+)
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT = 5.0
+LIST_TIMEOUT = 2.0
+
+T = TypeVar("T")
+
+
+def quorum(voters: int) -> int:
+    """The majority of ``voters`` that etcd needs to commit anything."""
+    return voters // 2 + 1
+
+
+def removal_keeps_quorum(voters: int, healthy_voters_after: int, learner: bool = False) -> bool:
+    """Would the healthy voters left after a removal still be a majority of the voters left?
+
+    ``voters`` counts the victim when it votes; a learner never counts, so removing one is safe.
+    """
+    if learner:
+        return True
+    return voters > 1 and healthy_voters_after >= quorum(voters - 1)
+
+
+def _voters_first(statuses: Mapping[str, Status]) -> list[str]:
+    """Voting members, the leader first: where a membership call is answered at once."""
+    urls = [u for u in statuses if not statuses[u].is_learner]
+    return sorted(urls, key=lambda u: statuses[u].member_id != statuses[u].leader_id)
+
+
+async def leader_call(
+    statuses: Mapping[str, Status], tls: EtcdTLS | None, call: Callable[[EtcdClient], Awaitable[T]],
+    raise_for: type[EtcdError] | None = None,
+) -> T | bool | None:  # fmt: skip
+    """Send ``call`` to the leader (or any healthy voter): its result (True for None), or None
+    when every one refused (logged). ``raise_for`` errors are raised to the caller instead."""
+    for url in _voters_first(statuses):
+        try:
+            async with EtcdClient(url, tls, timeout=CALL_TIMEOUT) as client:
+                result = await call(client)
+                return result if result is not None else True
+        except EtcdError as err:
+            if raise_for is not None and isinstance(err, raise_for):
+                raise
+            log.warning("etcd call through %s failed: %s", url, err)
+    return None
+
+
+async def statuses_of(
+    endpoints: Sequence[str], tls: EtcdTLS | None, timeout: float = LIST_TIMEOUT
+) -> dict[str, Status]:
+    """Every endpoint that answered its status (with or without errors), asked concurrently."""
+    answers = await cluster_health(endpoints, tls, timeout)
+    return {url: s for url, s in answers.items() if isinstance(s, Status)}
+
+
+async def member_list(statuses: Mapping[str, Status], tls: EtcdTLS | None) -> MemberList | None:
+    """The membership, from the first member that can say (voters first: a learner refuses)."""
+    for url in sorted(statuses, key=lambda u: statuses[u].is_learner):
+        try:
+            async with EtcdClient(url, tls, timeout=LIST_TIMEOUT) as client:
+                return await client.member_list()
+        except (EtcdError, OSError, TimeoutError):
+            continue
+    return None
+
+
+async def add_member(
+    statuses: Mapping[str, Status], tls: EtcdTLS | None, peer_url: str, learner: bool = True
+) -> MemberAddResult | None:
+    """Add a member (a learner by default: one that never starts then costs no quorum)."""
+    result = await leader_call(statuses, tls, lambda c: c.member_add([peer_url], is_learner=learner))
+    return result if isinstance(result, MemberAddResult) else None
+
+
+async def promote(statuses: Mapping[str, Status], tls: EtcdTLS | None, member_id: int) -> bool:
+    """Make a learner a voter; raises LearnerNotReady while it is not in sync."""
+    return (
+        await leader_call(statuses, tls, lambda c: c.member_promote(member_id), LearnerNotReady) is not None
+    )
+
+
+async def update_peer_url(
+    statuses: Mapping[str, Status], tls: EtcdTLS | None, member_id: int, url: str
+) -> bool:
+    return await leader_call(statuses, tls, lambda c: c.member_update(member_id, [url])) is not None
+
+
+async def remove(statuses: Mapping[str, Status], tls: EtcdTLS | None, member_id: int) -> bool:
+    """Remove a member (the caller has checked that this keeps quorum)."""
+    return await leader_call(statuses, tls, lambda c: c.member_remove(member_id)) is not None
+
+
+async def move_leader(statuses: Mapping[str, Status], tls: EtcdTLS | None, to_id: int) -> bool:
+    return await leader_call(statuses, tls, lambda c: c.move_leader(to_id)) is not None
+
+
+async def downgrade(
+    statuses: Mapping[str, Status], tls: EtcdTLS | None, action: str, target: str = ""
+) -> bool:
+    """etcd's downgrade API (VALIDATE, ENABLE, CANCEL) through the leader."""
+    return await leader_call(statuses, tls, lambda c: c.downgrade(action, target)) is not None
+
+
+def removal_refusal(members: MemberList, statuses: Mapping[str, Status], member_id: int) -> str | None:
+    """Why removing ``member_id`` would cost quorum (None: it would not). A member is healthy
+    when it answered its status without errors."""
+    victim = members.by_id(member_id)
+    if victim is None:
+        return None
+    healthy = {s.member_id for s in statuses.values() if not s.errors}
+    voters = members.voters
+    healthy_after = sum(1 for m in voters if m.id in healthy and m.id != member_id)
+    if removal_keeps_quorum(len(voters), healthy_after, victim.is_learner):
+        return None
+    return (
+        f"removing member {member_id:x} would leave {healthy_after} healthy of {len(voters) - 1} "
+        f"voting members; {quorum(len(voters) - 1)} are needed for quorum"
+    )
+
+
+async def remove_keeping_quorum(endpoints: Sequence[str], tls: EtcdTLS | None, member_id: int) -> str | None:
+    """Remove ``member_id`` if that keeps quorum, asking ``endpoints`` first: None once removed
+    (or already gone), else why not. For callers that hold no EtcdCluster (node maintenance)."""
+    statuses = await statuses_of(endpoints, tls)
+    members = await member_list(statuses, tls)
+    if members is None:
+        return "no member answered with the membership"
+    if members.by_id(member_id) is None:
+        return None
+    refusal = removal_refusal(members, statuses, member_id)
+    if refusal is not None:
+        return refusal
+    healthy = {u: s for u, s in statuses.items() if not s.errors}
+    return None if await remove(healthy, tls, member_id) else f"every member refused to remove {member_id:x}"
+
+
+__all__ = [
+    "add_member",
+    "downgrade",
+    "leader_call",
+    "member_list",
+    "move_leader",
+    "promote",
+    "quorum",
+    "removal_keeps_quorum",
+    "removal_refusal",
+    "remove",
+    "remove_keeping_quorum",
+    "statuses_of",
+    "update_peer_url",
+]

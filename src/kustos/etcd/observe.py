@@ -1,0 +1,260 @@
+"""What an etcd cluster looks like this pass: its pods (as the planner sees them), its
+volumes, and what its members themselves say. The one place that asks etcd before a
+decision: the EtcdCluster controller, the rebuild and the maintenance controller all
+observe through here, and none of them imports another to do it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
+from kustos.etcd import maintenance, membership, planner
+from kustos.etcd.certs import CertificateManager, ClusterTLS
+from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, MemberList, Status
+from kustos.etcd.planner import ClaimView, MemberView, Observed, PodView
+from kustos.etcd.pods import CLUSTER_LABEL, MEMBER_ID_ANNOTATION, MEMBER_LABEL, VERSION_ANNOTATION, pod_epoch
+from kustos.etcd.versions import image_version, rollback, rollback_target, target_version, upgrade_refusal
+from kustos.runtime import objects
+from kustos.runtime.informer import Informer
+from kustos.runtime.times import parse_duration, parse_rfc3339
+
+Obj = dict[str, Any]
+
+STATUS_TIMEOUT = 2.0
+HEALTH_TIMEOUT = 3.0  # maintenance asks /health as well: a little longer
+
+
+@dataclass
+class EtcdView:
+    """What etcd itself said this pass."""
+
+    members: MemberList | None
+    statuses: dict[str, Status]  # by client URL: members that answered without errors
+    answered: dict[str, Status]  # by client URL: every member that answered, with a leader or not
+    tls: ClusterTLS | None = None  # spec.tls: how to connect, and the certificates to record
+
+    @property
+    def client_tls(self) -> EtcdTLS | None:
+        return self.tls.client if self.tls is not None else None
+
+
+# ---- asking etcd ----------------------------------------------------------------------------
+
+
+async def ask_members(urls: list[str], tls: EtcdTLS | None = None) -> EtcdView:
+    """Status of every member that answers, and the membership from one that can say."""
+    answered = await membership.statuses_of(urls, tls, STATUS_TIMEOUT)
+    statuses = {url: s for url, s in answered.items() if not s.errors}
+    return EtcdView(await membership.member_list(statuses, tls), statuses, answered)
+
+
+def member_views(etcd: EtcdView) -> tuple[MemberView, ...] | None:
+    """The planner's view of the membership etcd reported (None: nobody could say)."""
+    if etcd.members is None:
+        return None
+    leader_ids = {s.leader_id for s in etcd.statuses.values()}
+    healthy_ids = {s.member_id for s in etcd.statuses.values()}
+    said = {s.member_id: s for s in etcd.answered.values()}
+    # A silent leader gives 0 (no lag): the cluster is then unhealthy, and nothing rolls.
+    leader_index = max((s.raft_index for s in etcd.statuses.values() if s.is_leader), default=0)
+    return tuple(
+        MemberView(
+            id=m.id,
+            name=m.name,
+            peer_url=m.peer_urls[0] if m.peer_urls else "",
+            learner=m.is_learner,
+            healthy=m.id in healthy_ids,
+            leader=m.id in leader_ids and len(leader_ids) == 1,
+            version=said[m.id].version if m.id in said else "",
+            storage_version=said[m.id].storage_version if m.id in said else "",
+            lag=max(0, leader_index - said[m.id].raft_applied_index) if m.id in said else 0,
+        )
+        for m in etcd.members.members
+    )
+
+
+async def member_health(name: str, url: str, tls: EtcdTLS | None = None) -> maintenance.MemberView:
+    """Status and health of one member (for maintenance); anything that does not answer in
+    time is unhealthy."""
+    try:
+        async with EtcdClient(url, tls, timeout=HEALTH_TIMEOUT) as client:
+            status = await client.status()
+            healthy = not status.errors and await client.health(serializable=True)
+    except (EtcdError, OSError, TimeoutError):
+        return maintenance.MemberView(name, url, healthy=False)
+    return maintenance.MemberView(
+        name, url, healthy=healthy, learner=status.is_learner, leader=status.is_leader,
+        db_size=status.db_size, db_size_in_use=status.db_size_in_use,
+    )  # fmt: skip
+
+
+async def seed_answers(url: str, tls: EtcdTLS | None) -> tuple[str, int] | None:
+    """(member name, cluster ID) once a rebuild's seed leads a one-member cluster."""
+    try:
+        async with EtcdClient(url, tls, timeout=STATUS_TIMEOUT) as client:
+            status = await client.status()
+            members = await client.member_list()
+    except (EtcdError, OSError, TimeoutError):
+        return None
+    if status.errors or not status.is_leader or len(members.members) != 1:
+        return None
+    return members.members[0].name, members.cluster_id
+
+
+async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList, str] | str:
+    """The membership and version of the cluster behind ``endpoints``, or why it cannot be adopted."""
+    statuses: dict[str, Status] = {}
+    for url in endpoints:
+        try:
+            async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
+                statuses[url] = await client.status()
+        except (EtcdError, OSError, TimeoutError) as err:
+            return f"{url} does not answer: {err}"
+    if len({s.cluster_id for s in statuses.values()}) != 1:
+        return "the endpoints belong to different etcd clusters"
+    if any(s.errors or not s.has_leader for s in statuses.values()):
+        return "the cluster has no leader or reports errors: " + "; ".join(
+            f"{u}: {', '.join(s.errors) or 'no leader'}"
+            for u, s in statuses.items()
+            if s.errors or not s.has_leader
+        )
+    versions = {s.version for s in statuses.values()}
+    version = min(versions, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
+    refusal = upgrade_refusal(version, wanted)
+    if refusal is None and rollback_target(version, wanted) is not None:
+        # Adoption replaces members by new pods, and a new member of the older minor cannot join.
+        refusal = f"adopt it on etcd {version} first, then roll back to {wanted}"
+    if refusal is not None:
+        return f"its members run etcd {', '.join(sorted(versions))}: {refusal}"
+    async with EtcdClient(endpoints[0], timeout=STATUS_TIMEOUT) as client:
+        members = await client.member_list()
+    if any(not m.name or not m.client_urls for m in members.members):
+        return "a member of it has not started (no name or client URL yet)"
+    return members, version
+
+
+# ---- pods and volumes -------------------------------------------------------------------------
+
+
+def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodView | None:
+    """The planner's view of a member pod (None: not a member pod of ``cluster``)."""
+    name = objects.name(pod)
+    index = planner.pod_index(cluster, name)
+    if index is None:
+        return None
+    annotations = objects.annotations(pod)
+    member_id = annotations.get(MEMBER_ID_ANNOTATION)
+    node_name = objects.pod_node(pod)
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    version = annotations.get(VERSION_ANNOTATION) or image_version(containers[0].get("image", ""))
+    return PodView(
+        name=name,
+        index=index,
+        uid=objects.uid(pod) or "",
+        ip=(pod.get("status") or {}).get("podIP"),
+        deleting=objects.deleting(pod),
+        running=objects.pod_running(pod),
+        ready=objects.pod_ready(pod),
+        member_id=int(member_id, 16) if member_id else None,
+        node_lost=node_name is not None and objects.node_lost(node(node_name)),
+        version=version,
+        running_since=objects.running_since(pod),
+    )
+
+
+def skeleton(cluster: EtcdCluster, now: datetime) -> Observed:
+    """What addressing needs (URLs of pods), without pods or members."""
+    status = cluster.status or EtcdClusterStatus()
+    spec = cluster.spec
+    return Observed(
+        cluster=cluster.metadata["name"], namespace=cluster.metadata["namespace"], size=spec.size,
+        addressing=spec.addressing, storage=status.storage_type or spec.storage.type,
+        failure_timeout=parse_duration(spec.member_failure_timeout), now=now, tls=spec.tls is not None,
+    )  # fmt: skip
+
+
+class Observer:
+    """Observes EtcdClusters from the manager's caches and from etcd itself."""
+
+    def __init__(self, pods: Informer, nodes: Informer, claims: Informer, certs: CertificateManager) -> None:
+        self.pods = pods
+        self.nodes = nodes
+        self.claims = claims
+        self.certs = certs
+        self.pods_by_cluster = pods.index_by_label(CLUSTER_LABEL)
+        self.claims_by_cluster = claims.index_by_label(CLUSTER_LABEL)
+
+    def pods_of(self, cluster: EtcdCluster) -> list[Obj]:
+        """The cluster's pods (every epoch), from the cache's index by cluster label."""
+        namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
+        return [
+            p for p in self.pods.by_index(self.pods_by_cluster, name) if objects.namespace(p) == namespace
+        ]
+
+    def pod_view(self, cluster: EtcdCluster, pod: Obj) -> PodView | None:
+        return pod_view(cluster.metadata["name"], pod, self.nodes.get)
+
+    def claims_of(self, cluster: EtcdCluster) -> tuple[ClaimView, ...]:
+        """The member volumes of this cluster's current epoch that are not being deleted; those of
+        an earlier epoch are the user's to delete (they may hold writes a rebuild did not restore)."""
+        namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
+        epoch = cluster.status.epoch if cluster.status else 0
+        views = []
+        for claim in self.claims.by_index(self.claims_by_cluster, name):
+            created = parse_rfc3339(claim["metadata"].get("creationTimestamp"))
+            if objects.namespace(claim) != namespace:
+                continue
+            if pod_epoch(claim) == epoch and created is not None and not objects.deleting(claim):
+                views.append(
+                    ClaimView(
+                        objects.name(claim),
+                        objects.labels(claim)[MEMBER_LABEL],
+                        objects.uid(claim) or "",
+                        created,
+                    )
+                )
+        return tuple(views)
+
+    async def observe(self, cluster: EtcdCluster, now: datetime) -> tuple[Observed, EtcdView, dict[str, str]]:
+        """The planner's input, what etcd said, and each pod's client URL."""
+        status = cluster.status or EtcdClusterStatus()
+        spec = cluster.spec
+        # Pods of an earlier epoch belong to a cluster that a rebuild replaced (and deleted).
+        pod_objects = [p for p in self.pods_of(cluster) if pod_epoch(p) == status.epoch]
+        views = [v for p in pod_objects if (v := self.pod_view(cluster, p)) is not None]
+        certs: ClusterTLS | None = None
+        if spec.tls is not None:
+            member_pods = [p for p in pod_objects if objects.name(p) in {v.name for v in views}]
+            certs = await self.certs.reconcile(cluster, member_pods, now)
+            views = [replace(v, tls_stale=certs.stale.get(v.name)) for v in views]
+        base = skeleton(cluster, now)
+        client_urls = {
+            v.name: url for v in views if not v.deleting and (url := planner.client_url(base, v)) is not None
+        }
+        adoption = status.adoption if status.adoption and status.adoption.phase == "Migrating" else None
+        # An adopted cluster's original members are asked too, until they have all left.
+        external = [u for u in (adoption.endpoints if adoption else []) if u not in client_urls.values()]
+        etcd = await ask_members([*client_urls.values(), *external], certs.client if certs else None)
+        etcd.tls = certs
+        members = member_views(etcd)
+        previous = {m.name: parse_rfc3339(m.unhealthy_since) for m in status.members}
+        unhealthy_since: dict[str, datetime] = {}
+        for m in members or ():
+            key = m.name or m.peer_url
+            if not m.healthy:
+                unhealthy_since[key] = previous.get(key) or now
+        observed = replace(
+            base, pods=tuple(views), members=members, next_index=status.next_member_index,
+            ever_formed=bool(status.cluster_id), unhealthy_since=unhealthy_since,
+            version=target_version(cluster),
+            recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
+            external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
+            rollback=rollback(cluster),
+            downgrade_enabled=any(s.downgrade_enabled for s in etcd.statuses.values()),
+            claims=self.claims_of(cluster),
+        )  # fmt: skip
+        return observed, etcd, client_urls

@@ -1,0 +1,507 @@
+"""The EtcdCluster's status, computed once per pass from what was seen and the step taken (pure).
+
+Every pass of the EtcdCluster controller ends in ``status(seen, step, now, failure)``,
+written by ``runtime.record`` (which writes only a change): the membership pass, a
+rebuild's step, the start of a rebuild or an adoption, and the refusals. ``notes`` says
+which Events the transition from the old status to the new one is worth: an Event per
+change, not per pass.
+
+Progress that must survive a restart (the next member index, a rebuild's attempt and
+seed index) is part of this same status: for the steps that depend on it
+(``needs_intent``) the controller records it BEFORE acting, and the record after acting
+then changes nothing unless the act failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from kustos.api.etcd import (
+    AdoptionStatus,
+    EtcdCluster,
+    EtcdClusterStatus,
+    MemberStatus,
+    RecoveryStatus,
+)
+from kustos.etcd import planner, recovery
+from kustos.etcd.client import MemberList
+from kustos.etcd.observe import EtcdView
+from kustos.etcd.planner import Observed, Step
+from kustos.etcd.pods import CLUSTER_LABEL, EPOCH_LABEL
+from kustos.etcd.recovery import RecoveryStep, Source
+from kustos.etcd.restore import SnapshotSource
+from kustos.etcd.versions import agreed_version, rollback_target, version_refusal
+from kustos.runtime.conditions import get_condition, set_condition
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.events import WARNING
+from kustos.runtime.record import Note, note_failure
+from kustos.runtime.steps import Done, Wait
+from kustos.runtime.times import parse_rfc3339, rfc3339
+
+Obj = dict[str, Any]
+Phase = Literal["Creating", "Running", "Scaling", "Upgrading", "Recovering", "QuorumLost", "Failed"]
+
+# A member that is merely slow to answer must not make a healthy cluster look lost:
+# quorum loss is reported once it has been observed for this long.
+QUORUM_LOSS_GRACE = timedelta(seconds=5)
+
+
+# ---- what a pass saw ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The input of ``status``: the status as last recorded, and what this pass observed."""
+
+    previous: Obj  # the status as read (a dict: fields this controller does not own are kept)
+    generation: int | None
+    cluster: EtcdCluster | None = None  # None: the spec does not validate
+    observed: Observed | None = None  # the planner's input (membership passes)
+    etcd: EtcdView | None = None
+    client_urls: Mapping[str, str] = field(default_factory=dict)
+
+
+# ---- the steps of a pass beyond the planner's -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class InvalidSpec:
+    message: str
+
+
+@dataclass(frozen=True)
+class Unobserved:
+    """The pass failed before it could plan (an API or etcd call while observing): the status
+    stays as it was, with the failure in Progressing."""
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """spec.restore or spec.adopt cannot start yet: ``reason`` is RestoreWaiting or AdoptionWaiting."""
+
+    reason: str
+    message: str  # for the Degraded condition
+    event: str  # for the Event
+
+
+@dataclass(frozen=True)
+class StartRebuild:
+    """Record a rebuild (quorum lost, asked for, or spec.restore) as the new epoch's intent."""
+
+    source: Source
+    reason: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class StartAdoption:
+    """Record an existing cluster's members as the original ones the planner replaces."""
+
+    members: MemberList
+    version: str
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    """One step of a running rebuild (``recovery.plan_recovery``), with the rebuild as recorded
+    before it; once finished, the seed that became the cluster."""
+
+    step: RecoveryStep
+    rebuild: RecoveryStatus
+    seed: planner.PodView | None = None
+    seed_member: str = ""  # FinishRecovery: the seed's member name and cluster ID
+    cluster_id: int = 0
+    seed_url: str = ""
+    where: SnapshotSource | None = None  # CreateRestoreSeed: what the seed restores from
+
+
+ClusterStep = Step | InvalidSpec | Unobserved | Blocked | StartRebuild | StartAdoption | Rebuild
+
+
+def needs_intent(step: ClusterStep) -> bool:
+    """Whether the step's act depends on progress recorded first: a member index (a name is
+    never used twice), a rebuild's attempt and seed index, or the rebuild itself."""
+    match step:
+        case planner.CreateSeed() | planner.CreatePod() | StartRebuild():
+            return True
+        case planner.AddMember(index=index):
+            return index is not None
+        case Rebuild(step=recovery.CreateRestoreSeed()):
+            return True
+    return False
+
+
+def describe(step: ClusterStep) -> str:
+    match step:
+        case Wait(reason=reason):
+            return reason
+        case planner.QuorumLost(message=message) | planner.UpgradeHalted(message=message):
+            return message
+        case Done():
+            return "the cluster matches its spec"
+        case InvalidSpec(message=message) | Blocked(message=message):
+            return message
+        case Rebuild(step=inner):
+            return rebuild_message(inner)
+    return str(step)
+
+
+def rebuild_message(step: RecoveryStep) -> str:
+    match step:
+        case Wait(reason=reason):
+            return reason
+        case recovery.RecoveryFailed(message=message):
+            return message
+        case planner.DeletePod(name=name, reason=reason):
+            return f"deleting pod {name}: {reason}"
+        case recovery.CreateRestoreSeed(index=index):
+            return f"starting seed member {index}"
+    return str(step)
+
+
+# ---- the status -------------------------------------------------------------------------------
+
+
+def status(seen: Seen, step: ClusterStep, now: datetime, failure: ReconcileError | None = None) -> Obj:
+    """The whole status to record after ``step`` (a replace: what is left out is cleared)."""
+    stamp = rfc3339(now)
+    match step:
+        case InvalidSpec(message=message):
+            result = _degraded(seen, "InvalidSpec", message, stamp)
+        case Blocked(reason=reason, message=message):
+            result = _degraded(seen, reason, message, stamp)
+        case Unobserved():
+            result = dict(seen.previous)
+        case StartRebuild():
+            result = _start_rebuild(seen, step, stamp)
+        case StartAdoption():
+            result = _start_adoption(seen, step, stamp)
+        case Rebuild():
+            result = _rebuild(seen, step, stamp)
+        case _:
+            result = _membership(seen, step, now)
+    if failure is not None:
+        result["conditions"] = note_failure(result.get("conditions"), failure, stamp, seen.generation)
+    return result
+
+
+def _degraded(seen: Seen, reason: str, message: str, stamp: str) -> Obj:
+    result = dict(seen.previous)
+    result["conditions"] = set_condition(
+        result.get("conditions"), "Degraded", True, reason, message[:1000], seen.generation, stamp
+    )
+    return result
+
+
+def _start_rebuild(seen: Seen, step: StartRebuild, stamp: str) -> Obj:
+    result = dict(seen.previous)
+    result["recovery"] = RecoveryStatus(
+        epoch=step.epoch, source_kind=step.source.kind, source=step.source.name,
+        revision=step.source.revision, reason=step.reason, started_at=stamp,
+        message=f"rebuilding from {step.source.describe()}",
+    ).model_dump(by_alias=True, exclude_none=True)  # fmt: skip
+    result["phase"] = "Recovering"
+    return result
+
+
+def _start_adoption(seen: Seen, step: StartAdoption, stamp: str) -> Obj:
+    assert seen.cluster is not None
+    members = step.members
+    result = dict(seen.previous)
+    result.update({
+        "clusterId": f"{members.cluster_id:x}", "currentVersion": step.version,
+        "storageType": seen.cluster.spec.storage.type, "phase": "Scaling",
+        "adoption": AdoptionStatus(
+            external_members=[f"{m.id:x}" for m in members.members],
+            endpoints=sorted({u for m in members.members for u in m.client_urls}),
+            started_at=stamp,
+        ).model_dump(by_alias=True, exclude_none=True),
+    })  # fmt: skip
+    return result
+
+
+def _rebuild(seen: Seen, step: Rebuild, stamp: str) -> Obj:
+    assert seen.cluster is not None
+    rebuild = step.rebuild.model_copy(deep=True)
+    inner = step.step
+    if isinstance(inner, recovery.FinishRecovery):
+        return _finished(seen, step, rebuild, stamp)
+    result = dict(seen.previous)
+    if isinstance(inner, recovery.CreateRestoreSeed):
+        rebuild.attempts += 1
+        result["nextMemberIndex"] = max(int(result.get("nextMemberIndex") or 0), inner.index + 1)
+    if isinstance(inner, recovery.RecoveryFailed):
+        rebuild.phase = "Failed"
+        rebuild.completed_at = stamp
+    rebuild.message = rebuild_message(inner)
+    result["recovery"] = rebuild.model_dump(by_alias=True, exclude_none=True)
+    result["phase"] = "Failed" if rebuild.phase == "Failed" else "Recovering"
+    result["conditions"] = _rebuild_conditions(seen, rebuild, done=False, stamp=stamp)
+    return result
+
+
+def _finished(seen: Seen, step: Rebuild, rebuild: RecoveryStatus, stamp: str) -> Obj:
+    assert seen.cluster is not None and step.seed is not None
+    status = EtcdClusterStatus.model_validate(seen.previous or {})
+    rebuild.phase = "Succeeded"
+    rebuild.completed_at = stamp
+    rebuild.message = (
+        f"rebuilt from {Source(rebuild.source_kind, rebuild.source, rebuild.revision).describe()}"
+    )
+    status.recovery = rebuild
+    status.epoch = rebuild.epoch
+    status.cluster_id = f"{step.cluster_id:x}"
+    status.members = [
+        MemberStatus(
+            name=step.seed_member or step.seed.name, pod=step.seed.name, client_url=step.seed_url,
+            healthy=True, leader=True,
+        )
+    ]  # fmt: skip
+    status.size = 1
+    status.ready = f"1/{seen.cluster.spec.size}"
+    status.phase = "Scaling" if seen.cluster.spec.size > 1 else "Running"
+    result = status.model_dump(by_alias=True, exclude_none=True)
+    result["conditions"] = _rebuild_conditions(seen, rebuild, done=True, stamp=stamp)
+    return result
+
+
+def _rebuild_conditions(seen: Seen, rebuild: RecoveryStatus, done: bool, stamp: str) -> list[Obj]:
+    generation = seen.generation
+    conditions = seen.previous.get("conditions")
+    message = rebuild.message or ""
+    failed = rebuild.phase == "Failed"
+    conditions = set_condition(conditions, "Available", done, "Recovered" if done else "Recovering",
+                               message, generation, stamp)  # fmt: skip
+    conditions = set_condition(
+        conditions, "Progressing", not failed, "Recovering", message, generation, stamp
+    )
+    reason = "RecoveryFailed" if failed else "Recovered" if done else "Recovering"
+    return set_condition(conditions, "Degraded", not done, reason, message, generation, stamp)
+
+
+def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
+    """The membership pass: members as etcd reports them, the phase, and the conditions."""
+    cluster, o, etcd = seen.cluster, seen.observed, seen.etcd
+    assert cluster is not None and o is not None and etcd is not None
+    stamp = rfc3339(now)
+    old = seen.previous
+    status = EtcdClusterStatus.model_validate(old) if old else EtcdClusterStatus()
+    status.storage_type = status.storage_type or cluster.spec.storage.type
+    match step:
+        case planner.CreateSeed(index=index) | planner.CreatePod(index=index):
+            status.next_member_index = max(status.next_member_index, index + 1)
+        case planner.AddMember(index=int(index)):
+            status.next_member_index = max(status.next_member_index, index + 1)
+    pods_by_name = {p.name: p for p in o.pods}
+    members: list[MemberStatus] = []
+    for m in o.members or ():
+        name = m.name or next((p.name for p in o.pods if planner.peer_url(o, p) == m.peer_url), m.peer_url)
+        url = seen.client_urls.get(name, "")
+        st = etcd.statuses.get(url)
+        since = o.unhealthy_since.get(m.name or m.peer_url)
+        members.append(MemberStatus(
+            name=name, id=f"{m.id:x}", pod=name if name in pods_by_name else "", peer_url=m.peer_url,
+            client_url=url, healthy=m.healthy, leader=m.leader, learner=m.learner,
+            version=st.version if st else "", unhealthy_since=rfc3339(since) if since else None,
+        ))  # fmt: skip
+    if o.members is not None:
+        status.members = members
+        status.size = len(members)
+    if etcd.members is not None:
+        status.cluster_id = f"{etcd.members.cluster_id:x}"
+        if (
+            status.adoption
+            and status.adoption.phase == "Migrating"
+            and not o.external_ids & {m.id for m in o.members or ()}
+        ):
+            status.adoption.phase = "Completed"
+            status.adoption.completed_at = stamp
+    if (agreed := agreed_version(m.version for m in members)) is not None:
+        status.current_version = agreed
+    healthy_voters = sum(1 for m in members if m.healthy and not m.learner)
+    status.ready = f"{healthy_voters}/{cluster.spec.size}"
+    generation = seen.generation
+    conditions = [c.model_dump(by_alias=True, exclude_none=True) for c in status.conditions]
+    lost = isinstance(step, planner.QuorumLost)
+    confirmed = lost and quorum_loss_confirmed(conditions, now)
+    gave_up = status.recovery is not None and status.recovery.phase == "Failed"
+    if confirmed:
+        status.phase = "Failed" if gave_up else "QuorumLost"
+    elif not lost:
+        status.phase = phase(cluster, o, step, healthy_voters)
+    available = o.members is not None and not lost
+    conditions = set_condition(conditions, "Available", available,
+                               "QuorumHealthy" if available else "QuorumLost",
+                               f"{healthy_voters} healthy voting members", generation, stamp)  # fmt: skip
+    progressing = not isinstance(step, Done | planner.QuorumLost)
+    conditions = set_condition(conditions, "Progressing", progressing,
+                               type(step).__name__, describe(step), generation, stamp)  # fmt: skip
+    halted = isinstance(step, planner.UpgradeHalted)
+    degraded = confirmed or halted or any(not m.healthy for m in members)
+    reason = (
+        "QuorumLost" if confirmed else "UpgradeHalted" if halted
+        else "MemberUnhealthy" if degraded else "AllHealthy"
+    )  # fmt: skip
+    conditions = set_condition(
+        conditions, "Degraded", degraded, reason, describe(step) if degraded else "", generation, stamp
+    )
+    refusal = version_refusal(cluster)
+    conditions = set_condition(
+        conditions, "VersionAccepted", refusal is None, "UpgradeRefused" if refusal else "Accepted",
+        refusal or f"etcd {cluster.spec.version}", generation, stamp,
+    )  # fmt: skip
+    certs = etcd.tls
+    if certs is not None:
+        if certs.problem is None:
+            status.tls = certs.status
+        conditions = set_condition(
+            conditions, "CertificatesReady", certs.problem is None,
+            "SecretInvalid" if certs.problem else "Renewing" if certs.stale else "Current",
+            certs.problem or (f"{len(certs.stale)} member(s) to restart" if certs.stale else "current"),
+            generation, stamp,
+        )  # fmt: skip
+    result = status.model_dump(by_alias=True, exclude_none=True)
+    result["conditions"] = conditions
+    # The maintenance controller's record, as read: not this controller's to change.
+    if "maintenance" in old:
+        result["maintenance"] = old["maintenance"]
+    return result
+
+
+def quorum_loss_confirmed(conditions: list[Obj], now: datetime) -> bool:
+    """Quorum has been reported lost (Available False, QuorumLost) for QUORUM_LOSS_GRACE."""
+    previous = get_condition(conditions, "Available")
+    since = parse_rfc3339(previous.get("lastTransitionTime")) if previous else None
+    return (
+        previous is not None and previous.get("reason") == "QuorumLost" and previous.get("status") == "False"
+        and since is not None and now - since >= QUORUM_LOSS_GRACE
+    )  # fmt: skip
+
+
+def phase(cluster: EtcdCluster, o: Observed, step: Step, healthy_voters: int) -> Phase:
+    if not o.ever_formed or (
+        cluster.status and cluster.status.phase == "Creating" and healthy_voters < o.size
+    ):
+        return "Creating"
+    if isinstance(step, Done):
+        return "Running"
+    if (
+        any(planner.is_old_version(o, p) for p in o.pods)
+        or planner.rolling_back(o)
+        or isinstance(step, planner.UpgradeHalted)
+    ):
+        return "Upgrading"
+    if (o.members is not None and any(not m.healthy for m in o.members)) or isinstance(
+        step, planner.RecreatePod
+    ):
+        return "Recovering"
+    return "Scaling" if o.members is not None and len(o.members) != o.size else "Running"
+
+
+# ---- the Events a transition is worth ----------------------------------------------------------
+
+
+def _condition(status: Obj, type_: str) -> Obj:
+    return get_condition(status.get("conditions"), type_) or {}
+
+
+def _turned(
+    old: Obj, new: Obj, type_: str, fields: tuple[str, ...] = ("status", "reason", "message")
+) -> bool:
+    before, after = _condition(old, type_), _condition(new, type_)
+    return any(before.get(f) != after.get(f) for f in fields)
+
+
+def recovered_message(cluster: EtcdCluster, new: Obj) -> str:
+    """What a finished rebuild says, and which volumes it leaves to the user."""
+    rebuild = new.get("recovery") or {}
+    message = f"{rebuild.get('message') or 'rebuilt'}; growing back to {cluster.spec.size} members"
+    if cluster.spec.storage.type == "pvc":
+        older = f"{CLUSTER_LABEL}={cluster.metadata['name']},{EPOCH_LABEL}!={rebuild.get('epoch')}"
+        message += (
+            "; the volumes of the members before it are kept (they may hold newer writes): "
+            f"kubectl delete pvc -l {older} once they are not needed"
+        )
+    return message
+
+
+def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
+    """Events for what changed between the recorded status and ``new`` (none for a pass that
+    changes nothing), and for a pass's one-off news (certificates issued)."""
+    old = seen.previous
+    found: list[Note] = []
+    degraded = _condition(new, "Degraded")
+    match step:
+        case InvalidSpec(message=message) if _turned(old, new, "Degraded"):
+            found.append(Note("InvalidSpec", message[:500], WARNING))
+        case Blocked(reason=reason, event=event) if _turned(old, new, "Degraded"):
+            found.append(Note(reason, event, WARNING))
+        case StartRebuild(source=source, reason=reason):
+            message = f"rebuilding the cluster from {source.describe()} ({reason})"
+            found.append(Note("RecoveryStarted", message, WARNING))
+        case StartAdoption(members=members, version=version):
+            names = ", ".join(m.name or format(m.id, "x") for m in members.members)
+            message = f"adopting etcd cluster {members.cluster_id:x} ({names}) on etcd {version}"
+            found.append(Note("AdoptionStarted", message))
+    cluster = seen.cluster
+    if cluster is None:
+        return found
+    size = cluster.spec.size
+    if size % 2 == 0 and old.get("observedGeneration") != seen.generation:
+        found.append(
+            Note("EvenSize", f"size {size} tolerates no more failures than size {size - 1}", WARNING)
+        )
+    accepted = _condition(new, "VersionAccepted")
+    if accepted.get("status") == "False" and _turned(old, new, "VersionAccepted"):
+        found.append(Note("UpgradeRefused", accepted.get("message") or "", WARNING))
+    if isinstance(step, Rebuild):
+        if isinstance(step.step, recovery.RecoveryFailed):
+            found.append(Note("RecoveryFailed", step.step.message, WARNING))
+        if isinstance(step.step, recovery.FinishRecovery):
+            found.append(Note("Recovered", recovered_message(cluster, new)))
+        return found
+    if seen.observed is None:
+        return found
+    old_adoption, new_adoption = old.get("adoption") or {}, new.get("adoption") or {}
+    if old_adoption.get("phase") == "Migrating" and new_adoption.get("phase") == "Completed":
+        found.append(Note("AdoptionCompleted", "every original member has been replaced by a pod"))
+    quorum_lost = degraded.get("reason") == "QuorumLost" and degraded.get("status") == "True"
+    if quorum_lost and _turned(old, new, "Degraded", ("status", "reason")):
+        found.append(Note("QuorumLost", degraded.get("message") or "", WARNING))
+    if degraded.get("reason") == "UpgradeHalted" and _turned(old, new, "Degraded", ("status", "reason")):
+        found.append(Note("UpgradeHalted", degraded.get("message") or "", WARNING))
+    was, now_runs = old.get("currentVersion"), new.get("currentVersion")
+    if was and now_runs != was:
+        went_down = rollback_target(was, now_runs or "") is not None
+        found.append(Note("Downgraded" if went_down else "Upgraded", f"every member runs etcd {now_runs}"))
+    certs = seen.etcd.tls if seen.etcd is not None else None
+    if certs is not None:
+        was_renewing = bool((old.get("tls") or {}).get("renewing"))
+        if certs.issued:
+            found.append(Note("CertificatesIssued", "issued " + ", ".join(certs.issued)))
+        if certs.stale and not was_renewing:
+            reasons = sorted(set(certs.stale.values()))
+            found.append(Note(
+                "CertificatesRenewing",
+                f"restarting {len(certs.stale)} member(s) one at a time onto new certificates: "
+                + "; ".join(reasons),
+            ))  # fmt: skip
+        if was_renewing and not certs.stale and certs.problem is None:
+            found.append(Note("CertificatesRenewed", "every member runs on a current certificate"))
+        if certs.problem is not None and _turned(old, new, "CertificatesReady"):
+            found.append(Note("TLSSecretInvalid", certs.problem, WARNING))
+        if certs.warning is not None:
+            # Not a transition: the warning's message names the days left, and the recorder
+            # folds a repeat into the first Event's count.
+            found.append(Note("CAExpiring", certs.warning, WARNING))
+    return found
+
+
+__all__ = [
+    "QUORUM_LOSS_GRACE", "Blocked", "ClusterStep", "InvalidSpec", "Rebuild", "Seen", "StartAdoption",
+    "StartRebuild", "Unobserved", "describe", "needs_intent", "notes", "phase", "quorum_loss_confirmed",
+    "recovered_message", "status",
+]  # fmt: skip

@@ -1,0 +1,90 @@
+"""Membership: the quorum arithmetic that guards a removal, and the leader-first call order."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kustos.etcd import membership
+from kustos.etcd.client import Member, MemberList, Status
+from kustos.etcd.membership import quorum, removal_keeps_quorum, removal_refusal
+
+
+def status(member_id: int, leader_id: int, learner: bool = False, errors: tuple[str, ...] = ()) -> Status:
+    return Status(
+        cluster_id=1, member_id=member_id, leader_id=leader_id, raft_term=2, raft_index=10,
+        raft_applied_index=10, revision=5, db_size=0, db_size_in_use=0, version="3.6.16",
+        is_learner=learner, errors=errors,
+    )  # fmt: skip
+
+
+def members(n: int, learners: int = 0) -> MemberList:
+    listed = [
+        Member(i, f"e-{i}", (f"http://e-{i}:2380",), (f"http://e-{i}:2379",), i >= n)
+        for i in range(n + learners)
+    ]
+    return MemberList(cluster_id=1, member_id=0, members=listed)
+
+
+def test_quorum_is_a_majority() -> None:
+    assert [quorum(n) for n in range(1, 8)] == [1, 2, 2, 3, 3, 4, 4]
+
+
+def test_removing_a_learner_always_keeps_quorum() -> None:
+    assert removal_keeps_quorum(1, 0, learner=True)
+    assert removal_keeps_quorum(3, 0, learner=True)
+
+
+def test_the_last_voter_is_never_removed() -> None:
+    assert not removal_keeps_quorum(1, 0)
+
+
+@given(st.integers(min_value=2, max_value=9), st.data())
+def test_a_removal_keeps_quorum_exactly_when_the_healthy_rest_is_a_majority(
+    voters: int, data: st.DataObject
+) -> None:
+    healthy_after = data.draw(st.integers(min_value=0, max_value=voters - 1))
+    assert removal_keeps_quorum(voters, healthy_after) == (healthy_after > (voters - 1) / 2)
+
+
+def test_removing_a_dead_member_of_three_with_two_healthy_is_allowed() -> None:
+    said = {"http://e-0:2379": status(0, 0), "http://e-1:2379": status(1, 0)}
+    assert removal_refusal(members(3), said, 2) is None
+
+
+def test_removing_a_healthy_member_while_another_is_dead_is_refused() -> None:
+    said = {"http://e-0:2379": status(0, 0), "http://e-1:2379": status(1, 0)}
+    refusal = removal_refusal(members(3), said, 1)
+    assert refusal is not None and "quorum" in refusal
+
+
+def test_a_member_that_answers_with_errors_does_not_count_as_healthy() -> None:
+    said = {"http://e-0:2379": status(0, 0), "http://e-1:2379": status(1, 0, errors=("NOSPACE",))}
+    assert removal_refusal(members(3), said, 2) is not None
+
+
+def test_an_unknown_member_is_no_refusal() -> None:
+    assert removal_refusal(members(3), {}, 42) is None
+
+
+def test_calls_go_to_the_leader_first_and_never_to_a_learner() -> None:
+    said = {
+        "http://e-0:2379": status(0, 1),
+        "http://e-3:2379": status(3, 1, learner=True),
+        "http://e-1:2379": status(1, 1),
+    }
+    assert membership._voters_first(said) == ["http://e-1:2379", "http://e-0:2379"]
+
+
+def test_a_call_that_no_member_answers_is_none() -> None:
+    async def call(client: object) -> None:
+        raise AssertionError("no member to call")
+
+    assert asyncio.run(membership.leader_call({}, None, call)) is None
+
+
+def test_removal_through_endpoints_that_do_not_answer_says_so() -> None:
+    refusal = asyncio.run(membership.remove_keeping_quorum(["http://127.0.0.1:1"], None, 5))
+    assert refusal == "no member answered with the membership"

@@ -1,0 +1,75 @@
+"""Observation: pods as the planner sees them, and the membership as etcd reported it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from kustos.etcd.client import Member, MemberList, Status
+from kustos.etcd.observe import EtcdView, member_views, pod_view
+
+NODE_READY = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+NODE_GONE = {"metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+NODES = {"n1": NODE_READY, "n2": NODE_GONE}
+
+
+def pod(name: str, node: str = "n1", **meta: object) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", **meta},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "etcd", "image": "registry.k8s.io/etcd:3.6.16-0"}],
+        },
+        "status": {
+            "podIP": "10.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"state": {"running": {"startedAt": "2026-11-22T12:00:00Z"}}}],
+        },
+    }
+
+
+def status(member_id: int, leader_id: int, applied: int = 10, errors: tuple[str, ...] = ()) -> Status:
+    return Status(
+        cluster_id=1, member_id=member_id, leader_id=leader_id, raft_term=2, raft_index=100,
+        raft_applied_index=applied, revision=5, db_size=0, db_size_in_use=0, version="3.6.16",
+        is_learner=False, errors=errors,
+    )  # fmt: skip
+
+
+def test_a_member_pod_is_seen_with_its_member_id_version_and_start() -> None:
+    view = pod_view("e", pod("e-2", annotations={"kustos.dev/member-id": "1f"}), NODES.get)
+    assert view is not None
+    assert (view.name, view.index, view.member_id, view.version) == ("e-2", 2, 0x1F, "3.6.16")
+    assert view.ready and view.running and not view.node_lost and not view.deleting
+    assert view.running_since == datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def test_a_pod_on_a_lost_or_absent_node_is_on_a_lost_node() -> None:
+    lost = pod_view("e", pod("e-0", node="n2"), NODES.get)
+    absent = pod_view("e", pod("e-0", node="n9"), NODES.get)
+    assert lost is not None and lost.node_lost
+    assert absent is not None and absent.node_lost
+
+
+def test_a_pod_that_is_not_a_member_pod_is_not_seen() -> None:
+    assert pod_view("e", pod("e-backup-1"), NODES.get) is None
+    assert pod_view("e", pod("other-0"), NODES.get) is None
+
+
+def test_no_membership_is_none() -> None:
+    assert member_views(EtcdView(None, {}, {})) is None
+
+
+def test_members_are_healthy_when_they_answered_without_errors_and_lag_behind_the_leader() -> None:
+    listed = MemberList(1, 1, [
+        Member(1, "e-0", ("http://a:2380",), ("http://a:2379",), False),
+        Member(2, "e-1", ("http://b:2380",), ("http://b:2379",), False),
+        Member(3, "", ("http://c:2380",), (), True),
+    ])  # fmt: skip
+    leader, follower = status(1, 1, applied=100), status(2, 1, applied=40, errors=("NOSPACE",))
+    view = EtcdView(listed, {"http://a:2379": leader}, {"http://a:2379": leader, "http://b:2379": follower})
+    members = member_views(view)
+    assert members is not None
+    by_id = {m.id: m for m in members}
+    assert by_id[1].healthy and by_id[1].leader and by_id[1].lag == 0
+    assert not by_id[2].healthy and by_id[2].lag == 60 and by_id[2].version == "3.6.16"
+    assert by_id[3].learner and not by_id[3].healthy and by_id[3].version == ""
