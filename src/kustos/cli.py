@@ -330,7 +330,7 @@ def run(
         controllers.register_all(manager, deps, names)
         for target in extra_controllers or []:
             module_name, _, function = target.partition(":")
-            controllers.with_deps(getattr(importlib.import_module(module_name), function))(manager, deps)
+            getattr(importlib.import_module(module_name), function)(manager, deps)
         try:
             await manager.run()
         finally:

@@ -6,7 +6,6 @@ builds one ``Deps`` (the clock, settings) and hands it to all of them.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 
 from kustos.etcd import backup_controller
@@ -21,17 +20,10 @@ from kustos.storage import upgrade_controller as storageupgrade_controller
 Register = Callable[[Manager, Deps], None]
 
 
-def with_deps(register: Callable[..., None]) -> Register:
-    """Adapt a ``register(manager)`` that does not take deps yet (etcd's, until it moves over)."""
-    if len(inspect.signature(register).parameters) >= 2:
-        return register
-    return lambda manager, _deps: register(manager)
-
-
 CONTROLLERS: dict[str, Register] = {
-    "etcdcluster": with_deps(etcd_controller.register),
-    "etcdbackup": with_deps(backup_controller.register),
-    "etcdmaintenance": with_deps(register_maintenance),
+    "etcdcluster": etcd_controller.register,
+    "etcdbackup": backup_controller.register,
+    "etcdmaintenance": register_maintenance,
     "storagecluster": storage_controller.register,
     "nodejob": nodejob_controller.register,
     "storageupgrade": storageupgrade_controller.register,

@@ -16,6 +16,7 @@ from prometheus_client import Counter
 
 from kustos.runtime.conditions import set_condition
 from kustos.runtime.controller import Controller, Result
+from kustos.runtime.deps import Deps
 from kustos.runtime.events import NORMAL
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.manager import Manager
@@ -103,7 +104,7 @@ async def validate(request: dict[str, Any]) -> AdmissionResponse:
 GHOSTS = ResourceRef("example.kustos.dev", "v1alpha1", "ghosts", "Ghost")
 
 
-def register_unsyncable(manager: Manager) -> None:
+def register_unsyncable(manager: Manager, deps: Deps) -> None:
     """A controller of a resource the API server does not serve: its cache never syncs."""
 
     async def nothing(_: str) -> None:
@@ -112,7 +113,7 @@ def register_unsyncable(manager: Manager) -> None:
     manager.add_controller(Controller("ghost", GHOSTS, nothing))
 
 
-def register(manager: Manager) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     reconciler = ExampleReconciler(manager)
     controller = Controller("example", EXAMPLES, reconciler.reconcile, workers=2)
     manager.add_controller(controller.owns(CONFIGMAPS))

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kustos.devcluster.binaries import ETCD_VERSIONS
+from kustos.devcluster.cluster import DevClusterError
 from kustos.etcd.versions import image_version
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
@@ -214,26 +215,20 @@ async def test_a_skip_or_an_unsupported_downgrade_is_refused_without_touching_th
     await wait_healthy(kubectl, name, 1)
     before = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
     for wanted, why in refused:
-        kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{wanted}"}}}}')
-
-        async def refused_now(why: str = why) -> dict[str, Any] | None:
-            accepted = condition(status_of(kubectl, name), "VersionAccepted")
-            return accepted if accepted.get("status") == "False" and why in accepted["message"] else None
-
-        await wait_until(refused_now, f"{wanted} refused", timeout=30)
-        events = kubectl(
-            "get", "events", "--field-selector", f"involvedObject.name={name},reason=UpgradeRefused"
-        )
-        assert why in events
+        # The operator's validating webhook refuses the change at the API server, naming
+        # the field (the controller refuses it too, with VersionAccepted=False and an
+        # UpgradeRefused event, when the webhook is unreachable: planner unit tests).
+        with pytest.raises(DevClusterError) as refusal:
+            kubectl(
+                "patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{wanted}"}}}}'
+            )
+        # 3.4 is also below the supported minimum: either validator may answer first.
+        assert "spec.version" in str(refusal.value)
+        assert why in str(refusal.value) or "the oldest kustos supports" in str(refusal.value)
+        assert kubectl.get("etcdcluster", name)["spec"]["version"] == running
     status = await wait_healthy(kubectl, name, 1)
     after = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
     assert [p["metadata"]["uid"] for p in after] == [p["metadata"]["uid"] for p in before]
     assert all(s["restartCount"] == 0 for p in after for s in p["status"]["containerStatuses"])
     assert status["currentVersion"] == running
-    # Back to the running version: accepted again.
-    kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{running}"}}}}')
-
-    async def accepted() -> bool:
-        return condition(status_of(kubectl, name), "VersionAccepted").get("status") == "True"
-
-    await wait_until(accepted, "the running version accepted again", timeout=30)
+    assert condition(status_of(kubectl, name), "VersionAccepted").get("status") == "True"

@@ -248,7 +248,7 @@ def _backup_keys(backup: dict[str, Any]) -> list[str]:
     return [f"{objects.namespace(backup)}/{cluster}"] if cluster else []
 
 
-def register(manager: Manager, deps: Deps | None = None) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     image = configured_agent_image()
     backups = EtcdBackupReconciler(manager, image, deps)
     controller = Controller("etcdbackup", ETCDBACKUPS, backups.reconcile, workers=2)

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import membership, planner, recovery
+from kustos.etcd import membership, planner, recovery, webhook
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, SECRETS, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
 from kustos.etcd.observe import EtcdView, Observer, adoption_check
@@ -438,7 +438,7 @@ def _clusters_of_backup(reconciler: EtcdClusterReconciler) -> Any:
     return keys
 
 
-def register(manager: Manager, deps: Deps | None = None) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     reconciler = EtcdClusterReconciler(manager, deps)
     controller = Controller("etcdcluster", ETCDCLUSTERS, reconciler.reconcile, workers=4)
     controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
@@ -448,6 +448,7 @@ def register(manager: Manager, deps: Deps | None = None) -> None:
     controller.watch(NODES, _clusters_on_node(reconciler))
     controller.watch(ETCDBACKUPS, _clusters_of_backup(reconciler))
     manager.add_controller(controller)
+    webhook.register(manager, deps)  # admission for what the schema cannot say (F-OPS-2)
 
 
 __all__ = [

@@ -237,7 +237,7 @@ class MaintenanceReconciler:
             return
 
 
-def register(manager: Manager, deps: Deps | None = None) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     reconciler = MaintenanceReconciler(manager, deps)
     # A pass may wait out one defragmentation: the runner's per-pass timeout must not cut it short.
     timeout = DEFRAGMENT_TIMEOUT + 60.0

@@ -23,6 +23,7 @@ from typing import Any
 
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.versions import parse, upgrade_refusal
+from kustos.runtime.deps import Deps
 from kustos.runtime.manager import Manager
 from kustos.runtime.webhook import AdmissionResponse, Webhook
 
@@ -174,8 +175,9 @@ def webhooks() -> list[Webhook]:
     ]
 
 
-def register(manager: Manager) -> None:
+def register(manager: Manager, deps: Deps) -> None:
     """Serve the validators when the API server can reach us (a webhook URL or Service)."""
+    del deps  # the validators are pure: they need no clock or settings
     if not (manager.options.webhook_url or manager.options.webhook_service):
         log.warning(
             "the EtcdCluster validating webhooks are off: the API server could not reach them "
