@@ -73,3 +73,17 @@ def test_members_are_healthy_when_they_answered_without_errors_and_lag_behind_th
     assert by_id[1].healthy and by_id[1].leader and by_id[1].lag == 0
     assert not by_id[2].healthy and by_id[2].lag == 60 and by_id[2].version == "3.6.16"
     assert by_id[3].learner and not by_id[3].healthy and by_id[3].version == ""
+
+
+def test_only_name_resolution_failures_count_as_unresolved() -> None:
+    from kustos.etcd.client import EtcdUnavailable
+    from kustos.etcd.observe import unresolved_hosts
+
+    dns = "http://e-0.e.ns.svc.cluster.local:2379"
+    answers = {
+        dns: EtcdUnavailable(f"{dns}: cannot reach member: [Errno -2] Name or service not known", None, dns),
+        "http://10.0.0.2:2379": EtcdUnavailable(
+            "cannot reach member: [Errno 111] Connect call failed", None, ""
+        ),
+    }
+    assert unresolved_hosts(answers) == ("e-0.e.ns.svc.cluster.local",)  # type: ignore[arg-type]

@@ -294,3 +294,40 @@ def test_an_even_size_is_news_when_the_spec_changes() -> None:
     assert "EvenSize" not in [
         n.reason for n in notes(replace(seen, previous={**result, "observedGeneration": 2}), Done(), result)
     ]
+
+
+def dns_seen(running_for: timedelta, unresolved: tuple[str, ...]) -> Seen:
+    """A DNS-addressed cluster whose member e-0 has run ``running_for`` and whose names in
+    ``unresolved`` the operator's resolver does not know."""
+    seen = formed(healthy=0)
+    started = NOW - running_for
+    pods = tuple(replace(p, running_since=started) for p in seen.observed.pods)  # type: ignore[union-attr]
+    urls = {f"e-{i}": f"http://e-{i}.e.ns.svc.cluster.local:2379" for i in range(3)}
+    etcd = EtcdView(None, {}, {}, unresolved=unresolved)
+    return replace(seen, observed=replace(seen.observed, pods=pods), client_urls=urls, etcd=etcd)
+
+
+def test_a_member_name_that_does_not_resolve_is_named_in_a_condition_and_an_event() -> None:
+    seen = dns_seen(timedelta(seconds=30), ("e-0.e.ns.svc.cluster.local",))
+    step = planner.Wait("seed member e-0 is starting")
+    result = status(seen, step, NOW)
+    resolvable = condition(result, "MembersResolvable")
+    assert resolvable["status"] == "False" and resolvable["reason"] == "NameNotResolved"
+    assert (
+        "e-0.e.ns.svc.cluster.local" in resolvable["message"] and "spec.addressing" in resolvable["message"]
+    )
+    events = notes(seen, step, result)
+    assert [n.reason for n in events] == ["MemberNameUnresolved"]
+    assert "e-0.e.ns.svc.cluster.local" in events[0].message
+    assert notes(replace(seen, previous=result), step, result) == []  # once, not every pass
+
+
+def test_a_new_pods_name_has_time_to_appear_in_dns() -> None:
+    seen = dns_seen(timedelta(seconds=3), ("e-0.e.ns.svc.cluster.local",))
+    result = status(seen, planner.Wait("seed member e-0 is starting"), NOW)
+    assert condition(result, "MembersResolvable")["status"] == "True"
+
+
+def test_names_that_resolve_say_so() -> None:
+    result = status(dns_seen(timedelta(seconds=30), ()), Done(), NOW)
+    assert condition(result, "MembersResolvable")["reason"] == "Resolved"

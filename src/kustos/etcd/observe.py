@@ -10,11 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
 from kustos.etcd import maintenance, membership, planner
 from kustos.etcd.certs import CertificateManager, ClusterTLS
-from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, MemberList, Status
+from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, MemberList, Status, cluster_health
 from kustos.etcd.planner import ClaimView, MemberView, Observed, PodView
 from kustos.etcd.pods import CLUSTER_LABEL, MEMBER_ID_ANNOTATION, MEMBER_LABEL, VERSION_ANNOTATION, pod_epoch
 from kustos.etcd.versions import image_version, rollback, rollback_target, target_version, upgrade_refusal
@@ -36,6 +37,7 @@ class EtcdView:
     statuses: dict[str, Status]  # by client URL: members that answered without errors
     answered: dict[str, Status]  # by client URL: every member that answered, with a leader or not
     tls: ClusterTLS | None = None  # spec.tls: how to connect, and the certificates to record
+    unresolved: tuple[str, ...] = ()  # host names of member URLs the operator's resolver cannot resolve
 
     @property
     def client_tls(self) -> EtcdTLS | None:
@@ -45,11 +47,31 @@ class EtcdView:
 # ---- asking etcd ----------------------------------------------------------------------------
 
 
+# What the C resolver (getaddrinfo) says when a name does not resolve, as it reaches us
+# through the HTTP client: EAI_NONAME (-2), EAI_AGAIN (-3), EAI_FAIL (-4), EAI_NODATA (-5).
+RESOLUTION_FAILURES = (
+    "[Errno -2]", "[Errno -3]", "[Errno -4]", "[Errno -5]", "Name or service not known",
+    "Temporary failure in name resolution", "No address associated with hostname",
+)  # fmt: skip
+
+
+def unresolved_hosts(answers: dict[str, Status | EtcdError]) -> tuple[str, ...]:
+    """Host names of the endpoints that failed because their name did not resolve."""
+    return tuple(sorted({
+        urlsplit(url).hostname or url
+        for url, answer in answers.items()
+        if isinstance(answer, EtcdError) and any(f in answer.message for f in RESOLUTION_FAILURES)
+    }))  # fmt: skip
+
+
 async def ask_members(urls: list[str], tls: EtcdTLS | None = None) -> EtcdView:
-    """Status of every member that answers, and the membership from one that can say."""
-    answered = await membership.statuses_of(urls, tls, STATUS_TIMEOUT)
+    """Status of every member that answers, the membership from one that can say, and the
+    members whose names did not resolve (DNS addressing with a resolver that lacks them)."""
+    answers = await cluster_health(urls, tls, STATUS_TIMEOUT)
+    answered = {url: s for url, s in answers.items() if isinstance(s, Status)}
     statuses = {url: s for url, s in answered.items() if not s.errors}
-    return EtcdView(await membership.member_list(statuses, tls), statuses, answered)
+    members = await membership.member_list(statuses, tls)
+    return EtcdView(members, statuses, answered, unresolved=unresolved_hosts(answers))
 
 
 def member_views(etcd: EtcdView) -> tuple[MemberView, ...] | None:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from kustos.api.etcd import (
     AdoptionStatus,
@@ -47,6 +48,8 @@ Phase = Literal["Creating", "Running", "Scaling", "Upgrading", "Recovering", "Qu
 # A member that is merely slow to answer must not make a healthy cluster look lost:
 # quorum loss is reported once it has been observed for this long.
 QUORUM_LOSS_GRACE = timedelta(seconds=5)
+# How long a running member's name may fail to resolve before the status says so.
+RESOLVE_GRACE = timedelta(seconds=10)
 
 
 # ---- what a pass saw ----------------------------------------------------------------------
@@ -353,6 +356,12 @@ def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
         conditions, "VersionAccepted", refusal is None, "UpgradeRefused" if refusal else "Accepted",
         refusal or f"etcd {cluster.spec.version}", generation, stamp,
     )  # fmt: skip
+    unresolved = lasting_unresolved(seen, now)
+    conditions = set_condition(
+        conditions, "MembersResolvable", not unresolved,
+        "NameNotResolved" if unresolved else "Resolved", unresolved_message(unresolved),
+        generation, stamp,
+    )  # fmt: skip
     certs = etcd.tls
     if certs is not None:
         if certs.problem is None:
@@ -369,6 +378,33 @@ def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
     if "maintenance" in old:
         result["maintenance"] = old["maintenance"]
     return result
+
+
+def lasting_unresolved(seen: Seen, now: datetime) -> tuple[str, ...]:
+    """Names that still do not resolve although their pod has run with an IP for
+    RESOLVE_GRACE: the cluster DNS publishes a new pod's record within seconds, so a name
+    missing after that will not appear by waiting."""
+    assert seen.observed is not None and seen.etcd is not None
+    pods = {p.name: p for p in seen.observed.pods}
+    lasting = []
+    for name, url in seen.client_urls.items():
+        host, pod = urlsplit(url).hostname, pods.get(name)
+        if host not in seen.etcd.unresolved or pod is None or not (pod.running and pod.ip):
+            continue
+        if pod.running_since is not None and now - pod.running_since >= RESOLVE_GRACE:
+            lasting.append(host)
+    return tuple(sorted(lasting))
+
+
+def unresolved_message(hosts: tuple[str, ...]) -> str:
+    """Why members cannot be reached by name, naming each name (issue: a silent 0/3 Creating)."""
+    if not hosts:
+        return "every member's address resolves"
+    return (
+        f"the operator cannot resolve {', '.join(hosts)}: with spec.addressing dns the operator "
+        "must use the cluster's DNS (it does when it runs in the cluster); otherwise use "
+        "spec.addressing podIP"
+    )
 
 
 def quorum_loss_confirmed(conditions: list[Obj], now: datetime) -> bool:
@@ -454,6 +490,9 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
         found.append(
             Note("EvenSize", f"size {size} tolerates no more failures than size {size - 1}", WARNING)
         )
+    resolvable = _condition(new, "MembersResolvable")
+    if resolvable.get("status") == "False" and _turned(old, new, "MembersResolvable", ("status", "message")):
+        found.append(Note("MemberNameUnresolved", resolvable.get("message") or "", WARNING))
     accepted = _condition(new, "VersionAccepted")
     if accepted.get("status") == "False" and _turned(old, new, "VersionAccepted"):
         found.append(Note("UpgradeRefused", accepted.get("message") or "", WARNING))
