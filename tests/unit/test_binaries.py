@@ -48,6 +48,7 @@ def test_every_binary_the_dev_cluster_needs_is_built() -> None:
             **dict.fromkeys(ETCD_COMMANDS, 2),
             **dict.fromkeys(KUBE_COMMANDS, 1),
             "versitygw": 1,
+            "coredns": 1,
         }
     )
 

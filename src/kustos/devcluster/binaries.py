@@ -25,6 +25,8 @@ ETCD_VERSIONS = ("v3.5.35", "v3.6.16")
 KWOK_VERSION = "v0.8.0"
 # The S3-compatible server that etcd backups are written to in tests (F-ETCD-7).
 VERSITYGW_VERSION = "v1.8.0"
+# The dev cluster's cluster DNS (kubernetes plugin serving cluster.local on the pod bridge).
+COREDNS_VERSION = "v1.14.7"
 
 
 def _kubernetes_ldflags(version: str) -> list[str]:
@@ -84,6 +86,7 @@ def all_binaries() -> list[Binary]:
             (f"-X main.Version={VERSITYGW_VERSION}",),
         )
     )
+    binaries.append(Binary("coredns", COREDNS_VERSION, "coredns", "github.com/coredns/coredns"))
     for command in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
         binaries.append(
             Binary(
@@ -115,6 +118,8 @@ def _default_version(name: str) -> str:
         return ETCD_VERSIONS[-1]
     if name == "versitygw":
         return VERSITYGW_VERSION
+    if name == "coredns":
+        return COREDNS_VERSION
     return KUBERNETES_VERSION
 
 
