@@ -47,7 +47,7 @@ def test_nodes_get_consecutive_slash_24s_and_the_bridge_holds_the_gateway() -> N
     assert network.gateway == "10.70.0.1"
     assert network.node_cidr(1) == "10.70.1.0/24"
     assert network.node_cidr(4) == "10.70.4.0/24"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="out of range"):
         network.node_cidr(0)
 
 

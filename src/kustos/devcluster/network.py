@@ -149,9 +149,12 @@ class ClusterNetwork:
     def pod_up_commands(self, pod_uid: str, pod_ip: str) -> list[list[str]]:
         """The ``ip`` invocations that give a pod its namespace, link and address."""
         ns, veth = self.netns(pod_uid), self.veth(pod_uid)
+        # The MAC follows from the IP (as Docker does): a new pod that gets a freed IP has
+        # the old one's MAC too, so no neighbour cache points at a dead link.
+        mac = "02:42:" + ":".join(f"{int(o):02x}" for o in pod_ip.split("."))
         return [
             ["ip", "netns", "add", ns],
-            ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns],
+            ["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "address", mac, "netns", ns],
             ["ip", "link", "set", veth, "master", self.bridge, "up"],
             ["ip", "-n", ns, "addr", "add", f"{pod_ip}/{self.cidr.prefixlen}", "dev", "eth0"],
             ["ip", "-n", ns, "link", "set", "eth0", "up"],
@@ -159,7 +162,10 @@ class ClusterNetwork:
         ]
 
     def pod_down(self, pod_uid: str) -> None:
-        """Remove a pod's namespace (and with it both ends of its veth); its processes must be gone."""
+        """Remove a pod's veth pair and namespace (the kernel frees a namespace lazily, so the
+        link goes explicitly and its name is free again at once)."""
+        if Path(f"/sys/class/net/{self.veth(pod_uid)}").exists():
+            ip("link", "del", self.veth(pod_uid), check=False)
         remove_netns(self.netns(pod_uid))
 
     def set_pod_link(self, pod_uid: str, up: bool) -> None:
@@ -179,6 +185,8 @@ class ClusterNetwork:
                     os.kill(pid, signal.SIGKILL)
             remove_netns(ns)
         if self.bridge_exists():
+            for link in json.loads(ip("-j", "link", "show", "master", self.bridge, check=False) or "[]"):
+                ip("link", "del", link["ifname"], check=False)
             ip("link", "del", self.bridge, check=False)
 
 
