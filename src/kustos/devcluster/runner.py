@@ -25,6 +25,7 @@ from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import (
     ConfigMap,
     PersistentVolume,
@@ -154,6 +155,11 @@ class PodRunner:
             self._partitioned.discard(name)
             self._set_links(name, up=True)
             await self._resync_node(name)
+            for sandbox in self._sandboxes.values():
+                if sandbox.pod["spec"].get("nodeName") == name:
+                    # What the node controller wrote meanwhile (Ready False) is overwritten
+                    # with the truth, as a reconnecting kubelet's status sync does.
+                    sandbox.mark_dirty()
         elif was_up and not up:
             log.info("node %s went down: killing its processes", name)
             for uid, sandbox in list(self._sandboxes.items()):
@@ -280,9 +286,10 @@ class PodRunner:
         meta = pod["metadata"]
         bound = BoundObjectReference(apiVersion="v1", kind="Pod", name=meta["name"], uid=meta["uid"])
         request = ServiceAccountToken(
+            metadata=ObjectMeta(),
             spec=TokenRequestSpec(
                 audiences=[audience] if audience else [], expirationSeconds=seconds, boundObjectRef=bound
-            )
+            ),
         )
         account = pod["spec"].get("serviceAccountName") or "default"
         result = await self._client.create(request, account, namespace=meta["namespace"])

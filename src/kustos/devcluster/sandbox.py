@@ -506,6 +506,10 @@ class Sandbox:
     def _mark_dirty(self) -> None:
         self._dirty.set()
 
+    def mark_dirty(self) -> None:
+        """Write the status again even though nothing changed here (someone else changed it)."""
+        self._dirty.set()
+
     def pod_status(self) -> dict[str, Any]:
         """The status a kubelet would report for this pod now."""
         now = now_rfc3339()
