@@ -160,6 +160,14 @@ async def test_the_cluster_survives_an_api_server_restart(kubectl: Kubectl, dev_
     )
 
 
+def running(pid: int) -> bool:
+    """Alive and not a zombie (what this session started and has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_second_cluster_gets_its_own_network_and_leaves_nothing_behind(dev_cluster: DevCluster) -> None:
     """Two clusters side by side (different names) never share a range, bridge or namespace;
     ``stop`` removes the bridge, every pod namespace and veth, CoreDNS and every process."""
@@ -179,5 +187,5 @@ def test_a_second_cluster_gets_its_own_network_and_leaves_nothing_behind(dev_clu
     names = {link["ifname"] for link in json.loads(links)}
     assert theirs.bridge not in names and mine.bridge in names
     assert not theirs.namespaces()
-    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    assert not [pid for pid in pids if running(pid)]
     assert not other.state_dir.exists()
