@@ -89,9 +89,13 @@ def dev_cluster() -> Iterator[DevCluster]:
     )
     try:
         cluster.start(timeout=180)
-        # Cluster names first (CoreDNS refuses the rest), then the host's servers.
-        host = Path("/etc/resolv.conf").read_text()
-        SESSION_RESOLV_CONF.write_text(f"nameserver {cluster.dns_server}\n{host}")
+        # Cluster names first (CoreDNS refuses the rest), then the host's servers; the
+        # cluster.local search domain completes the short names the operator reports
+        # (``<pod>.<service>.<ns>.svc``), as in a pod.
+        host = [line for line in Path("/etc/resolv.conf").read_text().splitlines()
+                if not line.startswith(("search", "domain"))]  # fmt: skip
+        lines = ["search cluster.local", f"nameserver {cluster.dns_server}", *host]
+        SESSION_RESOLV_CONF.write_text("\n".join(lines) + "\n")
         yield cluster
     finally:
         # KUSTOS_KEEP_CLUSTER=1 leaves it running to look at after a failure; the next
