@@ -34,7 +34,8 @@ CLONE_NEWNS = 0x00020000
 
 def _private_resolv_conf() -> Path:
     """Give this test session its own mount namespace whose /etc/resolv.conf is a file we
-    write: the host's servers now, the cluster DNS first once the cluster runs.
+    write: the host's until the cluster runs (builds may fetch Go modules), then the
+    cluster DNS.
 
     Tests (httpx, etcdctl) reach members by the DNS names the operator gives them, as
     anything in the cluster would. It happens at import, before pytest starts a thread:
@@ -89,13 +90,10 @@ def dev_cluster() -> Iterator[DevCluster]:
     )
     try:
         cluster.start(timeout=180)
-        # Cluster names first (CoreDNS refuses the rest), then the host's servers; the
-        # cluster.local search domain completes the short names the operator reports
+        # Only the cluster DNS (NXDOMAIN for every other name: nothing leaves the machine);
+        # the cluster.local search domain completes the short names the operator reports
         # (``<pod>.<service>.<ns>.svc``), as in a pod.
-        host = [line for line in Path("/etc/resolv.conf").read_text().splitlines()
-                if not line.startswith(("search", "domain"))]  # fmt: skip
-        lines = ["search cluster.local", f"nameserver {cluster.dns_server}", *host]
-        SESSION_RESOLV_CONF.write_text("\n".join(lines) + "\n")
+        SESSION_RESOLV_CONF.write_text(f"search cluster.local\nnameserver {cluster.dns_server}\n")
         yield cluster
     finally:
         # KUSTOS_KEEP_CLUSTER=1 leaves it running to look at after a failure; the next

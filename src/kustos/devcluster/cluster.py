@@ -494,8 +494,9 @@ def _shim_dir() -> Path:
 
 
 def corefile_text(address: str, kubeconfig: Path) -> str:
-    """cluster.local and reverse lookups from the kubernetes plugin; every other name is
-    refused (no server block for the root zone), so nothing leaves the machine."""
+    """cluster.local and reverse lookups from the kubernetes plugin; every other name gets
+    NXDOMAIN from here (nothing is forwarded off the machine), so a name that does not
+    exist reads "Name or service not known", as behind a real cluster DNS."""
     return (
         f"cluster.local in-addr.arpa ip6.arpa:53 {{\n"
         f"    bind {address}\n"
@@ -504,6 +505,12 @@ def corefile_text(address: str, kubeconfig: Path) -> str:
         f"        kubeconfig {kubeconfig}\n"
         "        pods verified\n"
         "        ttl 5\n"
+        "    }\n"
+        "}\n"
+        f".:53 {{\n"
+        f"    bind {address}\n"
+        "    template ANY ANY {\n"
+        "        rcode NXDOMAIN\n"
         "    }\n"
         "}\n"
     )

@@ -37,9 +37,9 @@ class NetworkError(RuntimeError):
 
 
 def missing_privileges() -> str | None:
-    """What keeps us from creating namespaces and links, in a few words, or None."""
-    if os.geteuid() == 0:
-        return None
+    """What keeps us from creating namespaces and links, in a few words, or None.
+
+    The effective capabilities decide, not the uid: root in a container may lack them."""
     try:
         status = Path("/proc/self/status").read_text()
         effective = int(
