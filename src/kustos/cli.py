@@ -139,8 +139,12 @@ def _run_sample(cluster: DevCluster) -> None:
             time.sleep(0.5)
     console.print()
     console.out(cluster.kubectl("get", "etcdclusters"))
-    urls = ",".join(m["clientUrl"] for m in status.get("members", []))  # type: ignore[union-attr]
+    # The members' client URLs are cluster DNS names; from the host, their pod IPs reach them.
+    ips = cluster.kubectl("get", "pods", "-l", f"kustos.dev/cluster={SAMPLE}", "-o",
+                          "jsonpath={.items[*].status.podIP}").split()  # fmt: skip
+    urls = ",".join(f"http://{ip}:2379" for ip in ips)
     console.print(f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints={urls} member list -w table")
+    console.print(f"(its members' DNS names resolve through the cluster DNS at {cluster.dns_server})")
 
 
 def _name_flag(name: str) -> str:
