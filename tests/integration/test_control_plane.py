@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +191,17 @@ def test_a_second_cluster_gets_its_own_network_and_leaves_nothing_behind(dev_clu
     assert not theirs.namespaces()
     assert not [pid for pid in pids if running(pid)]
     assert not other.state_dir.exists()
+
+
+def test_dev_up_without_the_capabilities_fails_in_one_line_naming_them(tmp_path: Path) -> None:
+    """Root without CAP_NET_ADMIN and CAP_SYS_ADMIN (as in an unprivileged container)."""
+    drop = ["setpriv", "--inh-caps=-net_admin,-sys_admin", "--bounding-set=-net_admin,-sys_admin"]
+    result = subprocess.run(
+        [*drop, sys.executable, "-m", "kustos.cli", "dev", "up", "--name", "nocaps", "--no-sample"],
+        capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "KUSTOS_CACHE": str(tmp_path), "COLUMNS": "300"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1 and "missing CAP_NET_ADMIN and CAP_SYS_ADMIN" in lines[0], result.stdout
+    assert not (tmp_path / "clusters" / "nocaps").exists()
