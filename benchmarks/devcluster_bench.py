@@ -1,6 +1,9 @@
 """Figures of the local control plane (F-DEV): build time, cache size, start time, memory.
 
-    .venv/bin/python benchmarks/devcluster_bench.py [--starts 3] [--nodes 10] [--cold-build]
+    .venv/bin/python benchmarks/devcluster_bench.py [--starts 3] [--nodes 10] [--pods 5] [--cold-build]
+
+Pod start is the time from creating a one-container etcd pod to its process answering on
+the pod IP (network namespace, veth, mount namespace, process start).
 
 ``--cold-build`` rebuilds every binary into a scratch cache with an empty Go build
 cache (Go's module cache is reused: downloads are not part of the figure), which
@@ -10,7 +13,9 @@ takes many minutes on two cores.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -55,9 +60,54 @@ def start_times(runs: int) -> None:
         seconds.append(time.monotonic() - started)
         cluster.stop()
     print(
-        f"control-plane start until API answers and 4 nodes are Ready (cached binaries, {runs} runs): "
+        f"dev cluster start (pod network, control plane, CoreDNS) until the API answers and 4 nodes "
+        f"are Ready (cached binaries, {runs} runs): "
         f"median {statistics.median(seconds):.1f} s, max {max(seconds):.1f} s"
     )
+
+
+def _serving(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def pod_starts(pods: int) -> None:
+    cluster = DevCluster(DevClusterConfig(name="bench-pods", worker_nodes=3))
+    cluster.stop()
+    cluster.start()
+    try:
+        seconds = []
+        for i in range(pods):
+            name = f"solo-{i}"
+            image = f"registry.k8s.io/etcd:{binaries.ETCD_VERSIONS[-1][1:]}-0"
+            pod = {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                "spec": {"containers": [{"name": "etcd", "image": image,
+                         "command": ["etcd", "--data-dir=/tmp/data", "--listen-client-urls=http://0.0.0.0:2379",
+                                     "--advertise-client-urls=http://localhost:2379"],
+                         "volumeMounts": [{"name": "data", "mountPath": "/tmp/data"}]}],
+                         "volumes": [{"name": "data", "emptyDir": {}}]},
+            }  # fmt: skip
+            started = time.monotonic()
+            cluster.kubectl("apply", "-f", "-", input_text=json.dumps(pod))
+            ip = ""
+            while not ip:
+                ip = cluster.kubectl(
+                    "get", "pod", name, "-o", "jsonpath={.status.podIP}", check=False
+                ).strip()
+                time.sleep(0.02)
+            while not _serving(ip, 2379):
+                time.sleep(0.02)
+            seconds.append(time.monotonic() - started)
+        print(
+            f"pod created until its etcd answers on the pod IP ({pods} pods): "
+            f"median {statistics.median(seconds):.2f} s, max {max(seconds):.2f} s"
+        )
+    finally:
+        cluster.stop()
 
 
 def idle_memory(nodes: int, settle: float) -> None:
@@ -81,6 +131,7 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--settle", type=float, default=30.0, help="idle seconds before measuring memory")
+    parser.add_argument("--pods", type=int, default=5)
     parser.add_argument("--cold-build", action="store_true")
     args = parser.parse_args()
     binaries.build()
@@ -91,6 +142,7 @@ def main() -> None:
         f"binary cache {binaries.bin_dir()}: {size / 2**20:.0f} MiB in {len(binaries.all_binaries())} files"
     )
     start_times(args.starts)
+    pod_starts(args.pods)
     idle_memory(args.nodes, args.settle)
 
 

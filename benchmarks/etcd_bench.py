@@ -1,6 +1,10 @@
 """Figures of the EtcdCluster controller with real etcd members on the dev cluster.
 
     .venv/bin/python benchmarks/etcd_bench.py [--runs 3] [--clusters 10 50] [--upgrade-sizes 3 5]
+        [--addressing dns|podIP]
+
+``--clusters`` and ``--upgrade-sizes`` with no value skip those parts; ``--addressing``
+(default ``dns``, the EtcdCluster default) is how members are addressed.
 
 Prints: time from creating a 3-member cluster to all members healthy; time from a
 member's pod deletion to full healthy size again; rolling upgrade and rollback time
@@ -28,9 +32,11 @@ from kustos.api import RESOURCES
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig
 from kustos.devcluster.kwokconfig import Timings
+from kustos.devcluster.network import operator_argv
 from kustos.runtime.crd import render_crds
 
 REPO = Path(__file__).resolve().parents[1]
+ADDRESSING = {"value": "dns"}  # set from --addressing
 
 
 def rss_mib(pid: int) -> float:
@@ -52,7 +58,8 @@ def healthy(st: dict[str, Any], size: int) -> bool:
 
 def create(cluster: DevCluster, name: str, size: int = 3, **spec: Any) -> None:
     body = {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster", "metadata": {"name": name},
-            "spec": {"size": size, "addressing": "podIP", "memberFailureTimeout": "5s", **spec}}  # fmt: skip
+            "spec": {"size": size, "addressing": ADDRESSING["value"], "memberFailureTimeout": "5s",
+                     **spec}}  # fmt: skip
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body))
 
 
@@ -93,12 +100,14 @@ def timed_roll(
 
 
 def start_operator(cluster: DevCluster, port: int = 18080) -> subprocess.Popen[bytes]:
-    """``kustos run`` with every controller against ``cluster``, once it reports ready."""
+    """``kustos run`` with every controller against ``cluster``, once it reports ready; it
+    resolves members' DNS names through the cluster DNS."""
     operator = subprocess.Popen(
-        [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
-         "--no-leader-elect", "--metrics-address", f"127.0.0.1:{port}",
-         "--webhook-address", "127.0.0.1:0",
-         "--log-level", "warning"],
+        operator_argv(cluster.resolv_conf, [
+            sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+            "--no-leader-elect", "--metrics-address", f"127.0.0.1:{port}",
+            "--webhook-address", "127.0.0.1:0",
+            "--log-level", "warning"]),
         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     while True:
@@ -128,7 +137,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--clusters", type=int, nargs="*", default=[10])
     parser.add_argument("--upgrade-sizes", type=int, nargs="*", default=[3, 5])
+    parser.add_argument("--addressing", choices=("dns", "podIP"), default="dns")
     args = parser.parse_args()
+    ADDRESSING["value"] = args.addressing
+    print(f"addressing: {args.addressing}")
     cluster = bench_cluster("bench-etcd")
     operator = None
     try:

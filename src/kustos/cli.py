@@ -135,16 +135,19 @@ def _run_sample(cluster: DevCluster) -> None:
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
     for resource in RESOURCES:
         cluster.wait_established(resource.crd.name)
-    # `kustos run` beside the dev cluster; `kustos dev down` stops it.
-    cluster.ensure_background("operator", [
+    # `kustos run` beside the dev cluster (`kustos dev down` stops it), resolving cluster
+    # names through the cluster DNS as it would in a pod.
+    from kustos.devcluster.network import operator_argv
+
+    cluster.ensure_background("operator", operator_argv(cluster.resolv_conf, [
         sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
         "--metrics-address", "127.0.0.1:0", "--webhook-address", "127.0.0.1:0",
-    ])  # fmt: skip
+    ]))  # fmt: skip
     sample = {
         "apiVersion": "kustos.dev/v1alpha1",
         "kind": "EtcdCluster",
         "metadata": {"name": SAMPLE, "namespace": "default"},
-        "spec": {"size": 3, "addressing": "podIP"},
+        "spec": {"size": 3},  # the default addressing: members by their DNS names
     }
     if not cluster.kubectl("get", "etcdcluster", SAMPLE, "--ignore-not-found", "-o", "name"):
         console.print(f"creating EtcdCluster {SAMPLE} (3 members, real etcd processes) ...")
@@ -173,8 +176,12 @@ def _run_sample(cluster: DevCluster) -> None:
             time.sleep(0.5)
     console.print()
     console.out(cluster.kubectl("get", "etcdclusters"))
-    urls = ",".join(m["clientUrl"] for m in status.get("members", []))  # type: ignore[union-attr]
+    # The members' client URLs are cluster DNS names; from the host, their pod IPs reach them.
+    ips = cluster.kubectl("get", "pods", "-l", f"kustos.dev/cluster={SAMPLE}", "-o",
+                          "jsonpath={.items[*].status.podIP}").split()  # fmt: skip
+    urls = ",".join(f"http://{ip}:2379" for ip in ips)
     console.print(f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints={urls} member list -w table")
+    console.print(f"(its members' DNS names resolve through the cluster DNS at {cluster.dns_server})")
 
 
 def _name_flag(name: str) -> str:
@@ -209,10 +216,47 @@ def dev_status(name: NameOption = DEFAULT_NAME) -> None:
         for n in state["nodes"]:
             nodes.add_row(n["name"], ",".join(n["roles"]), n["ready"])
         console.print(nodes)
+        if state.get("network"):
+            net = state["network"]
+            console.print(
+                f"pod network {net['cidr']} on bridge {net['bridge']}; API server and cluster DNS "
+                f"at {net['gateway']}"
+            )
         console.print(f"export KUBECONFIG={state['kubeconfig']}")
     else:
         console.print("not running")
         raise typer.Exit(1)
+
+
+NodeArgument = Annotated[str, typer.Argument(help="Node name, e.g. kustos-worker-1.")]
+
+
+@dev.command("partition")
+def dev_partition(node: NodeArgument, name: NameOption = DEFAULT_NAME) -> None:
+    """Cut a node off the network: its pods are unreachable, their processes keep running."""
+    _cluster(name).partition_node(node)
+    console.print(f"node {node} is partitioned (heal it with: kustos dev heal {node}{_name_flag(name)})")
+
+
+@dev.command("heal")
+def dev_heal(node: NodeArgument, name: NameOption = DEFAULT_NAME) -> None:
+    """End a node's partition: its pods are reachable again and its heartbeat resumes."""
+    _cluster(name).heal_node(node)
+    console.print(f"node {node} is healed")
+
+
+@dev.command("stop-node")
+def dev_stop_node(node: NodeArgument, name: NameOption = DEFAULT_NAME) -> None:
+    """Stop a node: its heartbeat stops and its pods' processes are killed."""
+    _cluster(name).take_node_down(node)
+    console.print(f"node {node} is stopped (start it with: kustos dev start-node {node}{_name_flag(name)})")
+
+
+@dev.command("start-node")
+def dev_start_node(node: NodeArgument, name: NameOption = DEFAULT_NAME) -> None:
+    """Start a stopped node again: its heartbeat resumes and its pods' containers restart."""
+    _cluster(name).bring_node_up(node)
+    console.print(f"node {node} is started")
 
 
 @dev.command(

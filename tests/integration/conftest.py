@@ -6,8 +6,12 @@ fails the session, in CI and on a laptop alike (SPEC F-DEV).
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
 import os
+import subprocess
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,6 +29,34 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
 WORKERS = 4
+CLONE_NEWNS = 0x00020000
+
+
+def _private_resolv_conf() -> Path:
+    """Give this test session its own mount namespace whose /etc/resolv.conf is a file we
+    write: the host's until the cluster runs (builds may fetch Go modules), then the
+    cluster DNS.
+
+    Tests (httpx, etcdctl) reach members by the DNS names the operator gives them, as
+    anything in the cluster would. It happens at import, before pytest starts a thread:
+    a process with threads cannot leave its mount namespace. Everything the session starts
+    (control plane, agent, pods) shares the namespace, so it goes away with them.
+    """
+    path = Path(f"/tmp/kustos-resolv-{os.getpid()}.conf")
+    path.write_text(Path("/etc/resolv.conf").read_text())
+    atexit.register(path.unlink, missing_ok=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if threading.active_count() > 1 or libc.unshare(CLONE_NEWNS) != 0:
+        raise RuntimeError(
+            f"cannot enter a private mount namespace (errno {ctypes.get_errno()}, "
+            f"{threading.active_count()} threads): the integration tests need root"
+        )
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    subprocess.run(["mount", "--bind", str(path), "/etc/resolv.conf"], check=True)
+    return path
+
+
+SESSION_RESOLV_CONF = _private_resolv_conf()
 
 
 def _remove_abandoned_test_clusters() -> None:
@@ -58,6 +90,10 @@ def dev_cluster() -> Iterator[DevCluster]:
     )
     try:
         cluster.start(timeout=180)
+        # Only the cluster DNS (NXDOMAIN for every other name: nothing leaves the machine);
+        # the cluster.local search domain completes the short names the operator reports
+        # (``<pod>.<service>.<ns>.svc``), as in a pod.
+        SESSION_RESOLV_CONF.write_text(f"search cluster.local\nnameserver {cluster.dns_server}\n")
         yield cluster
     finally:
         # KUSTOS_KEEP_CLUSTER=1 leaves it running to look at after a failure; the next

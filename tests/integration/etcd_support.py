@@ -67,7 +67,7 @@ def etcd_cluster(name: str, size: int, **spec: Any) -> dict[str, Any]:
         "apiVersion": "kustos.dev/v1alpha1",
         "kind": "EtcdCluster",
         "metadata": {"name": name},
-        "spec": {"size": size, "addressing": "podIP", "memberFailureTimeout": "5s", **spec},
+        "spec": {"size": size, "memberFailureTimeout": "5s", **spec},
     }
 
 

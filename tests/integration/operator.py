@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.network import operator_argv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,8 +103,12 @@ def start_operator(
         *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    # In the host network (it reaches the API server there) but resolving through the
+    # cluster DNS (members' DNS names), as it would in a pod.
     with log_file.open("ab") as sink:
-        process = subprocess.Popen(args, stdout=sink, stderr=sink, env=env, cwd=REPO)
+        process = subprocess.Popen(
+            operator_argv(cluster.resolv_conf, args), stdout=sink, stderr=sink, env=env, cwd=REPO
+        )
     operator = OperatorProcess(process, metrics_port, webhook_port, log_file, args)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -3,10 +3,15 @@ lifecycle (SPEC F-DEV-1)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.cluster import DevCluster, DevClusterConfig
 from tests.integration.conftest import WORKERS, Kubectl
 from tests.integration.kube import condition, is_ready, wait_until
 
@@ -44,7 +49,10 @@ async def test_deployment_pods_are_scheduled_and_run(kubectl: Kubectl, dev_clust
     assert nodes <= {f"{dev_cluster.config.name}-worker-{i + 1}" for i in range(WORKERS)}
     assert len(nodes) > 1
     ips = [p["status"]["podIP"] for p in pods]
-    assert all(ip.startswith("127.") for ip in ips) and len(set(ips)) == len(ips)
+    # Simulated pods take their IPs from the same node ranges as real ones.
+    assert all(ipaddress.ip_address(ip) in dev_cluster.network.cidr for ip in ips) and len(set(ips)) == len(
+        ips
+    )
 
     async def counted() -> bool:  # the Deployment's status follows its pods a moment later
         return kubectl.get("deployment", "web")["status"].get("readyReplicas") == 6
@@ -152,3 +160,48 @@ async def test_the_cluster_survives_an_api_server_restart(kubectl: Kubectl, dev_
     await wait_until(
         running, "a new pod running after the restart", cluster=dev_cluster, namespace=kubectl.namespace
     )
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (what this session started and has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_second_cluster_gets_its_own_network_and_leaves_nothing_behind(dev_cluster: DevCluster) -> None:
+    """Two clusters side by side (different names) never share a range, bridge or namespace;
+    ``stop`` removes the bridge, every pod namespace and veth, CoreDNS and every process."""
+    other = DevCluster(DevClusterConfig(name=f"{dev_cluster.config.name}-b", worker_nodes=1))
+    try:
+        other.start(timeout=120)
+        mine, theirs = dev_cluster.network, other.network
+        assert not mine.cidr.overlaps(theirs.cidr)
+        assert mine.bridge != theirs.bridge and mine.netns_prefix != theirs.netns_prefix
+        dns = json.loads(other.kubectl("get", "--raw", "/api/v1/namespaces/default/services/kubernetes"))
+        assert dns["metadata"]["name"] == "kubernetes"
+        pids = [c["pid"] for c in other.status()["components"] if c["running"]]
+        assert any(c["name"] == "kustos-coredns" for c in other.status()["components"])
+    finally:
+        other.stop()
+    links = subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True).stdout
+    names = {link["ifname"] for link in json.loads(links)}
+    assert theirs.bridge not in names and mine.bridge in names
+    assert not theirs.namespaces()
+    assert not [pid for pid in pids if running(pid)]
+    assert not other.state_dir.exists()
+
+
+def test_dev_up_without_the_capabilities_fails_in_one_line_naming_them(tmp_path: Path) -> None:
+    """Root without CAP_NET_ADMIN and CAP_SYS_ADMIN (as in an unprivileged container)."""
+    drop = ["setpriv", "--inh-caps=-net_admin,-sys_admin", "--bounding-set=-net_admin,-sys_admin"]
+    result = subprocess.run(
+        [*drop, sys.executable, "-m", "kustos.cli", "dev", "up", "--name", "nocaps", "--no-sample"],
+        capture_output=True, text=True, check=False, timeout=60,
+        env={**os.environ, "KUSTOS_CACHE": str(tmp_path), "COLUMNS": "300"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1 and "missing CAP_NET_ADMIN and CAP_SYS_ADMIN" in lines[0], result.stdout
+    assert not (tmp_path / "clusters" / "nocaps").exists()

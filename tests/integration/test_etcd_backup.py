@@ -13,6 +13,7 @@ import pytest
 
 from kustos.devcluster import binaries
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
+from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.s3 import S3Server, S3ServerConfig
 from kustos.etcd.client import EtcdClient
 from tests.integration.conftest import Kubectl
@@ -28,10 +29,12 @@ BUCKET = "etcd-backups"
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+def s3(tmp_path_factory: pytest.TempPathFactory, dev_cluster: DevCluster) -> Iterator[S3Server]:
     binaries.build([b for b in binaries.missing_binaries() if b.name == "versitygw"])
-    # Not 127.0.0.1: to an agent pod that is the pod itself, as in any pod.
-    config = S3ServerConfig(data_dir=tmp_path_factory.mktemp("s3"), buckets=(BUCKET,), host="127.0.0.2")
+    # On the pod network's gateway: pods live in their own network namespaces.
+    config = S3ServerConfig(
+        data_dir=tmp_path_factory.mktemp("s3"), buckets=(BUCKET,), host=dev_cluster.network.gateway
+    )
     server = S3Server(config)
     server.start()
     try:

@@ -1,7 +1,7 @@
 """EtcdCluster with TLS (SPEC F-ETCD-10), with real etcd members run by the pod runner.
 
-The dev cluster has no DNS, so these clusters use pod-IP addressing: each member's
-certificate is issued once its pod has an IP, and its container waits for it.
+These clusters use DNS addressing, except ``sec`` and ``own`` (pod-IP addressing: each
+member's certificate is issued once its pod has an IP, and its container waits for it).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ async def test_tls_cluster_works_refuses_clients_without_certificates_renews_and
 ) -> None:
     # Failure detection is not under test here: on a busy machine a joining member may take
     # longer than the 5 s the other tests use, and replacing it only slows the roll down.
-    kubectl.apply(etcd_cluster("sec", 3, tls={"lifetime": "24h"}, memberFailureTimeout="15s"))
+    kubectl.apply(etcd_cluster("sec", 3, tls={"lifetime": "24h"}, memberFailureTimeout="15s",
+                               addressing="podIP"))  # fmt: skip
     status = await wait_healthy(kubectl, "sec", 3, timeout=180)
     urls = [m["clientUrl"] for m in status["members"]]
     assert all(u.startswith("https://") for u in urls), urls
@@ -261,7 +262,7 @@ async def test_user_secrets_missing_are_reported_then_used_once_they_exist(
     kubectl: Kubectl, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     secrets = {"peer": "my-peer", "server": "my-server", "operatorClient": "my-client"}
-    kubectl.apply(etcd_cluster("own", 1, tls={"secrets": secrets}))
+    kubectl.apply(etcd_cluster("own", 1, tls={"secrets": secrets}, addressing="podIP"))
 
     async def reported() -> bool:
         conditions = {c["type"]: c for c in status_of(kubectl, "own").get("conditions") or []}

@@ -71,7 +71,7 @@ async def test_resize_keeps_every_acknowledged_write(kubectl: Kubectl, operator:
 
 
 async def test_deleted_pod_is_replaced(kubectl: Kubectl, operator: OperatorProcess) -> None:
-    kubectl.apply(etcd_cluster("d", 3))
+    kubectl.apply(etcd_cluster("d", 3, addressing="podIP"))
     await wait_healthy(kubectl, "d", 3)
     kubectl("delete", "pod", "d-1", "--wait=false")
 
@@ -170,7 +170,7 @@ async def test_crashed_process_is_replaced_after_the_failure_timeout(
 
 
 async def test_member_on_a_dead_node_is_replaced(kubectl: Kubectl, operator: OperatorProcess) -> None:
-    kubectl.apply(etcd_cluster("dn", 3, pod={"antiAffinity": "required"}))
+    kubectl.apply(etcd_cluster("dn", 3, pod={"antiAffinity": "required"}, addressing="podIP"))
     status = await wait_healthy(kubectl, "dn", 3)
     victim = status["members"][0]["name"]
     node = kubectl.get("pod", victim)["spec"]["nodeName"]

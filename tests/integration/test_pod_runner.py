@@ -1,9 +1,12 @@
-"""Allow-listed pods run as real processes on their pod IPs (SPEC F-DEV-2)."""
+"""Allow-listed pods run as real processes in their own namespaces on their pod IPs (SPEC F-DEV-2)."""
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -51,7 +54,7 @@ async def test_etcd_pod_runs_answers_logs_and_stops_on_delete(
     kubectl.apply(single_member("solo"))
     pod = await ready_pod(kubectl, "solo")
     ip = pod["status"]["podIP"]
-    assert ip.startswith("127.") and ip != "127.0.0.1"
+    assert ipaddress.ip_address(ip) in dev_cluster.network.cidr and ip != dev_cluster.network.gateway
 
     health = etcdctl(ip, "endpoint", "health")
     assert "is healthy" in health.stdout + health.stderr
@@ -244,3 +247,146 @@ async def test_node_down_kills_its_processes(kubectl: Kubectl, dev_cluster: DevC
     # A node that comes back restarts its pods' containers, as a rebooted kubelet would.
     pod = await ready_pod(kubectl, "doomed", timeout=60)
     assert etcdctl(pod["status"]["podIP"], "endpoint", "health", check=False).returncode == 0
+
+
+def probe_script(lines: list[str]) -> str:
+    """A shell command that prints what the container sees, then runs etcd (a Ready pod)."""
+    return (
+        "; ".join(lines)
+        + "; exec etcd --data-dir=/var/lib/etcd/d --listen-client-urls=http://0.0.0.0:2379 "
+        + ("--advertise-client-urls=http://localhost:2379")
+    )
+
+
+async def test_a_pod_gets_what_a_kubelet_gives_it(kubectl: Kubectl, dev_cluster: DevCluster) -> None:
+    """resolv.conf, /etc/hosts, hostname, service account token, KUBERNETES_SERVICE_*, downward API
+    files: each from the pod's own namespaces, and the token works against the API server."""
+    ns = kubectl.namespace
+    token_dir = "/var/run/secrets/kubernetes.io/serviceaccount"
+    kubectl.apply(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "sub"},
+         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"app": "kubelet"},
+                  "ports": [{"name": "client", "port": 2379}]}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "seer", "labels": {"app": "kubelet"}},
+         "spec": {"hostname": "seer", "subdomain": "sub",
+                  "containers": [{"name": "etcd", "image": demo.etcd_image(), "command": ["/bin/sh", "-c"],
+                                  "args": [probe_script([
+                                      "cat /etc/resolv.conf /etc/hosts", "echo host=$(hostname)",
+                                      f"echo ns=$(cat {token_dir}/namespace)",
+                                      f"echo ca=$(head -c 27 {token_dir}/ca.crt)",
+                                      f"echo token=$(wc -c < {token_dir}/token)",
+                                      "echo api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT",
+                                      "echo labels=$(cat /var/lib/etcd/info/labels)",
+                                  ])],
+                                  "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"},
+                                                   {"name": "info", "mountPath": "/var/lib/etcd/info"}]}],
+                  "volumes": [{"name": "data", "emptyDir": {}},
+                              {"name": "info", "downwardAPI": {"items": [{"path": "labels",
+                                  "fieldRef": {"fieldPath": "metadata.labels['app']"}}]}}]}},
+    )  # fmt: skip
+    pod = await ready_pod(kubectl, "seer")
+    ip = pod["status"]["podIP"]
+
+    async def printed() -> str | None:
+        text = kubectl("logs", "seer", check=False)
+        return text if "labels=" in text else None
+
+    text = await wait_until(printed, "what the container printed", timeout=30)
+    gateway = dev_cluster.network.gateway
+    assert f"search {ns}.svc.cluster.local svc.cluster.local cluster.local" in text
+    assert f"nameserver {gateway}" in text and "options ndots:5" in text
+    assert f"{ip}\tseer.sub.{ns}.svc.cluster.local seer" in text
+    assert "host=seer" in text and f"ns={ns}" in text and "ca=-----BEGIN CERTIFICATE-----" in text
+    assert "labels=kubelet" in text
+    token_length = int(text.split("token=")[1].split()[0])
+    assert token_length > 100
+    api_host, api_port = text.split("api=")[1].split()[0].split(":")
+    assert api_host == gateway
+    # The host's /etc/resolv.conf and hostname are untouched.
+    assert socket.gethostname() != "seer"
+    # The token is a real one of the pod's service account: the API server knows who it is.
+    token_file = next((dev_cluster.state_dir / "pods").glob(f"{ns}_seer_*/volumes/kube-api-access-*/token"))
+    review = kubectl.cluster.kubectl("create", "-f", "-", "-o", "json", input_text=json.dumps(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+         "spec": {"token": token_file.read_text()}}))  # fmt: skip
+    user = json.loads(review)["status"]["user"]
+    assert user["username"] == f"system:serviceaccount:{ns}:default"
+    assert user["extra"]["authentication.kubernetes.io/pod-name"] == ["seer"]
+    assert int(api_port) > 0
+
+
+async def test_cluster_dns_serves_services_headless_pods_and_pod_records(
+    kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
+    """From the host (this session resolves through CoreDNS) and from inside a pod (etcdctl
+    by name), as any client in the cluster; EndpointSlices hold the pod IP."""
+    ns = kubectl.namespace
+    kubectl.apply(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "named"},
+         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"app": "named"},
+                  "ports": [{"name": "client", "port": 2379}]}},
+    )  # fmt: skip
+    pod = single_member("named-0")
+    pod["metadata"]["labels"] = {"app": "named"}
+    pod["spec"].update(hostname="named-0", subdomain="named")
+    pod["spec"]["containers"][0]["readinessProbe"] = {
+        "exec": {"command": ["etcdctl", f"--endpoints=http://named-0.named.{ns}.svc.cluster.local:2379",
+                             "endpoint", "health"]},
+        "periodSeconds": 1,
+    }  # fmt: skip
+    kubectl.apply(pod)
+    ready = await ready_pod(kubectl, "named-0")  # its exec probe resolved its own name inside the pod
+    ip = ready["status"]["podIP"]
+    dashed = ip.replace(".", "-")
+    for name in (f"named-0.named.{ns}.svc.cluster.local", f"named.{ns}.svc.cluster.local",
+                 f"{dashed}.{ns}.pod.cluster.local"):  # fmt: skip
+        assert socket.gethostbyname(name) == ip, name
+    slices = kubectl.get("endpointslices", None, "-l", "kubernetes.io/service-name=named")["items"]
+    assert [a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]] == [ip]
+    assert etcdctl(f"named-0.named.{ns}.svc.cluster.local", "endpoint", "health").returncode == 0
+
+
+async def test_two_pods_listen_on_the_same_wildcard_port(kubectl: Kubectl) -> None:
+    """Each pod has its own network namespace: 0.0.0.0:2379 twice, each on its own IP."""
+    for name in ("twin-a", "twin-b"):
+        kubectl.apply(single_member(name))
+    a, b = await ready_pod(kubectl, "twin-a"), await ready_pod(kubectl, "twin-b")
+    assert a["status"]["podIP"] != b["status"]["podIP"]
+    etcdctl(a["status"]["podIP"], "put", "who", "a")
+    assert etcdctl(b["status"]["podIP"], "get", "who", "--print-value-only").stdout.strip() == ""
+
+
+async def test_a_partitioned_node_keeps_its_processes_and_heals(
+    kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
+    island = single_member("island")
+    island["spec"]["tolerations"] = [
+        {
+            "key": f"node.kubernetes.io/{k}",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 600,
+        }
+        for k in ("unreachable", "not-ready")
+    ]
+    kubectl.apply(island)
+    pod = await ready_pod(kubectl, "island")
+    ip, node = pod["status"]["podIP"], pod["spec"]["nodeName"]
+    pid = dev_cluster.container_pid(kubectl.namespace, "island", "etcd")
+    assert pid is not None
+    dev_cluster.partition_node(node)
+    try:
+        await asyncio.sleep(1)
+        assert etcdctl(ip, "endpoint", "health", check=False).returncode != 0
+
+        async def unknown() -> bool:
+            conditions = kubectl.get("node", node)["status"]["conditions"]
+            return any(c["type"] == "Ready" and c["status"] == "Unknown" for c in conditions)
+
+        await wait_until(unknown, f"{node} Unknown: its heartbeat stopped", timeout=30)
+        assert process_alive(pid)
+    finally:
+        dev_cluster.heal_node(node)
+    pod = await ready_pod(kubectl, "island", timeout=60)
+    assert etcdctl(ip, "endpoint", "health", check=False).returncode == 0
+    assert dev_cluster.container_pid(kubectl.namespace, "island", "etcd") == pid, "restarted, not healed"

@@ -49,6 +49,7 @@ def test_every_binary_the_dev_cluster_needs_is_built() -> None:
             **dict.fromkeys(KUBE_COMMANDS, 1),
             "versitygw": 1,
             "helm": 1,
+            "coredns": 1,
         }
     )
 

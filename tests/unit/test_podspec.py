@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kustos.devcluster.binaries import ETCD_VERSIONS
@@ -22,7 +22,6 @@ from kustos.devcluster.podspec import (
     match_image,
     pod_is_runnable,
     pod_is_runner_owned,
-    rewrite_hosts,
     rewrite_paths,
 )
 
@@ -218,88 +217,6 @@ def test_expand_vars_leaves_text_without_references_alone(text: str, env: dict[s
 @given(name=_names, env=st.dictionaries(_names, st.text()))
 def test_expand_vars_escaped_reference_stays_literal(name: str, env: dict[str, str]) -> None:
     assert expand_vars(f"$$({name})", env) == f"$({name})"
-
-
-# ---- hosts ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("0.0.0.0", POD_IP),
-        ("127.0.0.1", POD_IP),
-        ("localhost", POD_IP),
-        ("http://0.0.0.0:2379", f"http://{POD_IP}:2379"),
-        ("--listen-client-urls=http://127.0.0.1:2379,http://localhost:4001", None),
-        ("127.0.0.1:2380", f"{POD_IP}:2380"),
-        ("[127.0.0.1]:80", f"[{POD_IP}]:80"),
-        ("a,localhost,b", f"a,{POD_IP},b"),
-        ("LISTEN=localhost:1", f"LISTEN={POD_IP}:1"),
-    ],
-)
-def test_rewrite_hosts_binds_loopback_and_wildcard_addresses_to_the_pod_ip(
-    text: str, expected: str | None
-) -> None:
-    if expected is None:
-        expected = f"--listen-client-urls=http://{POD_IP}:2379,http://{POD_IP}:4001"
-    assert rewrite_hosts(text, POD_IP) == expected
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "127.0.0.10",
-        "127.0.0.100:2379",
-        "10.0.0.0",
-        "100.0.0.0",
-        "1127.0.0.1",
-        "mylocalhost",
-        "localhost2",
-        "localhost-proxy",
-        "my-localhost",
-        "localhost_1",
-        "svc.localhost",
-        "http://etcd-0.etcd:2379",
-    ],
-)
-def test_rewrite_hosts_leaves_longer_addresses_alone(text: str) -> None:
-    assert rewrite_hosts(text, POD_IP) == text
-
-
-@pytest.mark.parametrize("text", ["localhost.localdomain", "127.0.0.1.nip.io:2379"])
-def test_rewrite_hosts_leaves_dns_names_that_start_with_a_loopback_word_alone(text: str) -> None:
-    assert rewrite_hosts(text, POD_IP) == text
-
-
-_host_words = st.sampled_from(["0.0.0.0", "127.0.0.1", "localhost"])
-_pod_ips = st.builds(
-    lambda a, b, c: f"127.{a}.{b}.{c}",
-    st.integers(1, 254),
-    st.integers(1, 254),
-    st.integers(1, 254),
-)
-
-
-@given(
-    scheme=st.sampled_from(["http", "https", "unix", "tcp"]),
-    host=_host_words,
-    port=st.integers(1, 65535),
-    pod_ip=_pod_ips,
-)
-def test_rewrite_hosts_rewrites_the_host_of_any_url(scheme: str, host: str, port: int, pod_ip: str) -> None:
-    assert rewrite_hosts(f"{scheme}://{host}:{port}/x", pod_ip) == f"{scheme}://{pod_ip}:{port}/x"
-
-
-@given(text=st.text(), pod_ip=_pod_ips)
-def test_rewrite_hosts_is_idempotent(text: str, pod_ip: str) -> None:
-    once = rewrite_hosts(text, pod_ip)
-    assert rewrite_hosts(once, pod_ip) == once
-
-
-@given(text=st.text(alphabet=string.printable), pod_ip=_pod_ips)
-def test_rewrite_hosts_changes_nothing_without_a_loopback_word(text: str, pod_ip: str) -> None:
-    assume(not any(word in text for word in ("0.0.0.0", "127.0.0.1", "localhost")))
-    assert rewrite_hosts(text, pod_ip) == text
 
 
 # ---- paths ----------------------------------------------------------------------------
@@ -506,7 +423,8 @@ def _etcd_container(**overrides: Any) -> dict[str, Any]:
     return container
 
 
-def test_build_invocation_runs_the_local_binary_with_rewritten_arguments(tmp_path: Path) -> None:
+def test_build_invocation_runs_the_local_binary_with_rewritten_paths_and_hosts_kept(tmp_path: Path) -> None:
+    """Pods have their own network namespace: 0.0.0.0 and localhost stay as written."""
     data = tmp_path / "data"
 
     invocation = build_invocation(
@@ -517,8 +435,8 @@ def test_build_invocation_runs_the_local_binary_with_rewritten_arguments(tmp_pat
         str(SHIM / "etcd"),
         "--name=etcd-0",
         f"--data-dir={data}",
-        f"--listen-client-urls=http://{POD_IP}:2379",
-        f"--advertise-client-urls=http://{POD_IP}:2379",
+        "--listen-client-urls=http://0.0.0.0:2379",
+        "--advertise-client-urls=http://localhost:2379",
     ]
     assert invocation.cwd is None
 
@@ -531,7 +449,7 @@ def test_build_invocation_environment_is_rewritten_and_puts_the_binaries_first_o
     env = build_invocation(_full_pod(), _etcd_container(), BIN_PATHS, {"/var/lib/etcd": data}, BASE_ENV).env
 
     assert env["PATH"].split(":") == [str(SHIM), "/usr/bin", "/bin"]
-    assert env["ADVERTISE"] == f"http://{POD_IP}:2379"
+    assert env["ADVERTISE"] == "http://localhost:2379"
     assert env["ETCD_WAL_DIR"] == f"{data}/wal"
     assert env["POD_NAME"] == "etcd-0"
     assert env["HOSTNAME"] == "etcd-0"
@@ -551,7 +469,7 @@ def test_build_invocation_without_command_runs_the_image_entrypoint_etcd() -> No
 
     invocation = build_invocation(_full_pod(), container, BIN_PATHS, {}, BASE_ENV)
 
-    assert invocation.argv == [str(SHIM / "etcd"), "--name=solo", f"--listen-peer-urls=http://{POD_IP}:2380"]
+    assert invocation.argv == [str(SHIM / "etcd"), "--name=solo", "--listen-peer-urls=http://127.0.0.1:2380"]
 
 
 def test_build_invocation_resolves_a_bare_command_name() -> None:
@@ -569,7 +487,7 @@ def test_build_invocation_keeps_a_shell_command_and_lets_it_find_the_binaries_on
 
     invocation = build_invocation(_full_pod(), container, BIN_PATHS, {}, BASE_ENV)
 
-    assert invocation.argv == ["/bin/sh", "-c", f"etcdctl --endpoints={POD_IP}:2379 endpoint health"]
+    assert invocation.argv == ["/bin/sh", "-c", "etcdctl --endpoints=localhost:2379 endpoint health"]
     assert invocation.env["PATH"].split(":")[0] == str(SHIM)
 
 

@@ -344,7 +344,7 @@ def test_an_exec_probe_command_replaces_the_container_command_and_args(tmp_path:
         pod["spec"]["containers"][0], ["etcdctl", "--endpoints=localhost:2379", "endpoint", "health"]
     )
 
-    assert invocation.argv == [str(SHIM / "etcdctl"), f"--endpoints={POD_IP}:2379", "endpoint", "health"]
+    assert invocation.argv == [str(SHIM / "etcdctl"), "--endpoints=localhost:2379", "endpoint", "health"]
     assert invocation.env["HOSTNAME"] == "etcd-0"
     assert invocation.env["PATH"].split(":")[0] == str(SHIM)
 

@@ -12,6 +12,9 @@ import asyncio
 import contextlib
 import signal
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
 
 from kustos.devcluster.provisioner import LocalPathProvisioner
 from kustos.devcluster.runner import PodRunner
@@ -22,7 +25,11 @@ from kustos.runtime.metrics import Metrics
 
 async def serve(kubeconfig: Path, state_dir: Path, restart_backoff: tuple[float, float]) -> None:
     clients = connect(load_config(kubeconfig), Metrics(), field_manager="kustos-dev")
-    runner = PodRunner(clients.api, clients.raw, state_dir, restart_backoff=restart_backoff)
+    server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    api_port = urlsplit(server).port
+    runner = PodRunner(
+        clients.api, clients.raw, state_dir, restart_backoff=restart_backoff, api_port=api_port
+    )
     provisioner = LocalPathProvisioner(clients.api, clients.raw, state_dir / "volumes")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

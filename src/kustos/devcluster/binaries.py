@@ -27,6 +27,8 @@ KWOK_VERSION = "v0.8.0"
 VERSITYGW_VERSION = "v1.8.0"
 # Renders, lints and installs the kustos chart (deploy/helm/kustos).
 HELM_VERSION = "v4.3.1"
+# The dev cluster's cluster DNS (kubernetes plugin serving cluster.local on the pod bridge).
+COREDNS_VERSION = "v1.14.7"
 
 
 def _kubernetes_ldflags(version: str) -> list[str]:
@@ -96,6 +98,7 @@ def all_binaries() -> list[Binary]:
             (f"-X helm.sh/helm/v4/internal/version.version={HELM_VERSION}",),
         )
     )
+    binaries.append(Binary("coredns", COREDNS_VERSION, "coredns", "github.com/coredns/coredns"))
     for command in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
         binaries.append(
             Binary(
@@ -129,6 +132,8 @@ def _default_version(name: str) -> str:
         return VERSITYGW_VERSION
     if name == "helm":
         return HELM_VERSION
+    if name == "coredns":
+        return COREDNS_VERSION
     return KUBERNETES_VERSION
 
 

@@ -36,6 +36,13 @@ from kustos.devcluster.kwokconfig import (
     kwokctl_config,
     node_manifest,
 )
+from kustos.devcluster.network import (
+    SERVICE_ACCOUNT_DIR,
+    ClusterNetwork,
+    claim_network,
+    missing_privileges,
+    operator_resolv_conf,
+)
 from kustos.devcluster.paths import cache_root, clusters_root
 from kustos.devcluster.provisioner import storage_class_manifest
 from kustos.devcluster.runner import sandbox_dir
@@ -43,8 +50,10 @@ from kustos.devcluster.sandbox import HOLD_SUFFIX, PID_SUFFIX
 
 DEFAULT_NAME = "kustos"
 # What runs beside the control plane, in the order it is stopped: the operator (started by
-# `kustos dev up`) before the agent that runs its pods.
-BACKGROUND = ("operator", "agent")
+# `kustos dev up`) before the agent that runs its pods, and the cluster DNS.
+BACKGROUND = ("operator", "agent", "coredns")
+# Annotation on a node whose pods are cut off from the network (processes alive).
+PARTITIONED_ANNOTATION = "kustos.dev/partitioned"
 
 
 class DevClusterError(RuntimeError):
@@ -94,6 +103,29 @@ class DevCluster:
         return binaries.binary_path("kubectl")
 
     @property
+    def network_file(self) -> Path:
+        return self.state_dir / "network.json"
+
+    @property
+    def network(self) -> ClusterNetwork:
+        """The pod network: its range, bridge and gateway (where the API server and DNS answer)."""
+        return ClusterNetwork.from_file(self.network_file)
+
+    @property
+    def dns_server(self) -> str:
+        """CoreDNS's address: the bridge's gateway, port 53."""
+        return self.network.gateway
+
+    @property
+    def resolv_conf(self) -> Path:
+        """A resolv.conf naming the cluster DNS, for processes on the host that resolve
+        cluster names (the operator: see ``network.operator_argv``)."""
+        path = self.state_dir / "resolv.conf"
+        if not path.exists():
+            path.write_text(operator_resolv_conf(self.dns_server))
+        return path
+
+    @property
     def agent_log(self) -> Path:
         return self.state_dir / "agent.log"
 
@@ -125,23 +157,34 @@ class DevCluster:
     def start(self, log: Callable[[str], None] = lambda _: None, timeout: float = 120) -> None:
         """Start the control plane, nodes and agent; do nothing if it already runs."""
         if self.is_running():
+            self._ensure_coredns()
             self._ensure_agent()
             log(f"dev cluster {self.config.name} is already running")
             return
+        missing = missing_privileges()
+        if missing:
+            raise DevClusterError(
+                f"kustos dev up needs root or CAP_NET_ADMIN and CAP_SYS_ADMIN for pod network "
+                f"and mount namespaces; missing {missing}"
+            )
         if self.state_dir.exists():
             log(f"removing the remains of a stopped dev cluster at {self.state_dir}")
             self.stop()
         binaries.build(log=log)
+        started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "config.json").write_text(json.dumps(asdict(self.config), default=str, indent=2))
         slot = self._claim_slot()
+        network = claim_network(self.config.name, self.network_file, clusters_root())
+        # Where pods' service account tokens are bind-mounted in their mount namespaces.
+        SERVICE_ACCOUNT_DIR.mkdir(parents=True, exist_ok=True)
         config_file = self.state_dir / "kwokctl.yaml"
         config_file.write_text(
             yaml.safe_dump_all(
-                kwokctl_config(self.config.timings, kwok_source_dir(), slot, _free_ports()), sort_keys=False
+                kwokctl_config(self.config.timings, kwok_source_dir(), slot, _free_ports(), network),
+                sort_keys=False,
             )
         )
-        started = time.monotonic()
         log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
         self._kwokctl(
             "-c", str(config_file), "create", "cluster", "--runtime", "binary",
@@ -150,6 +193,7 @@ class DevCluster:
         )  # fmt: skip
         self._wait_for(self._api_answers, timeout, "the API server to answer")
         self._create_base_objects()
+        self._ensure_coredns()
         self._ensure_agent()
         self._wait_for(self._nodes_ready, timeout, "every node to be Ready")
         self.ready_marker.write_text(self.kubeconfig.as_posix())
@@ -169,6 +213,9 @@ class DevCluster:
                     str(self.state_dir / "kwokctl-kubeconfig.yaml"),
                 )
         self._kill_leftovers()
+        if self.network_file.exists():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                ClusterNetwork.from_file(self.network_file).cleanup()
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
     # ---- what tests do to it -------------------------------------------------------
@@ -200,6 +247,22 @@ class DevCluster:
 
     def bring_node_up(self, node: str) -> None:
         self.kubectl("label", "node", node, f"{MANAGED_LABEL}=true", "--overwrite")
+
+    def partition_node(self, node: str) -> None:
+        """Cut the node off as a network partition would: its pods' links go down (their
+        processes keep running), kwok stops its heartbeat and the agent writes nothing for it."""
+        patch = {
+            "metadata": {"labels": {MANAGED_LABEL: None}, "annotations": {PARTITIONED_ANNOTATION: "true"}}
+        }
+        self.kubectl("patch", "node", node, "--type", "merge", "-p", json.dumps(patch))
+
+    def heal_node(self, node: str) -> None:
+        """End a partition: links up, heartbeat back; the agent catches up with what changed
+        meanwhile (pods deleted while it could not hear are stopped then)."""
+        patch = {
+            "metadata": {"labels": {MANAGED_LABEL: "true"}, "annotations": {PARTITIONED_ANNOTATION: None}}
+        }
+        self.kubectl("patch", "node", node, "--type", "merge", "-p", json.dumps(patch))
 
     def crash_container(self, namespace: str, pod: str, container: str, stay_down: bool = True) -> int:
         """SIGKILL a container's process; with ``stay_down`` it is not restarted until released."""
@@ -260,8 +323,12 @@ class DevCluster:
                 )
                 roles = [k.split("/")[-1] for k in node["metadata"]["labels"] if k.startswith("node-role")]
                 nodes.append({"name": node["metadata"]["name"], "ready": ready, "roles": roles})
+        network = None
+        if self.network_file.exists():
+            net = self.network
+            network = {"cidr": str(net.cidr), "bridge": net.bridge, "gateway": net.gateway}
         return {"name": self.config.name, "kubeconfig": str(self.kubeconfig),
-                "components": components, "nodes": nodes}  # fmt: skip
+                "components": components, "nodes": nodes, "network": network}  # fmt: skip
 
     # ---- internals -----------------------------------------------------------------
 
@@ -324,11 +391,30 @@ class DevCluster:
 
     def _create_base_objects(self) -> None:
         documents = [
-            node_manifest(name, self.slot, index + 1, control_plane)
+            node_manifest(name, self.slot, index + 1, control_plane, self.network)
             for index, (name, control_plane) in enumerate(self.config.node_names())
         ]
         documents.append(storage_class_manifest())
         self.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(documents))
+
+    def _ensure_coredns(self) -> None:
+        """CoreDNS on the gateway, port 53: cluster.local from the API, nothing forwarded."""
+        corefile = self.state_dir / "Corefile"
+        corefile.write_text(corefile_text(self.dns_server, self.kubeconfig))
+        self.ensure_background("coredns", [str(binaries.binary_path("coredns")), "-conf", str(corefile)])
+        self._wait_for(self._dns_answers, 30, f"CoreDNS to answer on {self.dns_server}:53")
+
+    def _dns_answers(self) -> bool:
+        """A query for the API server's Service name gets an answer (so the plugin has synced)."""
+        query = _dns_query("kubernetes.default.svc.cluster.local")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.settimeout(0.5)
+            try:
+                sock.sendto(query, (self.dns_server, 53))
+                answer = sock.recv(512)
+            except OSError:
+                return False
+        return len(answer) > 12 and answer[3] & 0x0F == 0 and int.from_bytes(answer[6:8], "big") > 0
 
     def _ensure_agent(self) -> None:
         low, high = self.config.restart_backoff
@@ -405,6 +491,36 @@ def _shim_dir() -> Path:
             link.unlink(missing_ok=True)
             link.symlink_to(target)
     return shim
+
+
+def corefile_text(address: str, kubeconfig: Path) -> str:
+    """cluster.local and reverse lookups from the kubernetes plugin; every other name gets
+    NXDOMAIN from here (nothing is forwarded off the machine), so a name that does not
+    exist reads "Name or service not known", as behind a real cluster DNS."""
+    return (
+        f"cluster.local in-addr.arpa ip6.arpa:53 {{\n"
+        f"    bind {address}\n"
+        "    errors\n"
+        f"    kubernetes cluster.local in-addr.arpa ip6.arpa {{\n"
+        f"        kubeconfig {kubeconfig}\n"
+        "        pods verified\n"
+        "        ttl 5\n"
+        "    }\n"
+        "}\n"
+        f".:53 {{\n"
+        f"    bind {address}\n"
+        "    template ANY ANY {\n"
+        "        rcode NXDOMAIN\n"
+        "    }\n"
+        "}\n"
+    )
+
+
+def _dns_query(name: str) -> bytes:
+    """A minimal DNS query (A, recursion desired) for ``name``."""
+    header = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\x00"
+    return header + labels + b"\x00\x01\x00\x01"
 
 
 def _read_pid(pid_file: Path) -> int | None:

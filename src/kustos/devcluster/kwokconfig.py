@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from kustos.devcluster.binaries import GOMOD_DIR, KWOK_VERSION, binary_path
+from kustos.devcluster.network import SERVICE_CIDR, ClusterNetwork
 from kustos.devcluster.podspec import RUNNER_IMAGE_PREFIXES
 
 # True for pods the runner owns: the same rule as podspec.pod_is_runner_owned.
@@ -157,12 +158,18 @@ PORT_OPTIONS = (
 
 
 def kwokctl_config(
-    timings: Timings, source: Path, slot: int, ports: dict[str, int] | None = None
+    timings: Timings,
+    source: Path,
+    slot: int,
+    ports: dict[str, int] | None = None,
+    network: ClusterNetwork | None = None,
 ) -> list[dict[str, Any]]:
     """The multi-document config handed to ``kwokctl create cluster -c``.
 
     ``ports`` pins the components' ports; kwokctl's own choice races when two clusters
-    start at the same moment (a test session beside ``dev up``).
+    start at the same moment (a test session beside ``dev up``). With a ``network`` the
+    API server also answers on its gateway (pods reach it there, and it advertises that
+    address for the ``kubernetes`` Service) and kwok hands out addresses of its range.
     """
     options: dict[str, Any] = {
         "runtime": "binary",
@@ -190,7 +197,17 @@ def kwokctl_config(
         options["kubeControllerManagerNodeMonitorGracePeriodMilliseconds"] = (
             timings.node_monitor_grace_seconds * 1000
         )
-    apiserver_args = [{"key": "service-cluster-ip-range", "value": "10.96.0.0/16", "override": True}]
+    apiserver_args = [{"key": "service-cluster-ip-range", "value": SERVICE_CIDR, "override": True}]
+    kwok_cidr = f"127.{slot}.255.0/24"
+    if network is not None:
+        # kwokctl writes 127.0.0.1 into every kubeconfig, so the API server binds every
+        # address (client certificates are still required) and advertises the gateway.
+        apiserver_args += [
+            {"key": "bind-address", "value": "0.0.0.0", "override": True},
+            {"key": "advertise-address", "value": network.gateway},
+        ]
+        options["kubeApiserverCertSANs"] = [network.gateway]
+        kwok_cidr = network.node_cidr(255)
     if timings.toleration_seconds is not None:
         for kind in ("not-ready", "unreachable"):
             apiserver_args.append(
@@ -227,7 +244,7 @@ def kwokctl_config(
             "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
             "kind": "KwokConfiguration",
             "options": {
-                "cidr": f"127.{slot}.255.0/24",
+                "cidr": kwok_cidr,
                 "manageAllNodes": False,
                 "manageNodesWithLabelSelector": f"{MANAGED_LABEL}=true",
                 # kwok does not apply its defaults to a config that names options: state them.
@@ -245,8 +262,11 @@ def kwokctl_config(
     ]
 
 
-def node_manifest(name: str, slot: int, index: int, control_plane: bool) -> dict[str, Any]:
-    """A kwok node with its own loopback pod range (127.<slot>.<index>.0/24) and zone.
+def node_manifest(
+    name: str, slot: int, index: int, control_plane: bool, network: ClusterNetwork | None = None
+) -> dict[str, Any]:
+    """A kwok node with its own pod range and zone: ``<cluster range>.<index>.0/24`` of the
+    pod network, or without one a loopback range (127.<slot>.<index>.0/24).
 
     ``slot`` keeps dev clusters that run at the same time (``dev up`` beside a test
     session) out of each other's addresses.
@@ -270,7 +290,8 @@ def node_manifest(name: str, slot: int, index: int, control_plane: bool) -> dict
         labels["node-role.kubernetes.io/worker"] = ""
     if not (1 <= slot <= 254 and 1 <= index <= 254):
         raise ValueError(f"node slot/index out of range: {slot}/{index}")
-    cidr = f"127.{slot}.{index}.0/24"
+    # With a pod network the node's pods live on the bridge; without, on loopback addresses.
+    cidr = network.node_cidr(index) if network is not None else f"127.{slot}.{index}.0/24"
     capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"}
     return {
         "apiVersion": "v1",

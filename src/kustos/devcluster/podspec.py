@@ -1,17 +1,16 @@
 """Turn a container of a pod into a local process invocation (pure logic of F-DEV-2).
 
-A container here runs as a plain process on the host, so three things a kubelet
-gets from namespaces are emulated by rewriting:
+A container here runs as a plain process in the pod's network, mount and UTS
+namespaces (see ``network``), so two pods can both listen on ``0.0.0.0:2379``. Two
+things a kubelet gets from an image and its volumes are emulated by rewriting:
 
 - the image: an allow-listed image maps to local executables put first on ``PATH``
   (so ``etcd`` or ``/usr/local/bin/etcd`` runs it): an etcd image to the binaries
   built from Go modules, the operator's own image (``kustos.images``) to the
   ``kustos`` command of the runner's own Python environment;
 - the filesystem: each volume mount's path is replaced by the local directory
-  that backs it, in the command, the arguments, the environment and workingDir;
-- the network: the pod has its own loopback IP, so ``0.0.0.0``, ``127.0.0.1``
-  and ``localhost`` in arguments and environment are replaced by that IP, which
-  keeps two pods that both listen on ``:2379`` apart.
+  that backs it, in the command, the arguments, the environment and workingDir
+  (the service account token is also bind-mounted at its real path).
 """
 
 from __future__ import annotations
@@ -113,15 +112,6 @@ def expand_vars(text: str, env: Mapping[str, str]) -> str:
     return _VAR_REF.sub(replace, text)
 
 
-# Whole host words only: not inside 127.0.0.10, mylocalhost or localhost.localdomain.
-_HOST_WORDS = re.compile(r"(?<![\w.-])(?:0\.0\.0\.0|127\.0\.0\.1|localhost)(?![\w-]|\.\w)")
-
-
-def rewrite_hosts(text: str, pod_ip: str) -> str:
-    """Bind what a container would bind inside its own network namespace to its pod IP."""
-    return _HOST_WORDS.sub(pod_ip, text)
-
-
 def rewrite_paths(text: str, mounts: Mapping[str, Path]) -> str:
     """Replace container mount paths with the local directories that back them."""
     if not mounts:
@@ -131,6 +121,12 @@ def rewrite_paths(text: str, mounts: Mapping[str, Path]) -> str:
     alternatives = "|".join(re.escape(m) for m in sorted(by_path, key=len, reverse=True))
     pattern = re.compile(r"(?<![\w./-])(" + alternatives + r")(?=/|$|[^\w.-])")
     return pattern.sub(lambda m: by_path[m.group(1)], text)
+
+
+def pod_hostname(pod: Mapping[str, Any]) -> str:
+    """A pod's hostname: ``spec.hostname``, else its name (cut to 63 characters, as a kubelet does)."""
+    spec = pod.get("spec") or {}
+    return str(spec.get("hostname") or pod["metadata"]["name"])[:63].rstrip("-.")
 
 
 @dataclass(frozen=True)
@@ -204,12 +200,10 @@ def build_invocation(
     ``bin_paths`` maps a command's base name (``etcd``) to the local binary; the
     directory holding them goes first on PATH so that shell scripts find them too.
     """
-    pod_ip = str((pod.get("status") or {}).get("podIP") or "")
     env = container_env(pod, container, lookup)
 
     def local(text: str) -> str:
-        text = rewrite_paths(text, mounts)
-        return rewrite_hosts(text, pod_ip) if pod_ip else text
+        return rewrite_paths(text, mounts)
 
     env = {k: local(v) for k, v in env.items()}
     command = [local(expand_vars(str(a), env)) for a in container.get("command") or []]
@@ -223,7 +217,7 @@ def build_invocation(
         argv[0] = str(bin_paths[head])
     search_path = [str(p.parent) for p in bin_paths.values()]
     path = ":".join(dict.fromkeys([*search_path, base_env.get("PATH", "/usr/bin:/bin")]))
-    full_env = {**base_env, "PATH": path, "HOSTNAME": str(pod["metadata"]["name"]), **env}
+    full_env = {**base_env, "PATH": path, "HOSTNAME": pod_hostname(pod), **env}
     working_dir = container.get("workingDir")
     cwd = Path(local(working_dir)) if working_dir else None
     return Invocation(argv=argv, env=full_env, cwd=cwd)

@@ -24,19 +24,23 @@ import httpx2
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import (
     ConfigMap,
     PersistentVolume,
     PersistentVolumeClaim,
     Pod,
     Secret,
+    ServiceAccountToken,
 )
 from lightkube.types import PatchType
 
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.devcluster.kwokconfig import MANAGED_LABEL
-from kustos.devcluster.podspec import match_image, pod_is_runnable, pod_is_runner_owned
-from kustos.devcluster.sandbox import Sandbox, SandboxContext
+from kustos.devcluster.network import ClusterNetwork, hosts_file, resolv_conf
+from kustos.devcluster.podspec import match_image, pod_hostname, pod_is_runnable, pod_is_runner_owned
+from kustos.devcluster.sandbox import PodNamespaces, Sandbox, SandboxContext
 from kustos.images import KUSTOS_IMAGE_REPOSITORY
 from kustos.runtime.informer import Informer, new_state_only
 from kustos.runtime.resources import NODES, PODS
@@ -44,6 +48,11 @@ from kustos.runtime.resources import NODES, PODS
 log = logging.getLogger(__name__)
 
 KwokLogs = create_namespaced_resource("kwok.x-k8s.io", "v1alpha1", "Logs", "logs")
+PARTITIONED_ANNOTATION = "kustos.dev/partitioned"  # cluster.PARTITIONED_ANNOTATION
+
+
+class NodePartitioned(RuntimeError):
+    """The pod's node is cut off: its status cannot reach the API server."""
 
 
 def sandbox_dir(pods_dir: Path, pod: dict[str, Any]) -> Path:
@@ -87,8 +96,13 @@ class PodRunner:
         raw: httpx2.AsyncClient,
         state_dir: Path,
         restart_backoff: tuple[float, float] = (1.0, 30.0),
+        api_port: int | None = None,
     ) -> None:
         self._client = client
+        network_file = state_dir / "network.json"
+        self._network = ClusterNetwork.from_file(network_file) if network_file.exists() else None
+        self._api_port = api_port
+        self._partitioned: set[str] = set()
         self._pods = Informer(raw, PODS)
         self._nodes = Informer(raw, NODES)
         self._pods.add_handler(new_state_only(self._on_pod))
@@ -117,6 +131,8 @@ class PodRunner:
             *(s.stop(grace_seconds=5, write_status=False) for s in self._sandboxes.values()),
             return_exceptions=True,
         )
+        for uid in self._sandboxes:
+            self._pod_network_down(uid)
         self._sandboxes.clear()
 
     # ---- events --------------------------------------------------------------------
@@ -125,32 +141,69 @@ class PodRunner:
         name = node["metadata"]["name"]
         labels = node["metadata"].get("labels") or {}
         up = event != "DELETED" and labels.get(MANAGED_LABEL) == "true"
+        partitioned = (
+            not up and (node["metadata"].get("annotations") or {}).get(PARTITIONED_ANNOTATION) == "true"
+        )
         was_up = self._nodes_up.get(name)
         self._nodes_up[name] = up
-        if was_up and not up:
+        if partitioned and name not in self._partitioned:
+            log.info("node %s is partitioned: its pods' links go down, their processes stay", name)
+            self._partitioned.add(name)
+            self._set_links(name, up=False)
+        elif up and name in self._partitioned:
+            log.info("node %s is healed: links up, catching up with its pods", name)
+            self._partitioned.discard(name)
+            self._set_links(name, up=True)
+            await self._resync_node(name)
+            for sandbox in self._sandboxes.values():
+                if sandbox.pod["spec"].get("nodeName") == name:
+                    # What the node controller wrote meanwhile (Ready False) is overwritten
+                    # with the truth, as a reconnecting kubelet's status sync does.
+                    sandbox.mark_dirty()
+        elif was_up and not up:
             log.info("node %s went down: killing its processes", name)
             for uid, sandbox in list(self._sandboxes.items()):
                 if sandbox.pod["spec"].get("nodeName") == name:
                     sandbox.kill_all()
                     del self._sandboxes[uid]
+                    self._pod_network_down(uid)
         elif up and not was_up:
             # A node coming back resyncs its pods, as a rebooted kubelet does.
             await self._resync_node(name)
 
     async def _resync_node(self, node: str) -> None:
-        for pod in list(self._pods.list()):
-            if (pod.get("spec") or {}).get("nodeName") == node:
-                await self._on_pod("MODIFIED", pod)
+        pods = [p for p in self._pods.list() if (p.get("spec") or {}).get("nodeName") == node]
+        present = {p["metadata"]["uid"] for p in pods}
+        for uid, sandbox in list(self._sandboxes.items()):
+            if sandbox.pod["spec"].get("nodeName") == node and uid not in present:
+                # Deleted while the node could not hear it: what a kubelet finds on reconnecting.
+                async with self._lock:
+                    await self._forget(uid, grace=0)
+        for pod in pods:
+            await self._on_pod("MODIFIED", pod)
+
+    def _set_links(self, node: str, up: bool) -> None:
+        if self._network is None:
+            return
+        for uid, sandbox in self._sandboxes.items():
+            if sandbox.pod["spec"].get("nodeName") == node:
+                self._network.set_pod_link(uid, up)
+
+    def _pod_network_down(self, uid: str) -> None:
+        if self._network is not None:
+            self._network.pod_down(uid)
 
     async def _on_pod(self, event: str, pod: dict[str, Any]) -> None:
         if not pod_is_runner_owned(pod):
             return
         uid = pod["metadata"]["uid"]
         async with self._lock:
+            node = pod["spec"].get("nodeName")
+            if node in self._partitioned:
+                return  # nothing reaches a partitioned node; it catches up when healed
             if event == "DELETED":
                 await self._forget(uid, grace=0)
                 return
-            node = pod["spec"].get("nodeName")
             if not node or not self._nodes_up.get(node):
                 return
             if pod["metadata"].get("deletionTimestamp"):
@@ -181,19 +234,67 @@ class PodRunner:
     async def _start(self, pod: dict[str, Any], pod_ip: str) -> None:
         directory = sandbox_dir(self._pods_dir, pod)
         directory.mkdir(parents=True, exist_ok=True)
+        base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        namespaces = None
+        if self._network is not None:
+            namespaces = await self._pod_network_up(pod, pod_ip, directory)
+            if self._api_port is not None:
+                port = str(self._api_port)
+                base_env.update(
+                    KUBERNETES_SERVICE_HOST=self._network.gateway,
+                    KUBERNETES_SERVICE_PORT=port,
+                    KUBERNETES_SERVICE_PORT_HTTPS=port,
+                    KUBERNETES_PORT=f"tcp://{self._network.gateway}:{port}",
+                )
         context = SandboxContext(
             write_status=self._write_status,
             resolve_claim=self._resolve_claim,
             read_source=self._read_source,
             bin_paths_for=self._bin_paths_for,
-            base_env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+            base_env=base_env,
             restart_backoff=self._restart_backoff,
+            request_token=self._request_token,
         )
-        sandbox = Sandbox(pod=pod, pod_ip=pod_ip, directory=directory, context=context)
+        sandbox = Sandbox(pod=pod, pod_ip=pod_ip, directory=directory, context=context, namespaces=namespaces)
         self._sandboxes[pod["metadata"]["uid"]] = sandbox
         await self._register_logs(pod, sandbox)
         log.info("starting pod %s on %s at %s", sandbox.name, pod["spec"]["nodeName"], pod_ip)
         sandbox.start()
+
+    async def _pod_network_up(self, pod: dict[str, Any], pod_ip: str, directory: Path) -> PodNamespaces:
+        """The pod's network namespace on the bridge, and the files of its mount namespace."""
+        assert self._network is not None
+        uid = pod["metadata"]["uid"]
+        self._network.pod_down(uid)  # the remains of an earlier start of this pod
+        for argv in self._network.pod_up_commands(uid, pod_ip):
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+            )
+            _, err = await process.communicate()
+            if process.returncode != 0:
+                raise RuntimeError(f"{' '.join(argv)}: {err.decode().strip()}")
+        namespace = pod["metadata"]["namespace"]
+        hostname = pod_hostname(pod)
+        etc = directory / "etc"
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text(resolv_conf(namespace, self._network.gateway))
+        (etc / "hosts").write_text(hosts_file(pod_ip, hostname, pod["spec"].get("subdomain"), namespace))
+        return PodNamespaces(self._network.netns(uid), etc / "resolv.conf", etc / "hosts", hostname)
+
+    async def _request_token(self, pod: dict[str, Any], audience: str | None, seconds: int) -> str:
+        """A token of the pod's service account bound to the pod, from the TokenRequest API."""
+        meta = pod["metadata"]
+        bound = BoundObjectReference(apiVersion="v1", kind="Pod", name=meta["name"], uid=meta["uid"])
+        request = ServiceAccountToken(
+            metadata=ObjectMeta(),
+            spec=TokenRequestSpec(
+                audiences=[audience] if audience else [], expirationSeconds=seconds, boundObjectRef=bound
+            ),
+        )
+        account = pod["spec"].get("serviceAccountName") or "default"
+        result = await self._client.create(request, account, namespace=meta["namespace"])
+        assert result.status is not None
+        return str(result.status.token)
 
     async def _terminate(self, pod: dict[str, Any]) -> None:
         """Graceful deletion: stop the processes, then let the pod object go."""
@@ -216,6 +317,7 @@ class PodRunner:
             return
         log.info("stopping pod %s (grace %ss)", sandbox.name, grace)
         await sandbox.stop(grace_seconds=grace, write_status=False)
+        self._pod_network_down(uid)
         # emptyDir volumes live and die with the pod; claims live elsewhere.
         shutil.rmtree(sandbox.directory / "volumes", ignore_errors=True)
 
@@ -246,6 +348,8 @@ class PodRunner:
     # ---- what sandboxes ask of the API ---------------------------------------------
 
     async def _write_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        if pod["spec"].get("nodeName") in self._partitioned:
+            raise NodePartitioned(pod["spec"]["nodeName"])  # the sandbox retries after the heal
         meta = pod["metadata"]
         await self._client.patch(
             Pod.Status,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from kustos.devcluster.containers import ContainerProcess, now_rfc3339
-from kustos.devcluster.podspec import Invocation, build_invocation
+from kustos.devcluster.network import SERVICE_ACCOUNT_DIR, enter_pod_argv
+from kustos.devcluster.podspec import Invocation, build_invocation, field_value
 from kustos.devcluster.probes import ProbeCounter, ProbeTiming, probe_once
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,23 @@ class SandboxContext:
     bin_paths_for: Callable[[str], dict[str, Path]]
     base_env: Mapping[str, str]
     restart_backoff: tuple[float, float] = (1.0, 30.0)
+    # (pod, audience, expirationSeconds) -> a token of the pod's service account bound to it
+    request_token: Callable[[dict[str, Any], str | None, int], Awaitable[str]] | None = None
+
+
+@dataclass(frozen=True)
+class PodNamespaces:
+    """The namespaces a pod's processes run in: its network namespace, and the files its
+    private mount namespace puts at /etc/resolv.conf and /etc/hosts; its UTS hostname."""
+
+    netns: str
+    resolv_conf: Path
+    hosts: Path
+    hostname: str
+
+    def wrap(self, argv: list[str], mounts: Mapping[str, Path]) -> list[str]:
+        token = mounts.get(str(SERVICE_ACCOUNT_DIR)) or mounts.get(f"/var{SERVICE_ACCOUNT_DIR}")
+        return enter_pod_argv(self.netns, self.resolv_conf, self.hosts, self.hostname, token, argv)
 
 
 @dataclass
@@ -86,6 +104,7 @@ class Sandbox:
     pod_ip: str
     directory: Path
     context: SandboxContext
+    namespaces: PodNamespaces | None = None
     mounts: dict[str, dict[str, Path]] = field(default_factory=dict)
     states: dict[str, ContainerState] = field(default_factory=dict)
     init_states: dict[str, ContainerState] = field(default_factory=dict)
@@ -219,6 +238,10 @@ class Sandbox:
                 local = self.directory.parent.parent / "nodes" / node / "hostpath" / host
             elif "configMap" in volume or "secret" in volume:
                 await self._write_source_files(volume, local)
+            elif "projected" in volume:
+                await self._write_projected(volume["projected"], local)
+            elif "downwardAPI" in volume:
+                self._write_downward(volume["downwardAPI"].get("items") or [], local)
             local.mkdir(parents=True, exist_ok=True)
             volumes[name] = local
         spec = self.pod["spec"]
@@ -273,20 +296,50 @@ class Sandbox:
                 raw = data[key]
                 target.write_bytes(base64.b64decode(raw) if kind == "secret" else raw.encode())
 
+    async def _write_projected(self, projected: Mapping[str, Any], local: Path) -> None:
+        """A projected volume as a kubelet fills it: the service account token (from the
+        TokenRequest API, bound to this pod), ConfigMap and Secret keys, downward API fields.
+        What the ServiceAccount admission adds (``kube-api-access-*``) is one of these."""
+        local.mkdir(parents=True, exist_ok=True)
+        for source in projected.get("sources") or []:
+            if "serviceAccountToken" in source and self.context.request_token is not None:
+                spec = source["serviceAccountToken"]
+                token = await self.context.request_token(
+                    self.pod, spec.get("audience"), int(spec.get("expirationSeconds") or 3607)
+                )
+                _write_file(local / spec["path"], token.encode())
+            for kind in ("configMap", "secret"):
+                if kind in source:
+                    await self._write_source_files({kind: source[kind]}, local)
+            if "downwardAPI" in source:
+                self._write_downward(source["downwardAPI"].get("items") or [], local)
+
+    def _write_downward(self, items: list[Mapping[str, Any]], local: Path) -> None:
+        local.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            if "fieldRef" in item:
+                _write_file(
+                    local / item["path"], field_value(self.pod, item["fieldRef"]["fieldPath"]).encode()
+                )
+
     # ---- containers ----------------------------------------------------------------
 
     def invocation(self, container: Mapping[str, Any], command: list[str] | None = None) -> Invocation:
         shaped = dict(container)
         if command is not None:
             shaped = {**container, "command": command, "args": []}
-        return build_invocation(
+        mounts = self.mounts.get(container["name"], {})
+        invocation = build_invocation(
             self.pod,
             shaped,
             self.context.bin_paths_for(container["image"]),
-            self.mounts.get(container["name"], {}),
+            mounts,
             self.context.base_env,
             self.env_lookup,
         )
+        if self.namespaces is None:
+            return invocation
+        return Invocation(self.namespaces.wrap(invocation.argv, mounts), invocation.env, invocation.cwd)
 
     async def _run_init_containers(self) -> bool:
         """Run init containers in order; False when one failed for good (restartPolicy Never)."""
@@ -453,6 +506,10 @@ class Sandbox:
     def _mark_dirty(self) -> None:
         self._dirty.set()
 
+    def mark_dirty(self) -> None:
+        """Write the status again even though nothing changed here (someone else changed it)."""
+        self._dirty.set()
+
     def pod_status(self) -> dict[str, Any]:
         """The status a kubelet would report for this pod now."""
         now = now_rfc3339()
@@ -514,3 +571,8 @@ class Sandbox:
                 log.warning("status of %s not written: %s", self.name, err)
                 self._dirty.set()
                 await asyncio.sleep(1)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
