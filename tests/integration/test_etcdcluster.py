@@ -293,6 +293,14 @@ def test_bad_specs_are_rejected_naming_the_field(crds: None, kubectl: Kubectl) -
     kubectl.apply(etcd_cluster("keep", 1))
     changed = etcd_cluster("keep", 1, storage={"type": "pvc"})
     assert_rejected(kubectl, changed, "storage.type cannot change on a live cluster")
+    # Enforced by the API server itself (CEL), with no operator running: an operator that is
+    # down must not be what stands between a user and a stranded cluster.
+    moved = etcd_cluster("keep", 1, addressing="podIP")
+    assert_rejected(kubectl, moved, "spec.addressing", "addressing cannot change on a live cluster")
+    assert_rejected(kubectl, etcd_cluster("old", 1, version="3.4.27"), "spec.version", "older than 3.5.0")
+    fighting = etcd_cluster("args", 1, extraArgs=["--quota-backend-bytes=1", "--data-dir=/tmp/x"])
+    assert_rejected(kubectl, fighting, "spec.extraArgs", "cannot set a flag the operator sets")
+    kubectl.apply(etcd_cluster("args", 1, extraArgs=["--quota-backend-bytes=4294967296"]))
 
 
 def test_workers_enough_for_five_members() -> None:

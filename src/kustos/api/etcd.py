@@ -170,6 +170,25 @@ class EtcdClusterSpec(KubeModel):
                     "tls cannot be turned on or off on a live cluster",
                     field_path=".tls",
                 ),
+                Rule(
+                    "!has(oldSelf.addressing) || !has(self.addressing) || "
+                    "oldSelf.addressing == self.addressing",
+                    "addressing cannot change on a live cluster (members' peer URLs are built from it)",
+                    field_path=".addressing",
+                ),
+                Rule(
+                    "!has(self.extraArgs) || self.extraArgs.all(a, !a.matches("
+                    "'^--?(name|data-dir|initial-cluster(-state|-token)?|initial-advertise-peer-urls|"
+                    "advertise-client-urls|listen-(client|peer|client-http)-urls)(=|$)'))",
+                    "extraArgs cannot set a flag the operator sets (name, data-dir, initial-cluster*, "
+                    "advertise and listen URLs)",
+                    field_path=".extraArgs",
+                ),
+                Rule(
+                    "!has(self.version) || !self.version.matches('^3[.][0-4][.]')",
+                    "version is older than 3.5.0, the oldest kustos supports",
+                    field_path=".version",
+                ),
             ]
         )
     )
@@ -191,7 +210,11 @@ class EtcdClusterSpec(KubeModel):
     """Member pod policy."""
     member_failure_timeout: str = Field(default="60s", pattern=DURATION_PATTERN)
     """How long a member may be unhealthy before it is replaced (a deleted pod is replaced at once)."""
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"items": {"type": "string", "maxLength": 1024}},
+    )
     """Extra etcd flags, like --quota-backend-bytes=4294967296."""
     backup: BackupSchedule | None = None
     """Scheduled backups."""

@@ -429,16 +429,18 @@ def plan(o: Observed) -> Step:
     if (len(members) < o.size or surge) and not o.downgrade_enabled:
         if any(not m.healthy for m in members):
             return Wait("not growing while a member is unhealthy")
+        settle = _settling(o, members, pods)
+        if settle > 0:
+            # etcd refuses a membership change for 5 s after the last one joined ("unhealthy
+            # cluster"): an add now would fail and burn its reserved index (DNS addressing),
+            # or start a pod whose etcd exits and backs off (pod-IP addressing).
+            return Wait("letting the newest member settle: etcd refuses the next add for 5 s", settle)
         index = max(o.next_index, *(p.index + 1 for p in o.pods)) if o.pods else o.next_index
         if o.addressing == "dns":
             name = pod_name(o.cluster, index)
             url = peer_url(o, name)
             assert url is not None
             return AddMember(name, url, learner=True, index=index)
-        settle = _settling(o, members, pods)
-        if settle > 0:
-            # A pod started now could not be added yet: its etcd would exit and back off.
-            return Wait("letting the newest member settle: etcd refuses the next add for 5 s", settle)
         return CreatePod(index)
     if len(members) > o.size:
         victim = _scale_down_victim(o, members, pods)

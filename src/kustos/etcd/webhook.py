@@ -3,11 +3,13 @@ cannot say, refused when it is written rather than discovered by the controller 
 
 Two webhooks, each with its own failure policy (docs/etcdcluster.md, "Validation"):
 
-- ``guard`` (failurePolicy Fail): changes that would lose or strand data or fight the
+- ``guard`` (failurePolicy Ignore): changes that would lose or strand data or fight the
   operator: a new addressing or storage type on a live cluster, a size change while a
   restore or recovery is under way, a version older than kustos supports, and extraArgs
-  that set what the operator sets. Nothing else stops these once admitted, so an operator
-  that cannot answer makes the write wait.
+  that set what the operator sets. All but the size rule are also CEL rules of the CRD,
+  which the API server enforces with or without the operator; so an operator that is down
+  (a crash, an upgrade) never blocks every edit of every EtcdCluster, and the webhook adds
+  the size rule and messages that name each offending entry.
 - ``version`` (failurePolicy Ignore): unsafe version jumps. The controller refuses them too
   (``versions.upgrade_refusal``, the UpgradeRefused event), so when the operator is down the
   write is admitted and held by the controller instead of blocked.
@@ -170,7 +172,7 @@ async def _version(request: Obj) -> AdmissionResponse:
 def webhooks() -> list[Webhook]:
     """The two EtcdCluster validators, Fail-closed guard first."""
     return [
-        Webhook(GUARD_NAME, GUARD_PATH, "validating", _rules(), _guard, failure_policy="Fail"),
+        Webhook(GUARD_NAME, GUARD_PATH, "validating", _rules(), _guard, failure_policy="Ignore"),
         Webhook(VERSION_NAME, VERSION_PATH, "validating", _rules(), _version, failure_policy="Ignore"),
     ]
 
