@@ -35,8 +35,8 @@ from kustos.api.etcd_tls import RENEW_ANNOTATION, CertificateStatus, TLSStatus
 from kustos.etcd.client import EtcdTLS
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
-from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
-from kustos.runtime.resources import PODS
+from kustos.runtime.informer import Informer, InformerOptions
+from kustos.runtime.resources import PODS, SECRETS
 from kustos.runtime.times import parse_duration, rfc3339
 
 if TYPE_CHECKING:
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
-SECRETS = ResourceRef("", "v1", "secrets", "Secret")
 
 CLUSTER_LABEL = "kustos.dev/cluster"  # the same label as pods.CLUSTER_LABEL
 MEMBER_LABEL = "kustos.dev/member"

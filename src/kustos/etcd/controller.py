@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
 from kustos.etcd import membership, planner, recovery, webhook
-from kustos.etcd.certs import FINGERPRINT_ANNOTATION, SECRETS, operator_certificates, user_fingerprint
+from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
 from kustos.etcd.observe import EtcdView, Observer, adoption_check
 from kustos.etcd.planner import Observed
@@ -66,7 +66,7 @@ from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.record import record
-from kustos.runtime.resources import CLAIMS, NODES, PODS, SERVICES
+from kustos.runtime.resources import CLAIMS, NODES, PODS, SECRETS, SERVICES
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration, parse_rfc3339
 

@@ -18,12 +18,11 @@ from typing import Any
 
 from kustos.runtime import certtool
 from kustos.runtime.api import Api, ApiStatusError
-from kustos.runtime.informer import ResourceRef
+from kustos.runtime.resources import SECRETS
 from kustos.runtime.webhook import ServingCertificate
 
 log = logging.getLogger(__name__)
 
-SECRETS = ResourceRef("", "v1", "secrets", "Secret")
 VALIDITY_DAYS = 365
 RENEW_BEFORE = dt.timedelta(days=30)
 ATTEMPTS = 5

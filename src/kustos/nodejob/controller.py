@@ -23,15 +23,14 @@ from kustos.runtime.clock import Clock
 from kustos.runtime.controller import Controller, Result, label_keys
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.informer import InformerOptions, ResourceRef
+from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.record import Note, record
-from kustos.runtime.resources import NODES, PODS
+from kustos.runtime.resources import DAEMONSETS, NODES, PODS
 
 log = logging.getLogger(__name__)
 
-NODEJOBS = ResourceRef(NodeJob.crd.group, NodeJob.crd.version, "nodejobs", "NodeJob")
-DAEMONSETS = ResourceRef("apps", "v1", "daemonsets", "DaemonSet")
+NODEJOBS = NodeJob.crd.ref
 
 POLL = 2.0  # logs change without any watch event: look again this often until complete
 LOG_LINES = 500

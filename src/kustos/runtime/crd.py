@@ -28,6 +28,8 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, NoDefault
 from pydantic_core import PydanticSerializationError, core_schema
 
+from kustos.runtime.refs import ResourceRef
+
 __all__ = [
     "CRDInfo",
     "CRDSchemaError",
@@ -207,6 +209,12 @@ class CRDInfo:
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}"
+
+    @property
+    def ref(self) -> ResourceRef:
+        """The REST coordinates of the kind, as its CRD declares them: controllers use this
+        instead of declaring them again."""
+        return ResourceRef(self.group, self.version, self.plural, self.kind, self.scope == "Namespaced")
 
     @property
     def file_name(self) -> str:

@@ -24,6 +24,7 @@ import httpx2
 
 from kustos.runtime.kube import api_path, object_key
 from kustos.runtime.metrics import Metrics
+from kustos.runtime.refs import ResourceRef as ResourceRef  # its home before refs.py: re-exported
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +56,6 @@ def label_index(label: str) -> IndexFunc:
 
 def label_index_name(label: str) -> str:
     return f"label:{label}"
-
-
-@dataclass(frozen=True)
-class ResourceRef:
-    """A resource type by its REST coordinates."""
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def __str__(self) -> str:
-        return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
 class ResourceExpired(Exception):

@@ -28,7 +28,23 @@ from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager, ManagerOptions
 from kustos.runtime.record import Note, record
-from kustos.runtime.resources import NODES, PODS
+from kustos.runtime.resources import (
+    CLUSTER_ROLE_BINDINGS,
+    CLUSTER_ROLES,
+    CONFIGMAPS,
+    CSI_DRIVERS,
+    DAEMONSETS,
+    DEPLOYMENTS,
+    INGRESSES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SECRETS,
+    SERVICE_ACCOUNTS,
+    SERVICES,
+    STATEFULSETS,
+    STORAGE_CLASSES,
+)
 from kustos.runtime.steps import Done, Wait
 from kustos.storage import manifests, names, planner
 from kustos.storage.images import KubeVersion, parse_kube_version
@@ -36,29 +52,17 @@ from kustos.storage.planner import ClusterSummary, Observed, PodView, Step
 
 log = logging.getLogger(__name__)
 
-STORAGECLUSTERS = ResourceRef(StorageCluster.crd.group, StorageCluster.crd.version, "storageclusters",
-                              "StorageCluster")  # fmt: skip
-ETCDCLUSTERS = ResourceRef(EtcdCluster.crd.group, EtcdCluster.crd.version, "etcdclusters", "EtcdCluster")
+STORAGECLUSTERS = StorageCluster.crd.ref
+ETCDCLUSTERS = EtcdCluster.crd.ref
 
-# Every kind a StorageCluster generates: (apiVersion, kind) -> REST coordinates.
+# Every kind a StorageCluster generates: kind -> REST coordinates.
 OWNED: dict[str, ResourceRef] = {
-    "Namespace": ResourceRef("", "v1", "namespaces", "Namespace", namespaced=False),
-    "ServiceAccount": ResourceRef("", "v1", "serviceaccounts", "ServiceAccount"),
-    "ClusterRole": ResourceRef("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
-    "ClusterRoleBinding": ResourceRef(
-        "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False
-    ),
-    "Secret": ResourceRef("", "v1", "secrets", "Secret"),
-    "ConfigMap": ResourceRef("", "v1", "configmaps", "ConfigMap"),
-    "CSIDriver": ResourceRef("storage.k8s.io", "v1", "csidrivers", "CSIDriver", namespaced=False),
-    "StorageClass": ResourceRef("storage.k8s.io", "v1", "storageclasses", "StorageClass", namespaced=False),
-    "Service": ResourceRef("", "v1", "services", "Service"),
-    "Ingress": ResourceRef("networking.k8s.io", "v1", "ingresses", "Ingress"),
-    "DaemonSet": ResourceRef("apps", "v1", "daemonsets", "DaemonSet"),
-    "StatefulSet": ResourceRef("apps", "v1", "statefulsets", "StatefulSet"),
-    "Deployment": ResourceRef("apps", "v1", "deployments", "Deployment"),
-}
-SECRETS = OWNED["Secret"]
+    ref.kind: ref
+    for ref in (
+        NAMESPACES, SERVICE_ACCOUNTS, CLUSTER_ROLES, CLUSTER_ROLE_BINDINGS, SECRETS, CONFIGMAPS,
+        CSI_DRIVERS, STORAGE_CLASSES, SERVICES, INGRESSES, DAEMONSETS, STATEFULSETS, DEPLOYMENTS,
+    )
+}  # fmt: skip
 
 STEADY_RESYNC = 15.0
 UNSEEN = "?"  # not a namespace/name: the cluster-wide cache has not seen this StorageCluster yet

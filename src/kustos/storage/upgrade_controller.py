@@ -30,7 +30,7 @@ from kustos.runtime.events import WARNING
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.manager import Manager
 from kustos.runtime.record import Note, record
-from kustos.runtime.resources import CLAIMS, PODS, STORAGE_CLASSES
+from kustos.runtime.resources import CLAIMS, DAEMONSETS, DEPLOYMENTS, PODS, STATEFULSETS, STORAGE_CLASSES
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration, parse_rfc3339
 from kustos.storage import names
@@ -48,16 +48,9 @@ from kustos.storage.upgrade_planner import (
 
 log = logging.getLogger(__name__)
 
-STORAGEUPGRADES = ResourceRef(
-    StorageUpgrade.crd.group, StorageUpgrade.crd.version, "storageupgrades", "StorageUpgrade"
-)
-STORAGECLUSTERS = ResourceRef(
-    StorageCluster.crd.group, StorageCluster.crd.version, "storageclusters", "StorageCluster"
-)
-NODEJOBS = ResourceRef(NodeJob.crd.group, NodeJob.crd.version, "nodejobs", "NodeJob")
-DAEMONSETS = ResourceRef("apps", "v1", "daemonsets", "DaemonSet")
-DEPLOYMENTS = ResourceRef("apps", "v1", "deployments", "Deployment")
-STATEFULSETS = ResourceRef("apps", "v1", "statefulsets", "StatefulSet")
+STORAGEUPGRADES = StorageUpgrade.crd.ref
+STORAGECLUSTERS = StorageCluster.crd.ref
+NODEJOBS = NodeJob.crd.ref
 WORKLOAD_KINDS = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS}
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 
