@@ -46,14 +46,15 @@ def install_crds(cluster: DevCluster) -> None:
 
 @contextmanager
 def running_operator(
-    kubectl: Kubectl, log_dir: Path, env: dict[str, str] | None = None
+    kubectl: Kubectl, log_dir: Path, env: dict[str, str] | None = None, resolv_conf: Path | None = None
 ) -> Iterator[OperatorProcess]:
-    """``kustos run`` with every kustos controller, scoped to the test's namespace."""
+    """``kustos run`` with every kustos controller, scoped to the test's namespace (resolving
+    through the cluster DNS unless ``resolv_conf`` names another resolver)."""
     process = start_operator(
         kubectl.cluster, log_dir, "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
         "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
         "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
-        controllers=None, env=env,
+        controllers=None, env=env, resolv_conf=resolv_conf,
     )  # fmt: skip
     try:
         yield process

@@ -88,6 +88,7 @@ def start_operator(
     *extra: str,
     controllers: str | None = "tests.example.controller:register",
     env: dict[str, str] | None = None,
+    resolv_conf: Path | None = None,
 ) -> OperatorProcess:
     metrics_port, webhook_port = free_port(), free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -106,9 +107,8 @@ def start_operator(
     # In the host network (it reaches the API server there) but resolving through the
     # cluster DNS (members' DNS names), as it would in a pod.
     with log_file.open("ab") as sink:
-        process = subprocess.Popen(
-            operator_argv(cluster.resolv_conf, args), stdout=sink, stderr=sink, env=env, cwd=REPO
-        )
+        argv = operator_argv(resolv_conf or cluster.resolv_conf, args)
+        process = subprocess.Popen(argv, stdout=sink, stderr=sink, env=env, cwd=REPO)
     operator = OperatorProcess(process, metrics_port, webhook_port, log_file, args)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
