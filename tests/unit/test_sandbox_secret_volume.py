@@ -72,3 +72,47 @@ async def test_the_container_starts_only_once_its_secret_exists(tmp_path: Path) 
 async def test_an_optional_missing_secret_does_not_hold_the_pod(tmp_path: Path) -> None:
     output, looks = await _run(_pod(optional=True), tmp_path, appears_after=100)
     assert output == "none" and looks == 1
+
+
+async def test_a_projected_token_is_renewed_before_it_expires(tmp_path: Path) -> None:
+    """As a kubelet does: a long-running pod (the operator itself) always reads a live token."""
+    path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    pod = _pod()
+    pod["spec"]["containers"][0].update(
+        command=["/bin/sh", "-c", f"cat {path}/token; echo; sleep 2; cat {path}/token"],
+        volumeMounts=[{"name": "sa", "mountPath": path}],
+    )
+    pod["spec"]["volumes"] = [
+        {
+            "name": "sa",
+            "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 1}}]},
+        }
+    ]
+    issued = 0
+    finished = asyncio.Event()
+
+    async def request_token(pod: dict[str, Any], audience: str | None, seconds: int) -> str:
+        nonlocal issued
+        issued += 1
+        return f"token-{issued}"
+
+    async def write_status(pod: dict[str, Any], status: dict[str, Any]) -> None:
+        if status["phase"] in ("Succeeded", "Failed"):
+            finished.set()
+
+    async def nothing(*_: str) -> None:
+        return None
+
+    context = SandboxContext(
+        write_status=write_status, resolve_claim=nothing, read_source=nothing,
+        bin_paths_for=lambda image: {}, base_env={"PATH": "/usr/bin:/bin"}, request_token=request_token,
+    )  # fmt: skip
+    sandbox = Sandbox(pod=pod, pod_ip="127.2.3.4", directory=tmp_path, context=context)
+    sandbox.start()
+    try:
+        async with asyncio.timeout(10):
+            await finished.wait()
+        read = [line.split(" ", 3)[3] for line in sandbox.log_file("c").read_text().splitlines()]
+    finally:
+        await sandbox.stop(grace_seconds=1, write_status=False)
+    assert read[0] == "token-1" and read[-1] not in ("", "token-1"), read

@@ -24,6 +24,8 @@ PID_SUFFIX = ".pid"
 # The exit code a kubelet reports for a container whose process could not be started.
 START_ERROR_EXIT = 128
 SOURCE_RETRY = 0.5  # seconds between looks for a missing Secret or ConfigMap
+TOKEN_REFRESH_FRACTION = 0.8  # a kubelet renews a projected token after 80% of its lifetime
+TOKEN_RETRY = 10.0  # seconds before asking again when a renewal failed
 
 
 @dataclass
@@ -115,6 +117,8 @@ class Sandbox:
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
     _stopping: bool = False
     _replacing: set[str] = field(default_factory=set)  # containers restarting onto a new image
+    # Projected service account tokens written so far: (file, audience, expirationSeconds).
+    _tokens: list[tuple[Path, str | None, int]] = field(default_factory=list)
 
     @property
     def uid(self) -> str:
@@ -158,6 +162,8 @@ class Sandbox:
             self._mark_dirty()
             for container in self.pod["spec"]["containers"]:
                 self._tasks.append(asyncio.create_task(self._supervise(container)))
+            if self._tokens:
+                self._tasks.append(asyncio.create_task(self._rotate_tokens()))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -304,15 +310,36 @@ class Sandbox:
         for source in projected.get("sources") or []:
             if "serviceAccountToken" in source and self.context.request_token is not None:
                 spec = source["serviceAccountToken"]
-                token = await self.context.request_token(
-                    self.pod, spec.get("audience"), int(spec.get("expirationSeconds") or 3607)
-                )
+                audience, seconds = spec.get("audience"), int(spec.get("expirationSeconds") or 3607)
+                token = await self.context.request_token(self.pod, audience, seconds)
                 _write_file(local / spec["path"], token.encode())
+                self._tokens.append((local / spec["path"], audience, seconds))
             for kind in ("configMap", "secret"):
                 if kind in source:
                     await self._write_source_files({kind: source[kind]}, local)
             if "downwardAPI" in source:
                 self._write_downward(source["downwardAPI"].get("items") or [], local)
+
+    async def _rotate_tokens(self) -> None:
+        """Replace each projected token when 80% of its lifetime has passed, as a kubelet
+        does: a pod that runs for hours (the operator itself) keeps a valid token. Written
+        by rename, so a reader never sees half a token; a failed request is retried soon."""
+        request = self.context.request_token
+        assert request is not None
+        delay = TOKEN_REFRESH_FRACTION * min(seconds for _, _, seconds in self._tokens)
+        while True:
+            await asyncio.sleep(delay)
+            delay = TOKEN_REFRESH_FRACTION * min(seconds for _, _, seconds in self._tokens)
+            for path, audience, seconds in self._tokens:
+                try:
+                    token = await request(self.pod, audience, seconds)
+                except Exception as err:  # the API server may be away for a moment: try again soon
+                    log.warning("could not renew the token of %s: %s", self.name, err)
+                    delay = TOKEN_RETRY
+                    continue
+                fresh = path.with_name(f".{path.name}.new")
+                fresh.write_bytes(token.encode())
+                fresh.replace(path)
 
     def _write_downward(self, items: list[Mapping[str, Any]], local: Path) -> None:
         local.mkdir(parents=True, exist_ok=True)
