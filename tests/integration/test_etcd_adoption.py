@@ -28,7 +28,9 @@ async def test_a_hand_started_cluster_is_adopted_without_losing_a_write(
     kubectl: Kubectl, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     version = ETCD_VERSIONS[-1]
-    launcher = Launcher(tmp_path, version)
+    # Members on the pod network's gateway: the pods that replace them live in their own
+    # network namespaces and must reach them, as in a real cluster.
+    launcher = Launcher(tmp_path, version, host=kubectl.cluster.network.gateway)
     try:
         originals = launcher.cluster(3)
         await wait_until(lambda: answers(originals[0].client_url), "the hand-started cluster", timeout=30)

@@ -131,17 +131,21 @@ class EtcdProcess:
 class Launcher:
     """Creates members and guarantees they are killed when the test ends."""
 
-    def __init__(self, tmp_path: Path, version: str) -> None:
+    def __init__(self, tmp_path: Path, version: str, host: str = "") -> None:
+        """``host``: one address for every member (each on its own ports), e.g. the dev
+        cluster's pod gateway so that pods can reach them; a loopback /24 of our own else."""
         self.tmp_path = tmp_path
         self.version = version
         self.subnet = _subnet()
+        self.host = host
         self.members: list[EtcdProcess] = []
 
     def member(
         self, index: int, ip: str = "", client_scheme: str = "http", client_host: str = ""
     ) -> EtcdProcess:
         member = EtcdProcess(
-            f"m{index}", self.version, ip or f"{self.subnet}.{index + 1}", self.tmp_path / f"m{index}",
+            f"m{index}", self.version, ip or self.host or f"{self.subnet}.{index + 1}",
+            self.tmp_path / f"m{index}",
             client_scheme=client_scheme, client_host=client_host,
         )  # fmt: skip
         self.members.append(member)
