@@ -252,7 +252,9 @@ async def test_a_tls_cluster_is_defragmented_with_the_operators_client_certifica
         assert failures == []
 
         # The writer, trusting the CA, lost nothing; the kept keys are on every member.
-        assert len(writer.acknowledged) > 20, writer.acknowledged
+        # It kept writing through the defragmentations; how many writes fit in that window
+        # depends on the machine's load (11 on a loaded CI run), so the bound is loose.
+        assert len(writer.acknowledged) >= 5, writer.acknowledged
         for url in urls.values():
             assert await writer.missing(url) == [], url
             async with EtcdClient(url, user) as client:
