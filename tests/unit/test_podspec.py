@@ -531,3 +531,26 @@ def test_build_invocation_passes_config_map_and_secret_values() -> None:
 
     assert invocation.argv[1:] == ["--initial-cluster-token=t0k3n"]
     assert invocation.env["TOKEN"] == "t0k3n"
+
+
+def test_resource_field_refs_report_requests_and_limits_in_their_divisor() -> None:
+    import os
+
+    from kustos.devcluster.podspec import container_env, resource_value
+
+    container = {
+        "name": "c", "image": "x",
+        "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "128Mi"}},
+        "env": [
+            {"name": "CPU_M", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}},
+            {"name": "MEM_MI",
+             "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
+            {"name": "MEM_REQ", "valueFrom": {"resourceFieldRef": {"resource": "requests.memory"}}},
+        ],
+    }  # fmt: skip
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [container]}}
+    env = container_env(pod, container)
+    # An unset request defaults to the limit, as the API server's defaulting does.
+    assert env == {"CPU_M": "250", "MEM_MI": "128", "MEM_REQ": str(128 * 2**20)}
+    # An unset limit is the node's capacity: here, this machine's.
+    assert resource_value(pod, {"containerName": "c", "resource": "limits.cpu"}) == str(os.cpu_count())

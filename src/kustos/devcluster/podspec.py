@@ -15,13 +15,16 @@ things a kubelet gets from an image and its volumes are emulated by rewriting:
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from kustos.images import KUSTOS_IMAGE_REPOSITORY
+from kustos.runtime.quantity import in_units, parse_quantity
 
 ETCD_IMAGE_REPOSITORIES = (
     "registry.k8s.io/etcd",
@@ -160,6 +163,30 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
     return ""
 
 
+def resource_value(pod: Mapping[str, Any], ref: Mapping[str, Any], default_container: str = "") -> str:
+    """A downward API ``resourceFieldRef``: a container's request or limit in units of
+    ``divisor``, rounded up. An unset limit is the node's capacity, which for these nodes is
+    this machine's (CPUs, memory); an unset request is 0 (a kubelet would default it to the
+    limit when only the limit is set)."""
+    name = ref.get("containerName") or default_container
+    containers = [*(pod["spec"].get("initContainers") or []), *pod["spec"]["containers"]]
+    container: Mapping[str, Any] = next((c for c in containers if c["name"] == name), {})
+    kind, _, resource = str(ref["resource"]).partition(".")
+    resources = container.get("resources") or {}
+    text = (resources.get(kind) or {}).get(resource)
+    if text is None and kind == "requests":
+        text = (resources.get("limits") or {}).get(resource)
+    if text is not None:
+        value = parse_quantity(str(text))
+    elif kind == "limits" and resource == "cpu":
+        value = Fraction(os.cpu_count() or 1)
+    elif kind == "limits" and resource == "memory":
+        value = Fraction(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    else:
+        value = Fraction(0)
+    return str(in_units(value, str(ref.get("divisor") or "1")))
+
+
 def container_env(
     pod: Mapping[str, Any],
     container: Mapping[str, Any],
@@ -180,6 +207,8 @@ def container_env(
         source = item.get("valueFrom") or {}
         if "fieldRef" in source:
             env[name] = field_value(pod, source["fieldRef"]["fieldPath"])
+        if "resourceFieldRef" in source:
+            env[name] = resource_value(pod, source["resourceFieldRef"], container["name"])
         for kind in ("configMap", "secret"):
             ref = source.get(f"{kind}KeyRef")
             if ref and (kind, ref["name"], ref["key"]) in lookup:

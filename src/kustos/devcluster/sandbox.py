@@ -14,7 +14,7 @@ from typing import Any
 
 from kustos.devcluster.containers import ContainerProcess, now_rfc3339
 from kustos.devcluster.network import SERVICE_ACCOUNT_DIR, enter_pod_argv
-from kustos.devcluster.podspec import Invocation, build_invocation, field_value
+from kustos.devcluster.podspec import Invocation, build_invocation, field_value, resource_value
 from kustos.devcluster.probes import ProbeCounter, ProbeTiming, probe_once
 
 log = logging.getLogger(__name__)
@@ -348,6 +348,8 @@ class Sandbox:
                 _write_file(
                     local / item["path"], field_value(self.pod, item["fieldRef"]["fieldPath"]).encode()
                 )
+            if "resourceFieldRef" in item:
+                _write_file(local / item["path"], resource_value(self.pod, item["resourceFieldRef"]).encode())
 
     # ---- containers ----------------------------------------------------------------
 

@@ -8,28 +8,22 @@ goes last, and only once no follower needs it any more.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from cronsim import CronSim, CronSimError
 
 from kustos.api.etcd import AutoCompactionSpec, DefragmentationSpec, MaintenanceSpec
+from kustos.runtime import quantity
 from kustos.runtime.steps import Wait as Wait  # the shared step, in this planner's Step union
-
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_FACTORS = {
-    None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-}  # fmt: skip
 
 
 def parse_quantity(text: str) -> int:
     """A storage size as Kubernetes writes it (64Mi, 1G, 1000) in bytes."""
-    match = _QUANTITY.match(text.strip())
-    if match is None:
-        raise ValueError(f"not a size: {text!r} (like 64Mi or 1Gi)")
-    return int(float(match.group(1)) * _FACTORS[match.group(2)])
+    try:
+        return int(quantity.parse_quantity(text))
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (like 64Mi or 1Gi)") from None
 
 
 def compaction_args(spec: MaintenanceSpec | None) -> list[str]:
