@@ -542,7 +542,8 @@ def test_resource_field_refs_report_requests_and_limits_in_their_divisor() -> No
         "name": "c", "image": "x",
         "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "128Mi"}},
         "env": [
-            {"name": "CPU_M", "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}},
+            {"name": "CPU_M",
+             "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}},
             {"name": "MEM_MI",
              "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
             {"name": "MEM_REQ", "valueFrom": {"resourceFieldRef": {"resource": "requests.memory"}}},
