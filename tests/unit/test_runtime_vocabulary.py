@@ -131,3 +131,12 @@ def test_accessors_read_typed_resources_too() -> None:
     })  # fmt: skip
     assert (objects.name(job), objects.namespace(job), objects.key(job)) == ("clean", "ns", "ns/clean")
     assert objects.generation(job) == 4 and objects.deleting(job)
+
+
+def test_an_unexpected_error_becomes_a_reconcile_error_named_after_its_type() -> None:
+    from kustos.runtime.errors import ReconcileError, as_reconcile_error
+
+    expected = ReconcileError("etcd refused", reason="EtcdRefused")
+    assert as_reconcile_error(expected) is expected
+    wrapped = as_reconcile_error(ConnectionResetError("peer went away"))
+    assert wrapped.reason == "ConnectionResetError" and "peer went away" in wrapped.message

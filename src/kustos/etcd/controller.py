@@ -58,10 +58,11 @@ from kustos.etcd.status import (
 from kustos.etcd.versions import creation_version, rollback, target_version, version_refusal
 from kustos.images import configured_agent_image
 from kustos.runtime import faults, objects
+from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import get_condition
 from kustos.runtime.controller import Controller, Result, label_keys
 from kustos.runtime.deps import Deps
-from kustos.runtime.errors import ReconcileError
+from kustos.runtime.errors import ReconcileError, as_reconcile_error
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
@@ -115,10 +116,13 @@ class EtcdClusterReconciler:
         try:
             await self._ensure_services(cluster)
             seen, step = await self.plan(raw, cluster, now)
-        except ReconcileError as err:  # nothing to plan from: the record says why, as it stood
+        except Exception as err:  # nothing to plan from: the record says why, as it stood
+            unobserved = as_reconcile_error(err)
+            if unobserved is not err:
+                log.warning("observing %s failed", key, exc_info=err)
             seen = Seen(dict(raw.get("status") or {}), objects.generation(raw), cluster)
-            await self._record(raw, seen, Unobserved(), now, err)
-            raise
+            await self._record_failure(raw, seen, Unobserved(), now, unobserved)
+            raise unobserved from err
         shown = step.step if isinstance(step, Rebuild) else step
         if isinstance(shown, Wait | Done):
             log.debug("planned %s", shown)
@@ -132,18 +136,38 @@ class EtcdClusterReconciler:
         requeue = AFTER_STEP
         try:
             requeue = await self.act(raw, cluster, seen, step)
-        except ReconcileError as err:
-            failure = err
+        except Exception as err:  # an API blip or a bug as much as an etcd refusal: recorded
+            failure = as_reconcile_error(err)
+            if failure is not err:
+                log.warning("step %s failed", shown, exc_info=err)
         faults.exit_after(type(shown).__name__)
         if written is raw:
             fresh = self.clusters.get(key)
-            if fresh is not None and fresh is not raw:
+            if fresh is not None and fresh is not raw and objects.generation(fresh) == seen.generation:
                 # What another writer (the maintenance controller) recorded meanwhile is kept.
+                # A newer spec waits for the next pass: this status was planned for this one.
                 written, seen = fresh, replace(seen, previous=dict(fresh.get("status") or {}))
-        await self._record(written, seen, step, now, failure)
+        await self._record_failure(written, seen, step, now, failure)
         if failure is not None:
             raise failure
         return Result(requeue_after=requeue)
+
+    async def _record_failure(
+        self,
+        obj: dict[str, Any],
+        seen: Seen,
+        step: ClusterStep,
+        now: datetime,
+        failure: ReconcileError | None,
+    ) -> None:
+        """The final record; a conflict on it must not hide the step's own failure."""
+        try:
+            await self._record(obj, seen, step, now, failure)
+        except ApiStatusError as conflict:
+            if failure is None:
+                raise
+            log.warning("could not record the failure of %s (%s): %s", objects.key(obj), conflict, failure)
+            raise failure from conflict
 
     async def plan(
         self, raw: dict[str, Any], cluster: EtcdCluster, now: datetime

@@ -34,4 +34,12 @@ class ReconcileTimeout(ReconcileError):
         super().__init__(message, reason)
 
 
-__all__ = ["ReconcileError", "ReconcileTimeout", "TerminalError"]
+def as_reconcile_error(err: Exception) -> ReconcileError:
+    """``err`` as a ReconcileError, so that an unexpected failure (a network error the API
+    client raised, a bug) reaches the object's conditions like an expected one."""
+    if isinstance(err, ReconcileError):
+        return err
+    return ReconcileError(f"{type(err).__name__}: {err}", reason=type(err).__name__)
+
+
+__all__ = ["ReconcileError", "ReconcileTimeout", "TerminalError", "as_reconcile_error"]

@@ -234,7 +234,13 @@ class Manager:
             task.cancel()
         await asyncio.gather(*starters, return_exceptions=True)
         # Stopped: take no new work and let in-flight reconciles finish within the timeout.
-        await asyncio.gather(*(r.stop(self.options.shutdown_timeout) for r in self._controllers))
+        try:
+            await asyncio.gather(*(r.stop(self.options.shutdown_timeout) for r in self._controllers))
+        except asyncio.CancelledError:
+            # The lease was lost while draining: nothing may act without it.
+            for runner in self._controllers:
+                runner.abandon()
+            raise
 
     async def _start_when_synced(self, runner: ControllerRunner) -> None:
         """Start ``runner`` once its own caches have synced; report it if that takes too long."""
