@@ -33,11 +33,6 @@ def _pod(optional: bool = False) -> dict[str, Any]:
 async def _run(pod: dict[str, Any], tmp_path: Path, appears_after: int) -> tuple[str, int]:
     """Run the pod to its end; the Secret exists from the ``appears_after``-th look on."""
     looks = 0
-    finished = asyncio.Event()
-
-    async def write_status(pod: dict[str, Any], status: dict[str, Any]) -> None:
-        if status["phase"] in ("Succeeded", "Failed"):
-            finished.set()
 
     async def resolve_claim(namespace: str, claim: str) -> Path | None:
         return None
@@ -49,17 +44,30 @@ async def _run(pod: dict[str, Any], tmp_path: Path, appears_after: int) -> tuple
             return None
         return {"tls.crt": base64.b64encode(b"CERT").decode()}
 
-    context = SandboxContext(
-        write_status=write_status, resolve_claim=resolve_claim, read_source=read_source,
-        bin_paths_for=lambda image: {}, base_env={"PATH": "/usr/bin:/bin"}, restart_backoff=(0.01, 0.01),
+    lines = await _run_to_end(pod, tmp_path, resolve_claim=resolve_claim, read_source=read_source)
+    return lines[-1], looks
+
+
+async def _run_to_end(pod: dict[str, Any], tmp_path: Path, **context: Any) -> list[str]:
+    """Run the pod until it has finished; what container c printed, line by line."""
+    finished = asyncio.Event()
+
+    async def write_status(pod: dict[str, Any], status: dict[str, Any]) -> None:
+        if status["phase"] in ("Succeeded", "Failed"):
+            finished.set()
+
+    sandbox = Sandbox(
+        pod=pod, pod_ip="127.2.3.4", directory=tmp_path,
+        context=SandboxContext(
+            write_status=write_status, bin_paths_for=lambda image: {}, base_env={"PATH": "/usr/bin:/bin"},
+            restart_backoff=(0.01, 0.01), **context,
+        ),
     )  # fmt: skip
-    sandbox = Sandbox(pod=pod, pod_ip="127.2.3.4", directory=tmp_path, context=context)
     sandbox.start()
     try:
         async with asyncio.timeout(10):
             await finished.wait()
-        lines = sandbox.log_file("c").read_text().splitlines()
-        return lines[-1].split(" ", 3)[3], looks
+        return [line.split(" ", 3)[3] for line in sandbox.log_file("c").read_text().splitlines()]
     finally:
         await sandbox.stop(grace_seconds=1, write_status=False)
 
@@ -89,30 +97,16 @@ async def test_a_projected_token_is_renewed_before_it_expires(tmp_path: Path) ->
         }
     ]
     issued = 0
-    finished = asyncio.Event()
 
     async def request_token(pod: dict[str, Any], audience: str | None, seconds: int) -> str:
         nonlocal issued
         issued += 1
         return f"token-{issued}"
 
-    async def write_status(pod: dict[str, Any], status: dict[str, Any]) -> None:
-        if status["phase"] in ("Succeeded", "Failed"):
-            finished.set()
-
     async def nothing(*_: str) -> None:
         return None
 
-    context = SandboxContext(
-        write_status=write_status, resolve_claim=nothing, read_source=nothing,
-        bin_paths_for=lambda image: {}, base_env={"PATH": "/usr/bin:/bin"}, request_token=request_token,
-    )  # fmt: skip
-    sandbox = Sandbox(pod=pod, pod_ip="127.2.3.4", directory=tmp_path, context=context)
-    sandbox.start()
-    try:
-        async with asyncio.timeout(10):
-            await finished.wait()
-        read = [line.split(" ", 3)[3] for line in sandbox.log_file("c").read_text().splitlines()]
-    finally:
-        await sandbox.stop(grace_seconds=1, write_status=False)
+    read = await _run_to_end(
+        pod, tmp_path, resolve_claim=nothing, read_source=nothing, request_token=request_token
+    )
     assert read[0] == "token-1" and read[-1] not in ("", "token-1"), read
