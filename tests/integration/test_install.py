@@ -121,8 +121,8 @@ async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permission
     creates an EtcdCluster until it is healthy, and the API server refuses it nothing."""
     release, namespace = f"kustos-{kubectl.namespace}", kubectl.namespace
     adopt_crds(dev_cluster, release, namespace)
-    # No webhooks: their Service has no endpoint in the dev cluster yet, and Fail would block
-    # every EtcdCluster write in the session. The operator runs beside the cluster instead.
+    # No webhooks: their Service has no endpoint in the dev cluster yet (the operator runs
+    # beside the cluster, not in it), so the API server could not call them.
     values = ["--set", "replicas=0", "--set", "webhook.enabled=false"]
     operator_args = ["--namespace", namespace, "--lease-name", release, "--lease-namespace", namespace,
                      "--metrics-address", f"127.0.0.1:{free_port()}"]  # fmt: skip
@@ -149,7 +149,7 @@ async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permission
             process.wait(30)
         helm(dev_cluster, "uninstall", release, "--namespace", namespace)
     text = log.read_text(errors="replace")
-    assert "controllers started" in text, text[-3000:]
+    assert "controller etcdcluster started" in text, text[-3000:]
     assert "403" not in text and "forbidden" not in text.lower(), text[-3000:]
 
 
