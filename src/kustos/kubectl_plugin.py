@@ -19,6 +19,7 @@ from kustos.api.etcd import EtcdCluster
 from kustos.api.nodejob import NodeJob
 from kustos.api.storage import StorageCluster
 from kustos.etcd import cli as etcd_cli
+from kustos.runtime import objects
 
 app = typer.Typer(
     help="kustos from kubectl: `kubectl kustos status`, `kubectl kustos recover NAME`.",
@@ -48,22 +49,27 @@ def _message(obj: Obj, *kinds: str) -> str:
 def etcd_rows(items: list[Obj]) -> list[list[str]]:
     return [
         [
-            o["metadata"].get("namespace", ""), o["metadata"]["name"],
-            str((o.get("status") or {}).get("ready") or "-"),
+            objects.namespace(o) or "", objects.name(o),
+            _said(o, "ready"),
             str((o.get("status") or {}).get("currentVersion") or (o.get("spec") or {}).get("version") or "-"),
-            str((o.get("status") or {}).get("phase") or "-"),
+            _said(o, "phase"),
             _message(o, "Degraded", "Progressing"),
         ]
         for o in items
     ]  # fmt: skip
 
 
+def _said(obj: Obj, field: str) -> str:
+    """One status field for a table cell; "-" until the operator has recorded it."""
+    return str((obj.get("status") or {}).get(field) or "-")
+
+
 def storage_rows(items: list[Obj]) -> list[list[str]]:
     return [
         [
-            o["metadata"].get("namespace", ""), o["metadata"]["name"],
-            str((o.get("status") or {}).get("ready") or "-"),
-            str((o.get("status") or {}).get("phase") or "-"),
+            objects.namespace(o) or "", objects.name(o),
+            _said(o, "ready"),
+            _said(o, "phase"),
             _message(o, "Active", "Ready"),
         ]
         for o in items
@@ -73,9 +79,9 @@ def storage_rows(items: list[Obj]) -> list[list[str]]:
 def nodejob_rows(items: list[Obj]) -> list[list[str]]:
     return [
         [
-            o["metadata"].get("namespace", ""), o["metadata"]["name"],
-            str((o.get("status") or {}).get("progress") or "-"),
-            str((o.get("status") or {}).get("phase") or "-"),
+            objects.namespace(o) or "", objects.name(o),
+            _said(o, "progress"),
+            _said(o, "phase"),
             str((o.get("status") or {}).get("message") or ""),
         ]
         for o in items
@@ -98,15 +104,19 @@ async def _list_all(kubeconfig: Path | None, context: str | None, namespace: str
         found = []
         for model, *_ in TABLES:
             crd = model.crd
-            response = await clients.raw.get(api_path(crd.group, crd.version, crd.plural, namespace))
+            path = api_path(crd.group, crd.version, crd.plural, namespace)
+            response = await clients.raw.get(path)
+            for _ in range(10):  # 429 while the API server's cache of a new CRD initializes
+                if response.status_code != 429:
+                    break
+                await asyncio.sleep(float(response.headers.get("Retry-After") or 1))
+                response = await clients.raw.get(path)
             if response.status_code == 404:
                 items: list[Obj] = []  # a CRD that is not installed is an empty table, not an error
             else:
                 response.raise_for_status()
                 items = response.json().get("items") or []
-            found.append(
-                sorted(items, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
-            )
+            found.append(sorted(items, key=lambda o: (objects.namespace(o) or "", objects.name(o))))
         return found
     finally:
         await clients.close()
