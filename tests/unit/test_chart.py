@@ -17,6 +17,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from kustos.api import RESOURCES
 from kustos.devcluster import binaries
 from kustos.etcd.webhook import webhooks as etcd_webhooks
 from kustos.install import chart as chart_files
@@ -115,10 +116,7 @@ def test_plain_manifest_is_the_chart_with_defaults(helm: Path) -> None:
 
 def test_default_install_holds_every_crd_kept_on_uninstall(helm: Path) -> None:
     crds = [d for d in documents(template(helm)) if d["kind"] == "CustomResourceDefinition"]
-    assert {c["metadata"]["name"] for c in crds} == {
-        "etcdclusters.kustos.dev", "etcdbackups.kustos.dev", "storageclusters.kustos.dev",
-        "storageupgrades.kustos.dev", "nodejobs.kustos.dev",
-    }  # fmt: skip
+    assert {c["metadata"]["name"] for c in crds} == {kind.crd.name for kind in RESOURCES}
     assert all(c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for c in crds)
     off = documents(template(helm, "--set", "crds.install=false"))
     assert not [d for d in off if d["kind"] == "CustomResourceDefinition"]

@@ -10,12 +10,13 @@ from typing import Any
 
 from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster
+from kustos.api.maintenance import MaintenancePolicy
 from kustos.api.nodejob import NodeJob
 from kustos.api.storage import StorageCluster
 from kustos.api.storageupgrade import StorageUpgrade
 from kustos.runtime.crd import CustomResource
 
-__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "NodeJob", "StorageCluster", "StorageUpgrade"]
+__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "MaintenancePolicy", "NodeJob", "StorageCluster", "StorageUpgrade"]
 
 RESOURCES: list[type[CustomResource[Any, Any]]] = [
     EtcdCluster,
@@ -23,4 +24,5 @@ RESOURCES: list[type[CustomResource[Any, Any]]] = [
     StorageCluster,
     NodeJob,
     StorageUpgrade,
+    MaintenancePolicy,
 ]

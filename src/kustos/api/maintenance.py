@@ -1,0 +1,131 @@
+"""MaintenancePolicy: how kustos keeps a cluster healthy when nodes die (SPEC F-MAINT-1..8).
+
+Every switch of EKCO's configuration, with its default (seed 004), plus kustos's fencing
+choices. One policy named ``default`` (cluster-scoped); the CLI's ``purge-node`` reads the
+same model from a YAML file.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kustos.api.common import DURATION_PATTERN, Condition
+from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, list_map
+
+POLICY_NAME = "default"
+FENCED_ANNOTATION = "kustos.dev/fenced"
+"""Written on a Node by a fencing agent (value: RFC 3339 time) once it has powered the node off."""
+IMAGE_OVERRIDE_PATTERN = r"^[^=\s]+=[^=\s]+$"
+
+
+class FencingPolicy(KubeModel):
+    """What confirms that a node which stopped reporting can no longer run its pods."""
+
+    provider: bool = True
+    """Ask the cloud provider: an instance it reports stopped or gone is fenced."""
+    annotation: bool = True
+    """Accept the kustos.dev/fenced annotation a fencing agent writes on the Node."""
+    after_toleration: bool = False
+    """Treat a node unreachable for longer than nodeUnreachableToleration as fenced. Unsafe for
+    a node that is merely partitioned (it may still run a copy of the pod); EKCO's behaviour."""
+
+
+class MaintenancePolicySpec(KubeModel):
+    """The switches of node maintenance; EKCO's names where it has one, with its defaults."""
+
+    node_unreachable_toleration: str = Field(default="1h", pattern=DURATION_PATTERN)
+    """How long a Node must be unreachable before it is considered dead (purge, legacy clear)."""
+    min_ready_master_node_count: int = Field(default=2, ge=0)
+    """Purge never leaves fewer Ready control-plane nodes than this (the dead node not counted)."""
+    min_ready_worker_node_count: int = Field(default=0, ge=0)
+    """Purge never leaves fewer Ready worker nodes than this (the dead node not counted)."""
+    should_disable_clear_nodes: bool = False
+    """Do not move pods off dead nodes."""
+    should_enable_purge_nodes: bool = False
+    """Remove dead nodes from the cluster (Rook, control plane, etcd member, Node)."""
+    fencing: FencingPolicy = Field(default_factory=FencingPolicy)
+    """What counts as proof that a dead node is down before its pods are started elsewhere."""
+    legacy_clear: bool = False
+    """Clear as EKCO does without fencing: force-delete pods Terminating for 30 s on a node past
+    its toleration. Risks two copies of a pod on a node that is only partitioned."""
+    rook_should_use_all_nodes: bool = True
+    """Rook uses every node; purge then leaves the CephCluster's storage.nodes alone."""
+    rook_should_disable_reconcile_mds_placement: bool = False
+    """Leave CephFilesystem MDS placement alone."""
+    rook_should_disable_reconcile_ceph_csi_resources: bool = False
+    """Leave Ceph CSI resource requests and limits alone."""
+    rook_namespace: str = "rook-ceph"
+    """Where Rook, its CephCluster and its toolbox run."""
+    should_disable_reboot_services: bool = True
+    """Do not install the shutdown and startup service (deploy/reboot/) on nodes."""
+    should_disable_restart_failed_envoy_pods: bool = False
+    """Do not delete Envoy pods whose envoy container stays not ready."""
+    envoy_pods_not_ready_duration: str = Field(default="5m", pattern=DURATION_PATTERN)
+    """How long an envoy container may be not ready (its pod running) before the pod is deleted."""
+    envoy_pod_selector: str = "app=envoy"
+    """The label selector (key=value[,key=value]) of the Envoy pods."""
+    envoy_container_name: str = "envoy"
+    """The container whose readiness counts."""
+    pod_image_overrides: list[Annotated[str, Field(pattern=IMAGE_OVERRIDE_PATTERN)]] = Field(
+        default_factory=list
+    )
+    """Container image rewrites for new pods, each original=override."""
+    minio_should_disable_management: bool = False
+    """Honoured once kustos manages MinIO."""
+    kotsadm_should_disable_management: bool = False
+    """Honoured once kustos manages kotsadm."""
+    etcd_certificates_secret: str | None = None
+    """namespace/name of a Secret with kubeadm's etcd client certificates (ca.crt, healthcheck-client
+    .crt and .key) for a stacked etcd; else certificatesDir is read."""
+    certificates_dir: str = "/etc/kubernetes/pki"
+    """kubeadm's certificates directory (etcd/ca.crt, etcd/healthcheck-client.crt and .key)."""
+
+
+class MaintenanceAction(KubeModel):
+    """One thing the controller did or refused."""
+
+    time: str = Field(json_schema_extra={"format": "date-time"})
+    """When (RFC 3339)."""
+    node: str
+    """The node it concerned."""
+    action: str
+    """Clear, Purge, ReleaseClaim, RestartEnvoy, ... in CamelCase."""
+    outcome: Literal["Done", "Refused", "Failed"]
+    """Done, Refused (a guard said no) or Failed (will be retried)."""
+    message: str = ""
+    """What was done, or why not."""
+
+
+class MaintenancePolicyStatus(KubeModel):
+    """What node maintenance did last and what it refused."""
+
+    observed_generation: int | None = None
+    dead_nodes: list[str] = Field(default_factory=list)
+    """Nodes past their toleration or fenced, by name."""
+    last_action: MaintenanceAction | None = None
+    """The newest action, done or refused."""
+    last_refusal: MaintenanceAction | None = None
+    """The newest refusal, kept until a later action on that node succeeds."""
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
+    """Ready (the policy is valid and applied), Degraded (an action keeps failing)."""
+
+
+class MaintenancePolicy(CustomResource[MaintenancePolicySpec, MaintenancePolicyStatus]):
+    """Node maintenance for the whole cluster; only the one named default is acted on."""
+
+    crd = CRDInfo(
+        kind="MaintenancePolicy",
+        plural="maintenancepolicies",
+        short_names=("mp",),
+        categories=("kustos",),
+        scope="Cluster",
+        printer_columns=(
+            PrinterColumn("PURGE", ".spec.shouldEnablePurgeNodes", "boolean"),
+            PrinterColumn("TOLERATION", ".spec.nodeUnreachableToleration"),
+            PrinterColumn("LAST", ".status.lastAction.action"),
+            PrinterColumn("NODE", ".status.lastAction.node"),
+            PrinterColumn("AGE", ".metadata.creationTimestamp", "date"),
+        ),
+    )
