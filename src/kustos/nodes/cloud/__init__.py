@@ -1,0 +1,1 @@
+"""Cloud providers behind ``runtime.cloud.CloudProvider``: kwok (dev cluster, tests) and AWS."""
