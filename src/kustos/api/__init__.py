@@ -16,7 +16,15 @@ from kustos.api.storage import StorageCluster
 from kustos.api.storageupgrade import StorageUpgrade
 from kustos.runtime.crd import CustomResource
 
-__all__ = ["RESOURCES", "EtcdBackup", "EtcdCluster", "MaintenancePolicy", "NodeJob", "StorageCluster", "StorageUpgrade"]
+__all__ = [
+    "RESOURCES",
+    "EtcdBackup",
+    "EtcdCluster",
+    "MaintenancePolicy",
+    "NodeJob",
+    "StorageCluster",
+    "StorageUpgrade",
+]
 
 RESOURCES: list[type[CustomResource[Any, Any]]] = [
     EtcdCluster,
