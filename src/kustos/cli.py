@@ -223,10 +223,27 @@ def dev_status(name: NameOption = DEFAULT_NAME) -> None:
                 f"pod network {net['cidr']} on bridge {net['bridge']}; API server and cluster DNS "
                 f"at {net['gateway']}"
             )
+        _print_operator_pods(cluster)
         console.print(f"export KUBECONFIG={state['kubeconfig']}")
     else:
         console.print("not running")
         raise typer.Exit(1)
+
+
+def _print_operator_pods(cluster: DevCluster) -> None:
+    """The chart's operator pods: phase, node, and which one holds the Lease."""
+    from kustos.devcluster import operator as dev_operator
+
+    pods = dev_operator.operator_pods(cluster)
+    if not pods:
+        console.print(f"no operator pods in {OPERATOR_NAMESPACE}")
+        return
+    leader = dev_operator.leader_pod(cluster)
+    for pod in pods:
+        pod_name = pod["metadata"]["name"]
+        phase = (pod.get("status") or {}).get("phase", "-")
+        role = "leader" if pod_name == leader else "standby"
+        console.print(f"operator pod {pod_name}  {phase}  {role}  node {pod['spec'].get('nodeName', '-')}")
 
 
 @dev.command("logs")
@@ -241,15 +258,8 @@ def dev_logs(
     if not cluster.is_running():
         console.print(f"dev cluster {name} is not running")
         raise typer.Exit(1)
-    pods = dev_operator.operator_pods(cluster)
-    leader = dev_operator.leader_pod(cluster)
-    for pod in pods:
-        pod_name = pod["metadata"]["name"]
-        phase = (pod.get("status") or {}).get("phase", "-")
-        role = "leader" if pod_name == leader else "standby"
-        console.print(f"{pod_name}  {phase}  {role}  node {pod['spec'].get('nodeName', '-')}")
-    if not pods:
-        console.print(f"no operator pods in {OPERATOR_NAMESPACE} (dev up --no-sample installs none)")
+    _print_operator_pods(cluster)
+    if not dev_operator.operator_pods(cluster):
         raise typer.Exit(1)
     console.out(dev_operator.logs(cluster, tail=tail), end="")
 

@@ -22,7 +22,7 @@ from kustos.devcluster.cluster import DevCluster
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import etcd_cluster, wait_healthy
 from tests.integration.kube import wait_until
-from tests.integration.operator import free_port
+from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, chart_identity, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "kustos"
@@ -195,3 +195,22 @@ async def test_the_operator_runs_a_storage_cluster_with_only_the_charts_permissi
         helm(dev_cluster, "uninstall", release, "--namespace", namespace)
     text = log.read_text(errors="replace")
     assert "403" not in text and "forbidden" not in text.lower(), text[-3000:]
+
+
+CAN_I_GOLDEN = REPO / "tests" / "unit" / "golden" / "chart" / "can-i-list.txt"
+
+
+def test_what_the_charts_service_account_may_do_is_the_golden(dev_cluster: DevCluster) -> None:
+    """``kubectl auth can-i --list`` as the chart's ServiceAccount (the session's release in
+    kustos-system), cluster-wide rules and its own namespace's. A change in the chart's RBAC
+    shows here as a diff to review; KUSTOS_UPDATE_GOLDEN=1 rewrites it."""
+    chart_identity(dev_cluster)
+    identity = f"system:serviceaccount:{CHART_NAMESPACE}:{CHART_RELEASE}"
+    listing = dev_cluster.kubectl("auth", "can-i", "--list", "--as", identity, "-n", CHART_NAMESPACE)
+    # Columns are padded to the widest entry: compare the rows, not the padding.
+    rows = "\n".join(" ".join(line.split()) for line in listing.splitlines()) + "\n"
+    if os.environ.get("KUSTOS_UPDATE_GOLDEN") == "1":
+        CAN_I_GOLDEN.write_text(rows)
+    assert CAN_I_GOLDEN.read_text() == rows, (
+        f"{CAN_I_GOLDEN} is stale; regenerate with KUSTOS_UPDATE_GOLDEN=1"
+    )

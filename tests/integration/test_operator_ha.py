@@ -16,20 +16,23 @@ from kustos.devcluster.cluster import DevCluster
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, assert_consistent, etcd_cluster, status_of, wait_healthy
 from tests.integration.kube import wait_until
+from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, SESSION_VALUES, chart_identity
 
 REPLICAS = 2
 
 
 @pytest.fixture(scope="module")
 def chart_operator(dev_cluster: DevCluster, crds: None) -> Iterator[None]:
-    """The chart's defaults (two replicas, the whole cluster, webhooks through its Service) in
-    kustos-system; CRDs come from the session (``crds``), so the chart leaves them alone."""
-    dev_operator.install(dev_cluster, ["crds.install=false"])
+    """The session's chart release (``chart_identity``) upgraded to the chart's defaults: two
+    replicas, the whole cluster, webhooks through its Service, in kustos-system. CRDs come from
+    the session (``crds``), so the chart leaves them alone. Back to the session's values after."""
+    chart_identity(dev_cluster)
+    dev_operator.install(dev_cluster, ["crds.install=false"], CHART_RELEASE, CHART_NAMESPACE)
     try:
         dev_operator.wait_ready(dev_cluster, REPLICAS, timeout=180)
         yield
     finally:
-        dev_operator.uninstall(dev_cluster)
+        dev_operator.install(dev_cluster, SESSION_VALUES, CHART_RELEASE, CHART_NAMESPACE)
 
 
 def _pods_ready(cluster: DevCluster) -> dict[str, bool]:

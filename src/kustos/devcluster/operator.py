@@ -75,8 +75,11 @@ def install(
 ) -> None:
     """``helm upgrade --install`` of the chart (``values``: ``key=value`` for ``--set``)."""
     sets = [arg for value in values for arg in ("--set", value)]
+    # --force-conflicts: with webhook.url, an operator outside the cluster wrote its own URL
+    # into the chart's webhook configurations (the integration tests' processes, one port each);
+    # the chart's values win again.
     helm(cluster, "upgrade", "--install", release, str(chart or chart_dir()), "--namespace", namespace,
-         "--create-namespace", *sets)  # fmt: skip
+         "--create-namespace", "--force-conflicts", *sets)  # fmt: skip
 
 
 def uninstall(cluster: DevCluster, release: str = RELEASE, namespace: str = NAMESPACE) -> None:
