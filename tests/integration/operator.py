@@ -149,6 +149,17 @@ def chart_identity(cluster: DevCluster) -> Path:
     return path
 
 
+def reset_chart_identity(cluster: DevCluster) -> None:
+    """Uninstall the session's release; the next ``chart_identity`` installs it afresh (a new
+    ServiceAccount, a new token). For tests that install the chart otherwise: switching a
+    release between webhook.url and the Service in place fails, since the operators' own
+    writes of the other field stay in the webhook configurations."""
+    from kustos.devcluster import operator as dev_operator
+
+    dev_operator.uninstall(cluster, CHART_RELEASE, CHART_NAMESPACE)
+    _identities.pop(cluster.state_dir, None)
+
+
 def service_account_kubeconfig(cluster: DevCluster, namespace: str, account: str, path: Path) -> Path:
     """A kubeconfig that is ``account``: a token from the TokenRequest API, checked with whoami."""
     token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration", "3h").strip()

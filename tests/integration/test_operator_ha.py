@@ -16,23 +16,23 @@ from kustos.devcluster.cluster import DevCluster
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, assert_consistent, etcd_cluster, status_of, wait_healthy
 from tests.integration.kube import wait_until
-from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, SESSION_VALUES, chart_identity
+from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, reset_chart_identity
 
 REPLICAS = 2
 
 
 @pytest.fixture(scope="module")
 def chart_operator(dev_cluster: DevCluster, crds: None) -> Iterator[None]:
-    """The session's chart release (``chart_identity``) upgraded to the chart's defaults: two
-    replicas, the whole cluster, webhooks through its Service, in kustos-system. CRDs come from
-    the session (``crds``), so the chart leaves them alone. Back to the session's values after."""
-    chart_identity(dev_cluster)
+    """The chart with its defaults (two replicas, the whole cluster, webhooks through its
+    Service) in kustos-system, in place of the session's release (``chart_identity``), which is
+    installed again on next use. CRDs come from the session (``crds``): the chart leaves them."""
+    reset_chart_identity(dev_cluster)
     dev_operator.install(dev_cluster, ["crds.install=false"], CHART_RELEASE, CHART_NAMESPACE)
     try:
         dev_operator.wait_ready(dev_cluster, REPLICAS, timeout=180)
         yield
     finally:
-        dev_operator.install(dev_cluster, SESSION_VALUES, CHART_RELEASE, CHART_NAMESPACE)
+        reset_chart_identity(dev_cluster)
 
 
 def _pods_ready(cluster: DevCluster) -> dict[str, bool]:
