@@ -10,6 +10,7 @@ import atexit
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import threading
 import uuid
@@ -121,7 +122,10 @@ def check_least_privilege(cluster: DevCluster, session: pytest.Session, out: Pat
                                  "--namespace", "kustos-system", "--set", "namespaces={team-a}")),
                                  "namespaced mode")  # fmt: skip
     reasons = audit.justified((REPO / "docs" / "install.md").read_text())
-    result = audit.coverage(audit.read_requests(cluster.audit_log), grants, reasons)
+    # Kept beside the report: the cluster's state goes with the session.
+    kept = out / "audit.log"
+    shutil.copyfile(cluster.audit_log, kept)
+    result = audit.coverage(audit.read_requests(kept), grants, reasons)
     report = out / "least-privilege.txt"
     report.write_text(result.report())
     print(f"\nleast-privilege report: {report}")
