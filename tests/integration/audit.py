@@ -104,11 +104,17 @@ def chart_grants(documents: Iterable[dict[str, Any] | None], mode: str) -> list[
 
 
 def used(grant: Grant, requests: Iterable[Request]) -> bool:
+    """Some allowed request needed the grant. A server-side apply (or an update) that creates
+    its object answers 201 and needed ``create`` too: the API server authorizes both, though
+    the request's verb is ``patch``."""
     return any(
         r.decision == "allow"
         and r.group == grant.group
         and r.resource == grant.resource
-        and r.verb == grant.verb
+        and (
+            r.verb == grant.verb
+            or (grant.verb == "create" and r.verb in ("patch", "update") and r.code == 201)
+        )
         for r in requests
     )
 

@@ -132,3 +132,14 @@ def test_the_docs_justify_with_a_parseable_table() -> None:
 
     assert reasons, f"docs/install.md has no table under {audit.JUSTIFIED_HEADING!r}"
     assert all(why for why in reasons.values())
+
+
+def test_a_server_side_apply_that_creates_uses_create() -> None:
+    grants = audit.chart_grants(
+        audit.rendered(CHART.replace('["get", "delete"]', '["create"]')), "cluster mode"
+    )
+    applied = list(audit.operator_requests([event("patch", "pods", code=201)]))
+    patched = list(audit.operator_requests([event("patch", "pods", code=200)]))
+
+    assert {(g.resource, g.verb) for g in audit.coverage(applied, grants, {}).used} == {("pods", "create")}
+    assert not audit.coverage(patched, grants, {}).used
