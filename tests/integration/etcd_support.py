@@ -23,6 +23,7 @@ from kustos.runtime.crd import render_crds
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
 from tests.integration.operator import (
+    CHART_ENV,
     CHART_NAMESPACE,
     CHART_RELEASE,
     OperatorProcess,
@@ -66,7 +67,8 @@ def running_operator(
         "--lease-name", CHART_RELEASE, "--lease-namespace", CHART_NAMESPACE,
         "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
         "--webhook-configuration-name", CHART_RELEASE,
-        controllers=None, env=env, resolv_conf=resolv_conf, kubeconfig=chart_identity(kubectl.cluster),
+        controllers=None, env={**CHART_ENV, **(env or {})}, resolv_conf=resolv_conf,
+        kubeconfig=chart_identity(kubectl.cluster),
     )  # fmt: skip
     try:
         yield process

@@ -133,6 +133,11 @@ CHART_NAMESPACE = "kustos-system"
 # webhook.url: the tests' operators serve webhooks on the host, each test at its own port; the
 # operator rewrites the URL in the chart's configurations (patch, by name) when it starts.
 SESSION_VALUES = ("replicas=0", "crds.install=false", "webhook.url=https://127.0.0.1:9443")
+# What the chart's Deployment tells the operator (its storage roles, storage-roles.yaml).
+CHART_ENV = {
+    "KUSTOS_STORAGE_NODE_ROLE": f"{CHART_RELEASE}-storage-node",
+    "KUSTOS_STORAGE_CSI_HELPER_ROLE": f"{CHART_RELEASE}-storage-csi-helper",
+}
 _identities: dict[Path, Path] = {}
 
 

@@ -107,10 +107,16 @@ def service_account_kubeconfig(cluster: DevCluster, namespace: str, account: str
     return path
 
 
-def start_operator_as(kubeconfig: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+def start_operator_as(kubeconfig: Path, log: Path, *args: str, release: str = "") -> subprocess.Popen[bytes]:
+    """``kustos run`` with only ``kubeconfig``'s identity; with a cluster-mode ``release``, told
+    its chart's storage roles as the chart's Deployment does."""
+    env = {**os.environ}
+    if release:
+        env |= {"KUSTOS_STORAGE_NODE_ROLE": f"{release}-storage-node",
+                "KUSTOS_STORAGE_CSI_HELPER_ROLE": f"{release}-storage-csi-helper"}  # fmt: skip
     with log.open("wb") as sink:
         command = [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(kubeconfig), *args]
-        return subprocess.Popen(command, stdout=sink, stderr=sink, cwd=REPO)
+        return subprocess.Popen(command, stdout=sink, stderr=sink, cwd=REPO, env=env)
 
 
 @pytest.mark.parametrize("mode", ["cluster", "namespaced"])
@@ -173,7 +179,7 @@ async def test_the_operator_runs_a_storage_cluster_with_only_the_charts_permissi
         process = start_operator_as(
             kubeconfig, log, "--namespace", namespace, "--lease-name", release,
             "--lease-namespace", namespace, "--metrics-address", f"127.0.0.1:{free_port()}",
-            "--controllers", "storagecluster",
+            "--controllers", "storagecluster", release=release,
         )  # fmt: skip
 
         async def running() -> bool:
@@ -185,6 +191,20 @@ async def test_the_operator_runs_a_storage_cluster_with_only_the_charts_permissi
                          cluster=dev_cluster, namespace=manifest["spec"]["namespace"])  # fmt: skip
         bindings = dev_cluster.kubectl("get", "clusterrolebindings", "-o", "name")
         assert "kube-scheduler" in bindings and "volume-scheduler" in bindings
+        # The node and CSI helper pods are bound to the chart's roles; none is generated.
+        roles = {
+            b["roleRef"]["name"]
+            for b in json.loads(
+                dev_cluster.kubectl(
+                    "get", "clusterrolebindings", "-l", "app.kubernetes.io/managed-by=kustos", "-o", "json"
+                )
+            )["items"]
+        }
+        assert {f"{release}-storage-node", f"{release}-storage-csi-helper"} <= roles, roles
+        generated = dev_cluster.kubectl(
+            "get", "clusterroles", "-l", "app.kubernetes.io/managed-by=kustos", "-o", "name"
+        )
+        assert not generated.strip(), generated
         kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=90s")
     finally:
         if process is not None:
