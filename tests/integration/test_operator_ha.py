@@ -35,14 +35,9 @@ def chart_operator(dev_cluster: DevCluster, crds: None) -> Iterator[None]:
         reset_chart_identity(dev_cluster)
 
 
-def _pods_ready(cluster: DevCluster) -> dict[str, bool]:
-    return {
-        p["metadata"]["name"]: any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in p.get("status", {}).get("conditions") or []
-        )
-        for p in dev_operator.operator_pods(cluster)
-    }
+def _ready_pods(cluster: DevCluster) -> set[str]:
+    """Operator pods Ready and not being deleted (the session release's, if any, are going)."""
+    return {p["metadata"]["name"] for p in dev_operator.wait_ready(cluster, REPLICAS, timeout=60)}
 
 
 def _pod_log(cluster: DevCluster, pod: str) -> str:
@@ -52,13 +47,13 @@ def _pod_log(cluster: DevCluster, pod: str) -> str:
 async def test_the_standby_finishes_a_resize_when_the_leader_is_killed(
     chart_operator: None, dev_cluster: DevCluster, kubectl: Kubectl
 ) -> None:
-    assert len(_pods_ready(dev_cluster)) == REPLICAS
+    assert len(_ready_pods(dev_cluster)) == REPLICAS
     kubectl.apply(etcd_cluster("ha", 3))
     status = await wait_healthy(kubectl, "ha", 3, timeout=180)
     writer = Writer([m["clientUrl"] for m in status["members"]])
     writer.start()
     leader = dev_operator.leader_pod(dev_cluster)
-    assert leader in _pods_ready(dev_cluster), f"the Lease names {leader}, not an operator pod"
+    assert leader in _ready_pods(dev_cluster), f"the Lease names {leader}, not a ready operator pod"
     try:
         kubectl("patch", "etcdcluster", "ha", "--type=merge", "-p", '{"spec":{"size":5}}')
 
