@@ -128,7 +128,12 @@ def leader_pod(cluster: DevCluster, lease: str = RELEASE, namespace: str = NAMES
     and a pod's hostname is its name."""
     found = cluster.kubectl("get", "lease", lease, "-n", namespace, "-o", "json", check=False)
     holder = json.loads(found).get("spec", {}).get("holderIdentity") if found else None
-    return str(holder).rpartition("_")[0] or str(holder) if holder else None
+    return holder_pod(str(holder)) if holder else None
+
+
+def holder_pod(holder: str) -> str:
+    """``<hostname>_<random id>`` (runtime.manager's identity) -> the hostname, a pod's name."""
+    return holder.rpartition("_")[0] or holder
 
 
 def logs(cluster: DevCluster, namespace: str = NAMESPACE, tail: int = 200) -> str:
