@@ -23,11 +23,11 @@ from kustos.api.storage import StorageCluster
 from kustos.devcluster.cluster import DevCluster
 from kustos.storage import names
 from kustos.storage.images import parse_kube_version
-from kustos.storage.manifests import Inputs, desired, listing
+from kustos.storage.manifests import Inputs, desired, listing, shipped_roles
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_rejected, etcd_cluster, running_operator, wait_healthy
 from tests.integration.kube import claim, wait_until
-from tests.integration.operator import REPO, OperatorProcess, free_port
+from tests.integration.operator import CHART_ENV, REPO, OperatorProcess, free_port
 
 KINDS = (
     "namespaces,serviceaccounts,clusterroles,clusterrolebindings,secrets,configmaps,csidrivers,"
@@ -89,7 +89,9 @@ def expected_listing(
     model = StorageCluster.model_validate(
         {**manifest, "metadata": {**manifest["metadata"], "namespace": kubectl.namespace, "uid": "x"}}
     )
-    return sorted(listing(desired(Inputs(model, version, secret_data=secret))))
+    # The tests' operators are told the chart's storage roles (CHART_ENV): bound, not generated.
+    inputs = Inputs(model, version, secret_data=secret, shipped_roles=shipped_roles(CHART_ENV))
+    return sorted(listing(desired(inputs)))
 
 
 def node_env(kubectl: Kubectl, manifest: dict[str, Any]) -> dict[str, str]:
