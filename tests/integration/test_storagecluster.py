@@ -27,7 +27,7 @@ from kustos.storage.manifests import Inputs, desired, listing, shipped_roles
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_rejected, etcd_cluster, running_operator, wait_healthy
 from tests.integration.kube import claim, wait_until
-from tests.integration.operator import CHART_ENV, REPO, OperatorProcess, free_port
+from tests.integration.operator import CHART_ENV, CHART_RELEASE, REPO, OperatorProcess, free_port
 
 KINDS = (
     "namespaces,serviceaccounts,clusterroles,clusterrolebindings,secrets,configmaps,csidrivers,"
@@ -443,11 +443,14 @@ def pod(name: str, claim_name: str) -> dict[str, Any]:
 async def test_scheduler_webhook_sets_the_scheduler_on_pods_using_the_storage_class(
     kubectl: Kubectl, running: dict[str, Any]
 ) -> None:
-    configuration = f"kustos-{kubectl.namespace}"
-
     async def configured() -> bool:
-        return bool(
-            kubectl.cluster.kubectl("get", "mutatingwebhookconfiguration", configuration, check=False)
+        # The chart's configuration, once this test's operator has pointed it at itself (its
+        # URL, and this namespace only).
+        found = kubectl.cluster.kubectl("get", "mutatingwebhookconfiguration", CHART_RELEASE, "-o", "json")
+        selectors = [w.get("namespaceSelector") or {} for w in json.loads(found)["webhooks"]]
+        return bool(selectors) and all(
+            s.get("matchLabels", {}).get("kubernetes.io/metadata.name") == kubectl.namespace
+            for s in selectors
         )
 
     await wait_until(configured, "the mutating webhook configuration", timeout=30)
