@@ -87,10 +87,25 @@ class Grant:
 
 
 def chart_grants(documents: Iterable[dict[str, Any] | None], mode: str) -> list[Grant]:
-    """Every (group, resource, verb) the ClusterRoles and Roles of a rendered chart grant."""
+    """Every (group, resource, verb) the ClusterRoles and Roles of a rendered chart grant its
+    ServiceAccount (roles a binding of the chart gives a ServiceAccount; the roles it ships for
+    a StorageCluster's pods are bound by the operator, to those pods, and are not its own)."""
+    docs = [d for d in documents if d]
+    bound = {
+        (d["roleRef"]["kind"], d["roleRef"]["name"], d["metadata"].get("namespace", ""))
+        for d in docs
+        if d.get("kind") in ("ClusterRoleBinding", "RoleBinding")
+        and any(s.get("kind") == "ServiceAccount" for s in d.get("subjects") or [])
+    }
     grants = []
-    for doc in documents:
-        if not doc or doc.get("kind") not in ("ClusterRole", "Role"):
+    for doc in docs:
+        if doc.get("kind") not in ("ClusterRole", "Role"):
+            continue
+        name = doc["metadata"]["name"]
+        if doc["kind"] == "Role":
+            if ("Role", name, doc["metadata"].get("namespace", "")) not in bound:
+                continue
+        elif not any(kind == "ClusterRole" and role == name for kind, role, _ in bound):
             continue
         where = f"{doc['kind']} {doc['metadata']['name']} ({mode})"
         for rule in doc.get("rules") or []:

@@ -32,6 +32,12 @@ def chart_operator(dev_cluster: DevCluster, crds: None) -> Iterator[None]:
         dev_operator.wait_ready(dev_cluster, REPLICAS, timeout=180)
         yield
     finally:
+        # The pods first: uninstalling removes the RBAC while they may still be writing, and
+        # the audit check would see those refusals.
+        dev_operator.install(
+            dev_cluster, ["crds.install=false", "replicas=0"], CHART_RELEASE, CHART_NAMESPACE
+        )
+        dev_operator.wait_gone(dev_cluster, timeout=120)
         reset_chart_identity(dev_cluster)
 
 

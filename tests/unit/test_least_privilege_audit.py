@@ -90,6 +90,18 @@ rules:
     verbs: ["bind"]
     resourceNames: ["system:kube-scheduler"]
 ---
+kind: ClusterRoleBinding
+metadata: {name: kustos}
+roleRef: {kind: ClusterRole, name: kustos}
+subjects: [{kind: ServiceAccount, name: kustos, namespace: kustos-system}]
+---
+kind: ClusterRole
+metadata: {name: kustos-storage-node}
+rules:
+  - apiGroups: [""]
+    resources: ["persistentvolumes"]
+    verbs: ["get"]
+---
 kind: ServiceAccount
 metadata: {name: kustos}
 """
@@ -143,3 +155,9 @@ def test_a_server_side_apply_that_creates_uses_create() -> None:
 
     assert {(g.resource, g.verb) for g in audit.coverage(applied, grants, {}).used} == {("pods", "create")}
     assert not audit.coverage(patched, grants, {}).used
+
+
+def test_roles_the_chart_ships_for_others_are_not_the_operators() -> None:
+    grants = audit.chart_grants(audit.rendered(CHART), "cluster mode")
+
+    assert {g.where for g in grants} == {"ClusterRole kustos (cluster mode)"}

@@ -123,6 +123,16 @@ def wait_ready(
         time.sleep(0.5)
 
 
+def wait_gone(cluster: DevCluster, namespace: str = NAMESPACE, timeout: float = 120) -> None:
+    """Until no operator pod is left (after scaling to zero), so nothing still writes."""
+    deadline = time.monotonic() + timeout
+    while operator_pods(cluster, namespace):
+        if time.monotonic() > deadline:
+            names = [p["metadata"]["name"] for p in operator_pods(cluster, namespace)]
+            raise InstallError(f"operator pods {names} still in {namespace} after {timeout:.0f}s")
+        time.sleep(0.5)
+
+
 def leader_pod(cluster: DevCluster, lease: str = RELEASE, namespace: str = NAMESPACE) -> str | None:
     """The pod holding the leader election Lease: its holderIdentity is ``<hostname>_<id>``
     and a pod's hostname is its name."""
