@@ -434,9 +434,7 @@ def plan(o: Observed) -> Step:
             continue
         if node.image != o.spec.image:
             continue  # the group still created it from the old image: PendingNode's deadline
-        candidates = [
-            view.by_name[n] for n in view.outdated if view.by_name[n].group == node.group
-        ]
+        candidates = [view.by_name[n] for n in view.outdated if view.by_name[n].group == node.group]
         if candidates:
             donor = candidates[0]
             return Pair(node.name, donor.name, user_labels(donor.labels), user_taints(donor.taints), p.name)
