@@ -81,9 +81,11 @@ class AutoscalingReconciler:
             case _:
                 status.update(paused=o.saved is not None, savedReplicas=o.saved, replicas=replicas)
         exists = o.deployment_exists
+        reason = "AsExpected" if exists else "DeploymentMissing"
+        message = "" if exists else f"Deployment {namespace}/{name} not found"
         status["conditions"] = set_condition(
-            status.get("conditions"), "Degraded", not exists, "DeploymentMissing" if not exists else "AsExpected",
-            "" if exists else f"Deployment {namespace}/{name} not found", objects.generation(raw), self.clock.now(),
+            status.get("conditions"), "Degraded", not exists, reason, message, objects.generation(raw),
+            self.clock.now(),
         )  # fmt: skip
         await record(self.api, STRATEGIES, raw, status, self.manager.events, notes=notes)
         return Result(requeue_after=30.0)

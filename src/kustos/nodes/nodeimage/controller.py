@@ -423,10 +423,11 @@ class NodeImageReconciler:
     async def _delete(self, image: NodeImage, node: str, group: str, provider_id: str, role: Role) -> None:
         assert self.cloud is not None
         deadline = self.clock.now() + timedelta(minutes=10)
+        labels = {marks.NODE_IMAGE: objects.name(image)}
         leave = {
             "apiVersion": PendingNode.crd.api_version,
             "kind": "PendingNode",
-            "metadata": {"name": pending_name_for_leave(node), "labels": {marks.NODE_IMAGE: objects.name(image)}},
+            "metadata": {"name": pending_name_for_leave(node), "labels": labels},
             "spec": {
                 "providerID": provider_id, "groupId": group, "nodeName": node, "goal": "Leave",
                 "deadline": rfc3339(deadline), "role": str(role), "nodeImage": objects.name(image),

@@ -67,10 +67,15 @@ class ScalingGroupReconciler:
             failure = err
         in_sync = desired is not None and status.get("image") == desired
         message = (
-            f"new instances use {desired}" if in_sync else f"NodeImage {spec.get('nodeImage')} not found"
+            f"new instances use {desired}"
+            if in_sync
+            else f"image {status.get('image')}, NodeImage wants {desired}"
         )
-        conditions = set_condition(status.get("conditions"), "ImageInSync", in_sync,
-                                   "InSync" if in_sync else "NoNodeImage", message, objects.generation(raw), now)  # fmt: skip
+        reason = "InSync" if in_sync else "NotInSync"
+        generation = objects.generation(raw)
+        conditions = set_condition(
+            status.get("conditions"), "ImageInSync", in_sync, reason, message, generation, now
+        )
         status["conditions"] = note_failure(conditions, failure, now, objects.generation(raw), "Degraded")
         await record(self.api, SCALINGGROUPS, raw, status, self.manager.events, notes=notes)
         if failure is not None:
