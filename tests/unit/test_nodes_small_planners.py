@@ -19,8 +19,10 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 def join(**kw: object) -> pending.Observed:
     deadline = NOW + timedelta(minutes=5)
-    values: dict[str, object] = {"goal": "Join", "provider_id": "kwok://n", "deadline": deadline, "now": NOW, "node_ready": False, "node_exists": True,
-                                 "instance": InstanceState.PENDING}  # fmt: skip
+    values: dict[str, object] = {
+        "goal": "Join", "provider_id": "kwok://n", "deadline": deadline, "now": NOW,
+        "node_ready": False, "node_exists": True, "instance": InstanceState.PENDING,
+    }  # fmt: skip
     values.update(kw)
     return pending.Observed(**values)  # type: ignore[arg-type]
 
