@@ -114,6 +114,8 @@ class NodeImageReconciler:
             return None
         observed = await self.observe(image)
         step = planner.plan(observed)
+        if not isinstance(step, Wait | Done):
+            log.info("step: %s", step)
         failure: ReconcileError | None = None
         notes: list[Note] = []
         try:
