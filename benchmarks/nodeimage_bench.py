@@ -156,8 +156,8 @@ def rollout(workers: int, control_plane: int, surge: int, ready_after: float) ->
         elapsed = time.monotonic() - started
         cpu = cpu_seconds(operator.pid) - cpu_before
         print(f"{total} kwok nodes ({control_plane} control plane, {workers} workers) replaced, "
-              f"worker maxSurge {surge}: {elapsed:.0f} s ({elapsed / total:.1f} s per node); operator CPU {cpu:.1f} s, "
-              f"peak RSS {peak:.1f} MiB")  # fmt: skip
+              f"worker maxSurge {surge}: {elapsed:.0f} s ({elapsed / total:.1f} s per node); "
+              f"operator CPU {cpu:.1f} s, peak RSS {peak:.1f} MiB")  # fmt: skip
         print(
             "Constellation (documented): about 10 min per node, surge 1 -> about "
             f"{total * 10 / 60:.0f} h for {total} nodes"
