@@ -197,7 +197,7 @@ def test_drain_under_way_continues_and_forces_only_by_policy() -> None:
 
 def test_drained_worker_is_deleted() -> None:
     o = observed([node("a", unschedulable=True, drained=True), node("h", image=NEW, donor="a")])
-    assert planner.plan(o) == DeleteDonor("a", "w", "kwok://a", Role.WORKER)
+    assert planner.plan(o) == DeleteDonor("a", "w", "kwok://a", Role.WORKER, "h")
 
 
 def test_control_plane_donor_loses_its_etcd_member_first() -> None:
@@ -208,7 +208,7 @@ def test_control_plane_donor_loses_its_etcd_member_first() -> None:
     done = observed(
         [replace(cp, etcd_member_removed=True), nodes[1]], spec=spec(etcd=StackedEtcd().model_dump())
     )
-    assert planner.plan(done) == DeleteDonor("c", "cp", "kwok://c", Role.CONTROL_PLANE)
+    assert planner.plan(done) == DeleteDonor("c", "cp", "kwok://c", Role.CONTROL_PLANE, "h")
 
 
 def test_a_heir_with_no_outdated_node_left_is_retired() -> None:

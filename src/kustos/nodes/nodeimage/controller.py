@@ -299,7 +299,12 @@ class NodeImageReconciler:
                 faults.exit_after("RemoveEtcdMember")
             case DeleteDonor():
                 await self._delete(image, step.donor, step.group, step.provider_id, step.role)
-                notes.append(Note("NodeReplaced", f"{step.donor} deleted; its heir took over"))
+                if step.heir:
+                    # The pairing is over; a heir whose donor is gone counts as up to date anyway.
+                    forget = {"metadata": {"annotations": {marks.DONOR: None}}}
+                    with contextlib.suppress(ApiStatusError):
+                        await self.api.patch(NODES, None, step.heir, forget)
+                notes.append(Note("NodeReplaced", f"{step.donor} deleted; {step.heir or 'its heir'} took over"))
                 faults.exit_after("DeleteDonor")
             case RetireObsolete():
                 await self._delete(image, step.node, step.group, step.provider_id, step.role)
