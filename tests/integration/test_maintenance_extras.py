@@ -10,6 +10,8 @@ configuration it applies).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -238,3 +240,126 @@ async def test_images_are_overridden_through_the_api_server(
 
 def _yaml(document: dict[str, Any]) -> str:
     return str(yaml.safe_dump(document))
+
+
+# ---- reboot safety (item 7): the scripts of deploy/reboot/ against the real API server -----------
+
+REBOOT = Path(__file__).resolve().parents[2] / "deploy" / "reboot"
+CORDON_ANNOTATION = "kustos.dev/reboot-cordoned"
+
+
+def run_script(
+    kubectl: Kubectl, script: str, flags_file: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run a reboot script as systemd would, but with the dev cluster's kubeconfig and a kubelet
+    flags file that names the node by --hostname-override (no KUSTOS_NODE_NAME)."""
+    environment = {
+        "PATH": os.environ["PATH"],
+        "KUBECONFIG": str(kubectl.cluster.kubeconfig),
+        "KUSTOS_KUBECTL": str(kubectl.cluster.kubectl_path),
+        "KUSTOS_KUBELET_FLAG_FILES": str(flags_file),
+        "KUSTOS_POLL_SECONDS": "1",
+        **env,
+    }
+    return subprocess.run(
+        [str(REBOOT / script)], env=environment, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+def sleeper(name: str, node: str, claim: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "terminationGracePeriodSeconds": 2,
+        "containers": [{"name": "app", "image": IMAGE, "command": ["sh", "-c", "sleep 3600"]}],
+    }
+    if claim:
+        spec["containers"][0]["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+        spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def claim(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Mi"}}},
+    }
+
+
+@pytest.fixture
+def reboot_node(kubectl: Kubectl) -> Iterator[str]:
+    nodes = kubectl.get("nodes")["items"]
+    node = sorted(n["metadata"]["name"] for n in nodes if "-worker-" in n["metadata"]["name"])[-1]
+    yield node
+    kubectl.cluster.kubectl("uncordon", node, check=False)
+    kubectl.cluster.kubectl("annotate", "node", node, f"{CORDON_ANNOTATION}-", check=False)
+    kubectl.cluster.kubectl("-n", "kube-system", "delete", "pod", f"sys-{kubectl.namespace}", "--wait=false",
+                            "--ignore-not-found", check=False)  # fmt: skip
+    kubectl.cluster.kubectl("-n", "kube-system", "delete", "pvc", f"sys-{kubectl.namespace}", "--wait=false",
+                            "--ignore-not-found", check=False)  # fmt: skip
+
+
+async def test_reboot_scripts_move_volume_pods_and_uncordon(
+    kubectl: Kubectl, reboot_node: str, tmp_path: Path
+) -> None:
+    node = reboot_node
+    flags = tmp_path / "kubeadm-flags.env"
+    flags.write_text(
+        f'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=x --hostname-override={node} --v=2"\n'
+    )
+    system = f"sys-{kubectl.namespace}"
+    kubectl.apply(claim("data"), sleeper("with-claim", node, "data"), sleeper("without-claim", node))
+    kubectl.cluster.kubectl(
+        "-n", "kube-system", "apply", "-f", "-",
+        input_text=yaml.safe_dump_all([claim(system), sleeper(system, node, system)]),
+    )  # fmt: skip
+
+    async def all_running() -> bool:
+        pods = kubectl.get("pods")["items"]
+        sys_pod = json.loads(kubectl.cluster.kubectl("-n", "kube-system", "get", "pod", system, "-o", "json"))
+        phases = [p["status"].get("phase") for p in [*pods, sys_pod]]
+        return len(pods) == 2 and all(phase == "Running" for phase in phases)
+
+    await wait_until(all_running, "the three pods running on the node", timeout=90,
+                     cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    volume = kubectl.get("pvc", "data")["spec"]["volumeName"]
+    assert volume
+
+    down = run_script(kubectl, "shutdown.sh", flags, KUSTOS_SHUTDOWN_TIMEOUT="90")
+    assert down.returncode == 0, down.stderr
+    assert f"node {node}" in down.stderr and "deleting pod" in down.stderr
+    after = kubectl.get("node", node)
+    assert after["spec"].get("unschedulable") is True
+    assert CORDON_ANNOTATION in after["metadata"]["annotations"]
+    names = {p["metadata"]["name"]: p for p in kubectl.get("pods")["items"]}
+    assert "with-claim" not in names, "the pod with a claim is gone before the script returns"
+    assert not names["without-claim"]["metadata"].get("deletionTimestamp"), "a pod without a claim stays"
+    sys_pod = json.loads(kubectl.cluster.kubectl("-n", "kube-system", "get", "pod", system, "-o", "json"))
+    assert not sys_pod["metadata"].get("deletionTimestamp"), "system namespaces are left alone"
+    assert kubectl.get("pvc", "data")["spec"]["volumeName"] == volume, "the claim and its data stay"
+
+    up = run_script(kubectl, "startup.sh", flags, KUSTOS_STARTUP_TIMEOUT="60")
+    assert up.returncode == 0, up.stderr
+    after = kubectl.get("node", node)
+    assert not after["spec"].get("unschedulable")
+    assert CORDON_ANNOTATION not in (after["metadata"].get("annotations") or {})
+
+    # A node its administrator cordoned stays cordoned across the reboot.
+    kubectl.cluster.kubectl("cordon", node)
+    down = run_script(kubectl, "shutdown.sh", flags, KUSTOS_SHUTDOWN_TIMEOUT="30")
+    assert down.returncode == 0 and "already cordoned" in down.stderr, down.stderr
+    up = run_script(kubectl, "startup.sh", flags, KUSTOS_STARTUP_TIMEOUT="30")
+    assert up.returncode == 0 and "not cordoned by shutdown.sh" in up.stderr, up.stderr
+    assert kubectl.get("node", node)["spec"].get("unschedulable") is True
+
+
+async def test_shutdown_reports_an_unreachable_api(kubectl: Kubectl, tmp_path: Path) -> None:
+    broken = tmp_path / "kubeconfig"
+    text = kubectl.cluster.kubeconfig.read_text()
+    server = yaml.safe_load(text)["clusters"][0]["cluster"]["server"]
+    broken.write_text(text.replace(server, "https://127.0.0.1:1"))
+    flags = tmp_path / "none.env"
+    result = run_script(kubectl, "shutdown.sh", flags, KUBECONFIG=str(broken), KUSTOS_NODE_NAME="any",
+                        KUSTOS_REQUEST_TIMEOUT="2s")  # fmt: skip
+    assert result.returncode == 2 and "cannot read node any" in result.stderr, result.stderr
