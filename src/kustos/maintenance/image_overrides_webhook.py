@@ -159,6 +159,7 @@ class ImageOverridesReconciler:
         self.api = manager.api
         self.policies = manager.informer(POLICIES)
         self.configuration = configuration_name(manager.options.webhook_configuration_name)
+        self.serving = bool(manager.options.webhook_url or manager.options.webhook_service)
 
     async def reconcile(self, key: str) -> Result | None:
         if key != POLICY_NAME:
@@ -168,17 +169,20 @@ class ImageOverridesReconciler:
         if raw is not None and overrides.problems:
             message = "entries skipped: " + "; ".join(overrides.problems)
             await self.manager.events.record(raw, WARNING, "InvalidImageOverrides", message)
+        if not self.serving:
+            if raw is not None and overrides.images:
+                await self.manager.events.record(
+                    raw, WARNING, "ImageOverridesUnavailable",
+                    "spec.podImageOverrides: the webhook is off (kustos run has no --webhook-url or "
+                    "webhook Service), so pods keep their images",
+                )  # fmt: skip
+            return None  # and never made a configuration to remove (nor may: no RBAC for it)
         if not overrides.images or raw is None:
             await self._remove()
             return None
         configurations = self.manager.own_webhook_configurations(self.configuration)
         if not configurations:
-            await self.manager.events.record(
-                raw, WARNING, "ImageOverridesUnavailable",
-                "spec.podImageOverrides: the webhook is off (kustos run has no --webhook-url or "
-                "webhook Service), so pods keep their images",
-            )  # fmt: skip
-            return None
+            return Result(requeue_after=1.0)  # the webhook server is still starting
         for ref, obj in configurations:
             obj["metadata"]["ownerReferences"] = [
                 {
@@ -215,7 +219,7 @@ def register(manager: Manager, deps: Deps) -> None:
     """The webhooks (when the API server can reach them) and the configuration's controller."""
     del deps  # no clock: nothing here waits
     reconciler = ImageOverridesReconciler(manager)
-    if manager.options.webhook_url or manager.options.webhook_service:
+    if reconciler.serving:
         for webhook in webhooks(reconciler.policies, manager.options.webhook_configuration_name):
             manager.add_webhook(webhook)
     else:
