@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
-from kustos.devcluster.cluster import DevClusterError
+from kustos.devcluster.cluster import DevCluster, DevClusterError
 from kustos.images import KUSTOS_IMAGE_REPOSITORY
 from kustos.maintenance.envoy import NOT_READY_ANNOTATION
 from kustos.maintenance.image_overrides_webhook import APPLIED_ANNOTATION
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess, start_operator
+from tests.integration.operator import OperatorProcess, free_port, start_operator
 
 IMAGE = f"{KUSTOS_IMAGE_REPOSITORY}:dev"
 
@@ -363,3 +363,109 @@ async def test_shutdown_reports_an_unreachable_api(kubectl: Kubectl, tmp_path: P
     result = run_script(kubectl, "shutdown.sh", flags, KUBECONFIG=str(broken), KUSTOS_NODE_NAME="any",
                         KUSTOS_REQUEST_TIMEOUT="2s")  # fmt: skip
     assert result.returncode == 2 and "cannot read node any" in result.stderr, result.stderr
+
+
+# ---- least privilege: the chart's ServiceAccount is enough ------------------------------------------
+
+
+def point_chart_webhooks_at(cluster: DevCluster, name: str, base_url: str) -> None:
+    """The chart's webhook entries call its Service, which has no endpoint in the dev cluster (the
+    operator runs beside it): as the administrator, point them at the operator's URL instead, as
+    the operator's own apply does (server-side apply cannot swap one clientConfig member for the
+    other: the chart's manager keeps owning the service)."""
+    for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+        config = json.loads(cluster.kubectl("get", kind, name, "-o", "json"))
+        patch = []
+        for index, webhook in enumerate(config["webhooks"]):
+            path = webhook["clientConfig"]["service"]["path"]
+            patch += [
+                {"op": "remove", "path": f"/webhooks/{index}/clientConfig/service"},
+                {"op": "add", "path": f"/webhooks/{index}/clientConfig/url", "value": base_url + path},
+            ]
+        cluster.kubectl("patch", kind, name, "--type=json", "-p", json.dumps(patch))
+
+
+async def test_envoy_restarts_and_overrides_need_only_the_charts_permissions(
+    dev_cluster: DevCluster, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """The operator as the chart's ServiceAccount (webhooks on, so the chart grants the
+    override configuration's rules): it restarts a stuck Envoy, creates, applies and deletes
+    the override configuration, and the API server refuses it nothing."""
+    from tests.integration.test_install import (
+        CHART,
+        adopt_crds,
+        helm,
+        service_account_kubeconfig,
+        start_operator_as,
+    )
+
+    release, namespace = f"kustos-{kubectl.namespace}", kubectl.namespace
+    configuration = f"{release}-image-overrides"
+    adopt_crds(dev_cluster, release, namespace)
+    helm(dev_cluster, "install", release, str(CHART), "--namespace", namespace, "--set", "replicas=0")
+    port = free_port()
+    args = [
+        "--namespace", namespace, "--lease-name", release, "--lease-namespace", namespace,
+        "--metrics-address", f"127.0.0.1:{free_port()}",
+        "--webhook-address", f"127.0.0.1:{port}", "--webhook-url", f"https://127.0.0.1:{port}",
+        "--webhook-configuration-name", release, "--controllers", "envoyrestart,imageoverrides",
+    ]  # fmt: skip
+    point_chart_webhooks_at(dev_cluster, release, f"https://127.0.0.1:{port}")
+    entries = ["registry.example/app:1=registry.example/app:1-fips"]
+    dev_cluster.kubectl("apply", "-f", "-", input_text=_yaml(policy(envoyPodsNotReadyDuration="5s",
+                                                                     podImageOverrides=entries)))  # fmt: skip
+    process = None
+    log = tmp_path / "operator.log"
+    try:
+        kubeconfig = service_account_kubeconfig(dev_cluster, namespace, release, tmp_path / "sa.json")
+        process = start_operator_as(kubeconfig, log, *args)
+
+        async def configured() -> bool:
+            found = dev_cluster.kubectl("get", "mutatingwebhookconfiguration", configuration,
+                                        "--ignore-not-found", "-o", "name")  # fmt: skip
+            return bool(found.strip())
+
+        await wait_until(configured, "the override configuration, made as the chart's identity", timeout=60)
+        kubectl.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "app"},
+                "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]},
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "envoy-stuck", "labels": {"app": "envoy"}},
+                "spec": {"terminationGracePeriodSeconds": 2, "containers": [envoy_container(["false"])]},
+            },
+        )
+        assert kubectl.get("pod", "app")["spec"]["containers"][0]["image"] == "registry.example/app:1-fips"
+
+        async def restarted() -> bool:
+            return not kubectl("get", "pod", "envoy-stuck", "--ignore-not-found", "-o", "name").strip()
+
+        try:
+            await wait_until(restarted, "the stuck envoy deleted as the chart's identity", timeout=90,
+                             cluster=dev_cluster, namespace=namespace)  # fmt: skip
+        except AssertionError as err:
+            raise AssertionError(f"{err}\noperator log:\n{log.read_text(errors='replace')[-4000:]}") from None
+        dev_cluster.kubectl("apply", "-f", "-", input_text=_yaml(policy(podImageOverrides=[])))
+
+        async def removed() -> bool:
+            return not await configured()
+
+        await wait_until(removed, "the override configuration deleted as the chart's identity", timeout=60)
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+        helm(dev_cluster, "uninstall", release, "--namespace", namespace)
+        dev_cluster.kubectl("delete", "maintenancepolicy", "default", "--ignore-not-found", check=False)
+        dev_cluster.kubectl("delete", "mutatingwebhookconfiguration", configuration, "--ignore-not-found",
+                            check=False)  # fmt: skip
+    text = log.read_text(errors="replace")
+    assert "controller envoyrestart started" in text and "controller imageoverrides started" in text, text[
+        -3000:
+    ]
+    assert "403" not in text and "forbidden" not in text.lower(), text[-3000:]
