@@ -157,6 +157,51 @@ async def test_a_stuck_envoy_is_restarted_and_a_healthy_one_left_alone(
     assert NOT_READY_ANNOTATION not in (other["metadata"].get("annotations") or {})
 
 
+async def test_stuck_envoys_are_restarted_one_at_a_time(kubectl: Kubectl, extras: OperatorProcess) -> None:
+    """Two stuck Envoys whose shutdown takes a while: never both terminating at once."""
+    kubectl.cluster.kubectl("apply", "-f", "-", input_text=_yaml(policy(envoyPodsNotReadyDuration="2s")))
+    slow = envoy_container(["false"])
+    slow["command"] = ["sh", "-c", "trap '' TERM; sleep 3600"]  # holds its grace period
+    kubectl.apply(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "fleet"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "envoy"}},
+                "template": {
+                    "metadata": {"labels": {"app": "envoy"}},
+                    "spec": {"terminationGracePeriodSeconds": 6, "containers": [slow]},
+                },
+            },
+        }
+    )
+
+    async def two_running() -> set[str] | None:
+        pods = kubectl.get("pods", None, "-l", "app=envoy")["items"]
+        running = {p["metadata"]["uid"] for p in pods if p["status"].get("phase") == "Running"}
+        return running if len(running) == 2 else None
+
+    originals = await wait_until(two_running, "two envoy pods running", timeout=90,
+                                 cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    seen_terminating: list[list[str]] = []  # every sample's terminating pods (wait_until swallows asserts)
+
+    async def both_restarted() -> bool:
+        pods = kubectl.get("pods", None, "-l", "app=envoy")["items"]
+        seen_terminating.append(
+            [p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp")]
+        )
+        return not originals & {p["metadata"]["uid"] for p in pods}
+
+    await wait_until(both_restarted, "both original envoy pods restarted", timeout=120, interval=0.2,
+                     cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    assert max(len(t) for t in seen_terminating) == 1, (
+        "a restarted pod is seen terminating (its grace holds it)"
+    )
+    assert not [t for t in seen_terminating if len(t) > 1], "two envoy pods terminating at once"
+
+
 async def test_images_are_overridden_through_the_api_server(
     kubectl: Kubectl, extras: OperatorProcess
 ) -> None:

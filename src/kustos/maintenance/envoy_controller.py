@@ -47,6 +47,9 @@ class EnvoyRestartReconciler:
         self.policies = manager.informer(POLICIES)
         self.pods = manager.informer(PODS)
         self.nodes = manager.informer(NODES)
+        self.restarted: str | None = None
+        """The uid of the pod deleted last: until the cache shows it terminating (or gone), it
+        counts as terminating, so a lagging cache never lets a second restart through."""
 
     def spec(self) -> tuple[MaintenancePolicySpec, dict[str, Any] | None, str | None]:
         """The policy's spec (defaults when absent), the raw policy, and why it is unusable."""
@@ -87,7 +90,10 @@ class EnvoyRestartReconciler:
                     continue
                 node = objects.pod_node(pod)
                 lost = node is not None and objects.node_lost(self.nodes.get(node))
-                pods.append(envoy.envoy_pod(pod, spec.envoy_container_name, lost))
+                view = envoy.envoy_pod(pod, spec.envoy_container_name, lost)
+                if view.uid == self.restarted and not view.deleting:
+                    view = replace(view, deleting=True, running=False)
+                pods.append(view)
         observed = envoy.Observed(
             enabled=enabled,
             duration=parse_duration(spec.envoy_pods_not_ready_duration),
@@ -159,6 +165,7 @@ class EnvoyRestartReconciler:
             raise ReconcileError(f"deleting envoy pod {pod.key}: {err.message}", "RestartFailed") from err
         if not deleted:
             return
+        self.restarted = pod.uid
         if raw is not None:
             await self.manager.events.record(raw, WARNING, "EnvoyRestarted", message)
         if policy is not None:
