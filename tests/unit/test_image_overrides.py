@@ -225,3 +225,44 @@ def test_the_pod_webhook_has_a_configuration_of_its_own() -> None:
         "CREATE",
         "UPDATE",
     ]
+
+
+# ---- the manager keeps the pod webhook out of its shared configuration ------------------------
+
+
+async def test_manager_applies_shared_configurations_without_the_own_one() -> None:
+    import httpx2
+
+    from kustos.runtime.kube import KubeClients
+    from kustos.runtime.manager import Manager, ManagerOptions
+
+    applied: list[dict[str, Any]] = []
+
+    async def server(request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        applied.append(body)
+        return httpx2.Response(200, json=body)
+
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
+    clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
+    options = ManagerOptions(leader_election=False, webhook_url="https://10.0.0.1:9443", namespace="team-a")
+    manager = Manager(clients, options)
+    for webhook in webhooks(cast(Any, FakePolicies(None)), "kustos"):
+        manager.add_webhook(webhook)
+    assert manager.own_webhook_configurations("kustos-image-overrides") == [], "no server yet"
+
+    class Server:
+        certificate = type("C", (), {"ca_bundle": "Q0E="})()
+
+    manager.webhook_server = cast(Any, Server())
+    await manager._apply_webhook_configurations()
+    assert [a["kind"] for a in applied] == ["ValidatingWebhookConfiguration"]
+    assert [w["name"] for w in applied[0]["webhooks"]] == [VALIDATE_NAME]
+
+    [(ref, own)] = manager.own_webhook_configurations("kustos-image-overrides")
+    assert ref.kind == "MutatingWebhookConfiguration" and own["metadata"]["name"] == "kustos-image-overrides"
+    [entry] = own["webhooks"]
+    assert entry["name"] == MUTATE_NAME and entry["clientConfig"]["caBundle"] == "Q0E="
+    assert entry["clientConfig"]["url"] == "https://10.0.0.1:9443/mutate-v1-pod-image-overrides"
+    assert entry["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+    await raw.aclose()
