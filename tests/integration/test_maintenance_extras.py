@@ -157,6 +157,56 @@ async def test_a_stuck_envoy_is_restarted_and_a_healthy_one_left_alone(
     assert NOT_READY_ANNOTATION not in (other["metadata"].get("annotations") or {})
 
 
+async def test_a_restarted_operator_keeps_counting(crds: None, kubectl: Kubectl, tmp_path: Path) -> None:
+    """The not-ready time lives on the pod: an operator stopped after marking it, and a new one
+    started, restart the pod at the first mark's deadline, not a fresh one's."""
+    configuration = f"kustos-{kubectl.namespace}"
+    args = (
+        "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
+        "--webhook-configuration-name", configuration, "--controllers", "envoyrestart",
+    )  # fmt: skip
+    kubectl.cluster.kubectl("apply", "-f", "-", input_text=_yaml(policy(envoyPodsNotReadyDuration="15s")))
+    first = start_operator(kubectl.cluster, tmp_path / "first", *args, controllers=None)
+    second: OperatorProcess | None = None
+    try:
+        kubectl.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "envoy", "labels": {"app": "envoy"}},
+                "spec": {"terminationGracePeriodSeconds": 2, "containers": [envoy_container(["false"])]},
+            }
+        )
+
+        async def marked() -> str | None:
+            annotations = kubectl.get("pod", "envoy")["metadata"].get("annotations") or {}
+            return annotations.get(NOT_READY_ANNOTATION)
+
+        mark = await wait_until(marked, "the first operator's mark", timeout=60,
+                                cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+        assert first.stop() == 0
+        second = start_operator(kubectl.cluster, tmp_path / "second", *args, controllers=None)
+        marks: set[str] = set()
+
+        async def deleted() -> bool:
+            pod = json.loads(kubectl("get", "pod", "envoy", "--ignore-not-found", "-o", "json") or "null")
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                return True
+            marks.add((pod["metadata"].get("annotations") or {}).get(NOT_READY_ANNOTATION, "absent"))
+            return False
+
+        await wait_until(deleted, "the second operator to restart the pod", timeout=90,
+                         cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+        assert marks <= {mark}, f"the count was restarted: marks {marks}, first {mark}"
+        assert "step: Mark" not in second.log(), "the second operator marked the pod again"
+        assert "step: RestartEnvoy" in second.log()
+    finally:
+        for process in (first, second):
+            if process is not None and process.alive():
+                process.stop()
+        kubectl.cluster.kubectl("delete", "maintenancepolicy", "default", "--ignore-not-found", check=False)
+
+
 async def test_stuck_envoys_are_restarted_one_at_a_time(kubectl: Kubectl, extras: OperatorProcess) -> None:
     """Two stuck Envoys whose shutdown takes a while: never both terminating at once."""
     kubectl.cluster.kubectl("apply", "-f", "-", input_text=_yaml(policy(envoyPodsNotReadyDuration="2s")))
