@@ -350,6 +350,7 @@ def run_script(
     flags file that names the node by --hostname-override (no KUSTOS_NODE_NAME)."""
     environment = {
         "PATH": os.environ["PATH"],
+        "HOME": str(flags_file.parent),  # kubectl's discovery cache, outside the checkout
         "KUBECONFIG": str(kubectl.cluster.kubeconfig),
         "KUSTOS_KUBECTL": str(kubectl.cluster.kubectl_path),
         "KUSTOS_KUBELET_FLAG_FILES": str(flags_file),
