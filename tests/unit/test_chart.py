@@ -23,6 +23,7 @@ from kustos.etcd.webhook import webhooks as etcd_webhooks
 from kustos.install import chart as chart_files
 from kustos.install.values import ChartValues, defaults
 from kustos.maintenance.image_overrides_webhook import webhooks as image_override_webhooks
+from kustos.storage.manifests import CSI_HELPER_RULES, NODE_RULES
 from kustos.storage.webhook import scheduler_webhook
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,13 +192,26 @@ def test_namespaced_mode_reads_nothing_cluster_wide_but_nodes(helm: Path) -> Non
     assert "--controllers=etcdcluster,etcdbackup,etcdmaintenance,nodejob" in args["args"]
 
 
-def test_scheduler_roles_are_bound_not_held(helm: Path) -> None:
-    role = next(d for d in documents(template(helm)) if d["kind"] == "ClusterRole")
+def test_scheduler_and_storage_roles_are_bound_not_held(helm: Path) -> None:
+    docs = documents(template(helm))
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "kustos")
     bind = [r for r in role["rules"] if "bind" in r["verbs"]]
     assert bind == [{
         "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"],
-        "resourceNames": ["system:kube-scheduler", "system:volume-scheduler"],
+        "resourceNames": ["system:kube-scheduler", "system:volume-scheduler", "kustos-storage-node",
+                          "kustos-storage-csi-helper"],
     }]  # fmt: skip
     assert not [
         r for r in role["rules"] if "*" in r["verbs"] or "*" in r["resources"] or "escalate" in r["verbs"]
     ]
+    # The shipped roles hold what a StorageCluster's pods need; the operator holds none of it.
+    shipped = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
+    assert shipped["kustos-storage-node"] == NODE_RULES
+    assert shipped["kustos-storage-csi-helper"] == CSI_HELPER_RULES
+    held = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert not held & {("", "persistentvolumes"), ("storage.k8s.io", "volumeattachments"),
+                       ("storage.k8s.io", "csinodes"), ("coordination.k8s.io", "leases")}  # fmt: skip
+    env = {e["name"]: e.get("value") for d in docs if d["kind"] == "Deployment"
+           for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert env["KUSTOS_STORAGE_NODE_ROLE"] == "kustos-storage-node"
+    assert env["KUSTOS_STORAGE_CSI_HELPER_ROLE"] == "kustos-storage-csi-helper"

@@ -73,3 +73,10 @@ def test_cli_default_cluster_name_is_the_dev_clusters() -> None:
     from kustos.devcluster.cluster import DEFAULT_NAME
 
     assert cli.DEFAULT_NAME == DEFAULT_NAME
+
+
+def test_cli_operator_namespace_is_the_dev_installs() -> None:
+    from kustos import cli
+    from kustos.devcluster.operator import NAMESPACE
+
+    assert cli.OPERATOR_NAMESPACE == NAMESPACE

@@ -71,6 +71,10 @@ class Webhook(Values):
     """Serve the admission webhooks (EtcdCluster validation, the StorageCluster scheduler)."""
     port: int = Field(default=9443, ge=1024, le=65535)
     cert_manager: CertManager = Field(default_factory=CertManager)
+    url: str = Field(default="", pattern=r"^(https://[^/?#]+)?$")
+    """Empty: the API server calls the webhooks through the chart's Service. An https base URL
+    (no path): the operator runs outside the cluster and serves them there (``kustos run
+    --webhook-url``, e.g. while developing it); its certificate is then self-signed."""
 
 
 class ServiceMonitor(Values):
