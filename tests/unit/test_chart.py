@@ -22,6 +22,7 @@ from kustos.devcluster import binaries
 from kustos.etcd.webhook import webhooks as etcd_webhooks
 from kustos.install import chart as chart_files
 from kustos.install.values import ChartValues, defaults
+from kustos.maintenance.image_overrides_webhook import webhooks as image_override_webhooks
 from kustos.storage.manifests import CSI_HELPER_RULES, NODE_RULES
 from kustos.storage.webhook import scheduler_webhook
 
@@ -135,6 +136,8 @@ def _operator_entries(namespaced: bool) -> dict[str, dict[str, Any]]:
     served = etcd_webhooks()
     if not namespaced:
         served.append(scheduler_webhook(cast(Any, None), cast(Any, None)))
+        # The pod image override webhook has its own configuration, made by the leader.
+        served += [w for w in image_override_webhooks(cast(Any, None)) if w.configuration is None]
     entries = {}
     for webhook in served:
         if namespaced:

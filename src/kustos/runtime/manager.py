@@ -296,15 +296,34 @@ class Manager:
             selector = {"matchLabels": {"kubernetes.io/metadata.name": self.options.namespace}}
             for webhook in self._webhooks:
                 webhook.namespace_selector = webhook.namespace_selector or selector
+        shared = [w for w in self._webhooks if w.configuration is None]
         configurations = webhook_configurations(
             self.options.webhook_configuration_name,
-            self._webhooks,
+            shared,
             self.webhook_server.certificate.ca_bundle,
             base_url=self.options.webhook_url,
             service=self.options.webhook_service,
         )
         for ref, obj in configurations:
             await self.api.apply(ref, obj)
+
+    def own_webhook_configurations(self, configuration: str) -> list[tuple[ResourceRef, dict[str, Any]]]:
+        """The configurations of the webhooks that belong to ``configuration`` (their family
+        applies and removes them), with the current CA bundle; empty until the server serves."""
+        chosen = [w for w in self._webhooks if w.configuration == configuration]
+        if self.webhook_server is None or not chosen:
+            return []
+        if self.options.namespace:
+            selector = {"matchLabels": {"kubernetes.io/metadata.name": self.options.namespace}}
+            for webhook in chosen:
+                webhook.namespace_selector = webhook.namespace_selector or selector
+        return webhook_configurations(
+            configuration,
+            chosen,
+            self.webhook_server.certificate.ca_bundle,
+            base_url=self.options.webhook_url,
+            service=self.options.webhook_service,
+        )
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

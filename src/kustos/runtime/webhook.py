@@ -76,6 +76,10 @@ class Webhook:
     namespace_selector: Obj | None = None
     object_selector: Obj | None = None
     timeout_seconds: int = 10
+    configuration: str | None = None
+    """The name of a configuration of its own, applied and removed by its family as its spec
+    says (the pod image overrides: only while there are overrides); None: in the manager's
+    shared configuration, applied once by the leader."""
 
     def configuration_entry(self, client_config: Obj) -> Obj:
         entry: Obj = {
