@@ -220,8 +220,7 @@ class Manager:
                 # The webhooks read the caches: point the API server at them once those synced (or
                 # the sync timeout passed, so an absent CRD does not keep every webhook away).
                 await self._wait_synced(list(self._informers.values()), self.options.cache_sync_timeout)
-                if not self._stop.is_set():
-                    await self._apply_webhook_configurations()
+                await self._apply_webhook_configurations_until_done()
             await self._stop.wait()
         except asyncio.CancelledError:
             # Leadership lost: another leader may act soon, so in-flight work is abandoned now.
@@ -287,6 +286,23 @@ class Manager:
         await self.webhook_server.start()
         server = self.webhook_server
         self.probes.add_readiness_check("webhooks", lambda: (server.serving, "webhook server not serving"))
+
+    async def _apply_webhook_configurations_until_done(self) -> None:
+        """Apply the webhook configurations, retrying with capped backoff: a refusal (RBAC, an
+        invalid configuration) is logged and shown in /readyz, never taken for a lost lease."""
+        delay, failure = 1.0, ""
+        self.probes.add_readiness_check("webhook-configurations", lambda: (not failure, failure))
+        while not self._stop.is_set():
+            try:
+                await self._apply_webhook_configurations()
+                failure = ""
+                return
+            except Exception as err:  # an API refusal or blip: the controllers keep running
+                failure = f"applying the webhook configurations failed: {err}"
+                log.error("%s; retrying in %.0fs", failure, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            delay = min(delay * 2, 60.0)
 
     async def _apply_webhook_configurations(self) -> None:
         """Point the API server at our webhooks, with the CA that signed our certificate."""
