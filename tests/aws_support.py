@@ -74,6 +74,7 @@ def aws_environment() -> dict[str, str]:
         "AWS_ACCESS_KEY_ID": CREDENTIALS["aws_access_key_id"],
         "AWS_SECRET_ACCESS_KEY": CREDENTIALS["aws_secret_access_key"],
         "AWS_REGION": REGION,
+        "AWS_DEFAULT_REGION": REGION,
         "AWS_EC2_METADATA_DISABLED": "true",
         "AWS_CONFIG_FILE": "/dev/null",
         "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
