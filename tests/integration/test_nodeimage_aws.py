@@ -10,16 +10,20 @@ terminated one loses its Node.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kustos.devcluster.awsbridge import BRIDGE_LABEL, IMAGE_LABEL
 from kustos.devcluster.cluster import DevCluster
@@ -29,13 +33,15 @@ from tests.aws_support import (
     OLD_IMAGE,
     MotoServer,
     aws_environment,
+    ec2_instance,
     group,
     instance_ids,
     make_group,
     moto_server,
 )
+from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import REPO
+from tests.integration.operator import REPO, OperatorProcess, start_operator
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +155,186 @@ async def test_the_bridge_mirrors_instances_as_nodes(aws: MotoServer, dev_cluste
         return pid(aws, victim) not in nodes and len(nodes) == 3 and images.count(NEW_IMAGE) == 1
 
     await wait_until(replaced, "the terminated instance's node replaced", timeout=60, cluster=dev_cluster)
+
+
+# ---- the rollout end to end -----------------------------------------------------------------
+
+CP, WORKERS = "e2e-control-plane", "e2e-workers"
+SIZE = 3
+
+
+@contextmanager
+def aws_operator(kubectl: Kubectl, aws: MotoServer, log_dir: Path) -> Iterator[OperatorProcess]:
+    """``kustos run --cloud-provider aws`` against moto, with boto3's credential chain fed
+    from the environment, as on a real cluster with IRSA or an instance profile."""
+    process = start_operator(
+        kubectl.cluster, log_dir, "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
+        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
+        "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
+        "--cloud-provider", "aws", "--cloud-option", "region=us-east-1",
+        "--cloud-option", f"endpoint-url={aws.endpoint}",
+        controllers=None, env=aws_environment(),
+    )  # fmt: skip
+    try:
+        yield process
+    finally:
+        if process.alive():
+            process.stop()
+
+
+def remove_rollout_objects(cluster: DevCluster, name: str, groups: tuple[str, ...]) -> None:
+    """The test's cluster-scoped objects: its NodeImage and the ScalingGroups and PendingNodes
+    of its groups."""
+    cluster.kubectl("delete", "nodeimage", name, "--wait=false", check=False)
+    for kind in ("scalinggroups", "pendingnodes"):
+        items = json.loads(cluster.kubectl("get", kind, "-o", "json", check=False) or "{}").get("items", [])
+        for item in items:
+            if (item.get("spec") or {}).get("groupId") in groups:
+                cluster.kubectl("delete", kind, item["metadata"]["name"], "--wait=false", check=False)
+
+
+def workload(name: str, replicas: int, min_available: int) -> list[dict[str, Any]]:
+    """A Deployment on the bridge's worker nodes, one pod a node, with a budget."""
+    labels = {"app": name}
+    pod = {
+        "containers": [{"name": "web", "image": "nginx:1.27"}],
+        "nodeSelector": {BRIDGE_LABEL: "true", "node-role.kubernetes.io/worker": ""},
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": labels}}
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }  # fmt: skip
+    return [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+         "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": pod}}},
+        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
+         "spec": {"minAvailable": min_available, "selector": {"matchLabels": labels}}},
+    ]  # fmt: skip
+
+
+@dataclass
+class Budgets:
+    """What a watcher saw while the rollout ran, sampled from the AWS API and the cluster."""
+
+    max_instances: dict[str, int] = field(default_factory=dict)
+    max_unavailable: dict[str, int] = field(default_factory=dict)
+    pdb_breaches: list[str] = field(default_factory=list)
+    samples: int = 0
+
+
+async def watch(
+    aws: MotoServer, cluster: DevCluster, namespace: str, stop: asyncio.Event, seen: Budgets
+) -> None:
+    role_of = {CP: "node-role.kubernetes.io/control-plane", WORKERS: "node-role.kubernetes.io/worker"}
+    while not stop.is_set():
+        groups = await asyncio.to_thread(
+            lambda: aws.client("autoscaling").describe_auto_scaling_groups(
+                AutoScalingGroupNames=[CP, WORKERS]
+            )
+        )
+        for g in groups["AutoScalingGroups"]:
+            live = [i for i in g["Instances"] if not i["LifecycleState"].startswith("Terminat")]
+            name = g["AutoScalingGroupName"]
+            seen.max_instances[name] = max(seen.max_instances.get(name, 0), len(live))
+        nodes = (await asyncio.to_thread(bridge_nodes, cluster)).values()
+        for group_name, role in role_of.items():
+            usable = sum(
+                1 for n in nodes
+                if role in n["metadata"]["labels"] and ready(n) and not n["spec"].get("unschedulable")
+            )  # fmt: skip
+            seen.max_unavailable[group_name] = max(seen.max_unavailable.get(group_name, 0), SIZE - usable)
+        pdbs = await asyncio.to_thread(cluster.kubectl, "-n", namespace, "get", "pdb", "-o", "json")
+        for pdb in json.loads(pdbs)["items"]:
+            status = pdb.get("status") or {}
+            if status.get("currentHealthy", 0) < status.get("desiredHealthy", 0):
+                seen.pdb_breaches.append(f"{pdb['metadata']['name']}: {status}")
+        seen.samples += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.3)
+
+
+@pytest.mark.timeout(900)
+async def test_a_new_image_replaces_every_node_of_both_groups(
+    aws: MotoServer, dev_cluster: DevCluster, kubectl: Kubectl, crds: None, tmp_path: Path
+) -> None:
+    make_group(aws, CP, "ControlPlane", size=SIZE, min_size=SIZE, max_size=SIZE + 1)
+    make_group(aws, WORKERS, "Worker", size=SIZE, min_size=1, max_size=SIZE + 1)
+    old = {pid(aws, i) for name in (CP, WORKERS) for i in instance_ids(aws, name)}
+
+    async def nodes_up() -> bool:
+        nodes = bridge_nodes(dev_cluster)
+        return set(nodes) == old and all(ready(n) for n in nodes.values())
+
+    await wait_until(nodes_up, "a Ready node per instance", timeout=60, cluster=dev_cluster)
+    kubectl.apply(*workload("web", replicas=SIZE, min_available=SIZE - 1))
+
+    async def web_ready() -> bool:
+        deployment = kubectl.get("deployment", "web")
+        return (deployment.get("status") or {}).get("readyReplicas") == SIZE
+
+    await wait_until(
+        web_ready, "the workload Ready", timeout=60, cluster=dev_cluster, namespace=kubectl.namespace
+    )
+
+    name = kubectl.namespace  # cluster-scoped: named after the test
+    seen, stop = Budgets(), asyncio.Event()
+    watcher = asyncio.create_task(watch(aws, dev_cluster, kubectl.namespace, stop, seen))
+    try:
+        with aws_operator(kubectl, aws, tmp_path / "operator") as operator:
+            dev_cluster.kubectl(
+                "apply", "-f", "-",
+                input_text=yaml.safe_dump({
+                    "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
+                    "spec": {"image": NEW_IMAGE, "imageVersion": "2026.11", "joinTimeout": "120s",
+                             "drainTimeout": "2m"},
+                }),
+            )  # fmt: skip
+
+            async def rolled_out() -> dict[str, Any] | None:
+                nodes = bridge_nodes(dev_cluster)
+                image = json.loads(dev_cluster.kubectl("get", "nodeimage", name, "-o", "json"))
+                status = image.get("status") or {}
+                done = (
+                    len(nodes) == 2 * SIZE
+                    and not set(nodes) & old
+                    and all(n["metadata"]["labels"][IMAGE_LABEL] == NEW_IMAGE for n in nodes.values())
+                    and all(ready(n) and not n["spec"].get("unschedulable") for n in nodes.values())
+                    and status.get("progress") == f"{2 * SIZE}/{2 * SIZE}"
+                )
+                return image if done else None
+
+            try:
+                image = await wait_until(rolled_out, "every node replaced", timeout=600, interval=1)
+            except AssertionError as err:
+                raise AssertionError(f"{err}\noperator log (tail):\n{operator.log()[-6000:]}") from None
+            table = dev_cluster.kubectl("get", "nodeimage", name)
+    finally:
+        stop.set()
+        await watcher
+        remove_rollout_objects(dev_cluster, name, (CP, WORKERS))
+
+    # Every old instance is terminated in EC2; the groups are back to their size.
+    ec2 = aws.client("ec2")
+    for provider_id in old:
+        assert ec2_instance(aws, provider_id.rsplit("/", 1)[1])["State"]["Name"] == "terminated"
+    for group_name in (CP, WORKERS):
+        described = group(aws, group_name)
+        assert described["DesiredCapacity"] == SIZE
+        template = described["LaunchTemplate"]["LaunchTemplateId"]
+        [default] = ec2.describe_launch_template_versions(LaunchTemplateId=template, Versions=["$Default"])[
+            "LaunchTemplateVersions"
+        ]
+        assert default["LaunchTemplateData"]["ImageId"] == NEW_IMAGE
+    # Within every budget, all along: one extra instance at most per group (maxSurge 1),
+    # no node unavailable beyond maxUnavailable 0, no PodDisruptionBudget broken.
+    assert seen.samples > 10
+    assert seen.max_instances == {CP: SIZE + 1, WORKERS: SIZE + 1}, seen
+    assert seen.max_unavailable == {CP: 0, WORKERS: 0}, seen
+    assert not seen.pdb_breaches
+    # kubectl shows the outcome.
+    available = next(c for c in image["status"]["conditions"] if c["type"] == "Available")
+    assert available["status"] == "True"
+    assert NEW_IMAGE in table and f"{2 * SIZE}/{2 * SIZE}" in table
+    assert (await asyncio.to_thread(kubectl.get, "deployment", "web"))["status"]["readyReplicas"] == SIZE
