@@ -18,7 +18,7 @@ from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn
 class PendingNodeSpec(KubeModel):
     """Which instance, which way, and until when."""
 
-    provider_id: str = ""
+    provider_id: str = Field(default="", alias="providerID")
     """The instance, as a Node's spec.providerID names it; empty while a Join waits for the
     instance it asked the provider for to show up (see knownInstances)."""
     group_id: str = Field(min_length=1)

@@ -114,6 +114,8 @@ class NodeImageReconciler:
             return None
         observed = await self.observe(image)
         step = planner.plan(observed)
+        if not isinstance(step, Wait | Done):
+            log.info("step: %s", step)
         failure: ReconcileError | None = None
         notes: list[Note] = []
         try:
@@ -297,7 +299,13 @@ class NodeImageReconciler:
                 faults.exit_after("RemoveEtcdMember")
             case DeleteDonor():
                 await self._delete(image, step.donor, step.group, step.provider_id, step.role)
-                notes.append(Note("NodeReplaced", f"{step.donor} deleted; its heir took over"))
+                if step.heir:
+                    # The pairing is over; a heir whose donor is gone counts as up to date anyway.
+                    forget = {"metadata": {"annotations": {marks.DONOR: None}}}
+                    with contextlib.suppress(ApiStatusError):
+                        await self.api.patch(NODES, None, step.heir, forget)
+                heir = step.heir or "its heir"
+                notes.append(Note("NodeReplaced", f"{step.donor} deleted; {heir} took over"))
                 faults.exit_after("DeleteDonor")
             case RetireObsolete():
                 await self._delete(image, step.node, step.group, step.provider_id, step.role)

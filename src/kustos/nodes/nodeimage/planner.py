@@ -177,6 +177,8 @@ class DeleteDonor:
     group: str
     provider_id: str
     role: Role
+    heir: str = ""
+    """Its heir, whose pairing annotation goes once the donor is gone."""
 
 
 @dataclass(frozen=True)
@@ -386,7 +388,7 @@ def _advance_pair(o: Observed, view: View, donor: NodeView, heir: NodeView, invo
     gate = _gate_failure(o, involved)
     if gate is not None:
         return Wait(f"before deleting {donor.name}: {gate}", 5)
-    return DeleteDonor(donor.name, donor.group or heir.group or "", donor.provider_id, role)
+    return DeleteDonor(donor.name, donor.group or heir.group or "", donor.provider_id, role, heir.name)
 
 
 def _claim(o: Observed, view: View, p: PendingView) -> Step | None:
