@@ -247,6 +247,12 @@ def test_options_are_checked_and_named() -> None:
         AwsOptions.parse({"cluster": "a", "cluster-tag": "b"})
     with pytest.raises(ValueError, match="region is empty"):
         AwsOptions.parse({"region": ""})
+    assert AwsOptions.parse({}).cache_seconds == 2.0
+    assert AwsOptions.parse({"cache-seconds": "0"}).cache_seconds == 0.0
+    with pytest.raises(ValueError, match="cache-seconds: 'soon' is no number"):
+        AwsOptions.parse({"cache-seconds": "soon"})
+    with pytest.raises(ValueError, match=r"cache-seconds: 600.0 is not within 0\.\.60"):
+        AwsOptions.parse({"cache-seconds": "600"})
 
 
 def test_a_missing_region_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -300,3 +300,47 @@ async def test_an_unreachable_endpoint_is_a_provider_error() -> None:
     with pytest.raises(ProviderError) as err:
         await provider.groups()
     assert err.value.reason == "ProviderUnreachable"
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_reads_are_reused_briefly_and_forgotten_on_every_write(aws: MotoServer) -> None:
+    """A controller observing on every Node heartbeat must not spend the account's request
+    budget: groups() and instances() are reused for cache-seconds, and the provider's own
+    writes make the next read fresh."""
+    make_group(aws, "workers", "Worker", size=1)
+    clock = FakeMonotonic()
+    base = AwsProvider.from_options(aws.options())
+    provider = AwsProvider(base._ec2, base._autoscaling, base.options, monotonic=clock)
+    calls = count_calls(provider)
+
+    first = await provider.instances("workers")
+    await provider.groups()
+    reads = len(calls)
+    assert await provider.instances("workers") == first
+    await provider.groups()
+    assert len(calls) == reads  # both answered from the cache
+
+    await provider.create_instance("workers")
+    assert len(await provider.instances("workers")) == 2  # the write forgot the cache
+
+    aws.client("autoscaling").set_desired_capacity(AutoScalingGroupName="workers", DesiredCapacity=3)
+    assert len(await provider.instances("workers")) == 2  # someone else's change: seen later
+    clock.now += 2.0
+    assert len(await provider.instances("workers")) == 3
+
+
+async def test_the_cache_can_be_turned_off(aws: MotoServer) -> None:
+    make_group(aws, "workers", "Worker", size=1)
+    provider = AwsProvider.from_options(aws.options(**{"cache-seconds": "0"}))
+    calls = count_calls(provider)
+    await provider.groups()
+    once = len(calls)
+    await provider.groups()
+    assert len(calls) == 2 * once

@@ -40,6 +40,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -107,6 +108,12 @@ CLIENT_CONFIG = Config(
 # least this long: EC2 and Auto Scaling refill their request token buckets per second,
 # so a few seconds lets a bucket refill instead of spending the next token at once.
 THROTTLE_RETRY_AFTER = 5.0
+
+# Controllers observe on every pass, and a pass can follow every Node heartbeat; AWS
+# throttles per account and region. The reads of groups() and instances() are reused for
+# this long (each write by this provider forgets them at once); instance(), which fencing
+# asks, is always read fresh.
+DEFAULT_CACHE_SECONDS = 2.0
 
 # EC2 filters take at most 200 values; instance ids are looked up in chunks of this size.
 FILTER_CHUNK = 100
@@ -265,14 +272,17 @@ class AwsOptions:
     # Only groups with this tag (and this value, when given) are the cluster's.
     cluster_tag: str | None = None
     cluster_tag_value: str | None = None
+    # How long the answers of groups() and instances() are reused (0: never).
+    cache_seconds: float = DEFAULT_CACHE_SECONDS
 
-    KEYS = ("region", "endpoint_url", "role_tag", "cluster", "cluster_tag")
+    KEYS = ("region", "endpoint_url", "role_tag", "cluster", "cluster_tag", "cache_seconds")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> AwsOptions:
         """``region``, ``endpoint-url`` (a local AWS API such as moto), ``role-tag``
         (default ``kustos.dev/role``), and either ``cluster=NAME`` (groups tagged
-        ``kubernetes.io/cluster/NAME``) or ``cluster-tag=KEY`` / ``KEY=VALUE``."""
+        ``kubernetes.io/cluster/NAME``) or ``cluster-tag=KEY`` / ``KEY=VALUE``, and
+        ``cache-seconds`` (default 2; 0 turns the read cache off)."""
         values = {key.replace("-", "_"): value for key, value in options.items()}
         unknown = sorted(set(values) - set(cls.KEYS))
         if unknown:
@@ -289,12 +299,21 @@ class AwsOptions:
         elif "cluster_tag" in values:
             key, sep, value = values["cluster_tag"].partition("=")
             cluster_tag, cluster_value = key, (value if sep else None)
+        try:
+            cache_seconds = float(values.get("cache_seconds", DEFAULT_CACHE_SECONDS))
+        except ValueError:
+            raise ValueError(
+                f"AWS cloud option cache-seconds: {values['cache_seconds']!r} is no number"
+            ) from None
+        if not 0 <= cache_seconds <= 60:
+            raise ValueError(f"AWS cloud option cache-seconds: {cache_seconds} is not within 0..60")
         return cls(
             region=values.get("region"),
             endpoint_url=values.get("endpoint_url"),
             role_tag=values.get("role_tag", ROLE_TAG),
             cluster_tag=cluster_tag,
             cluster_tag_value=cluster_value,
+            cache_seconds=cache_seconds,
         )
 
     def group_filters(self) -> list[FilterTypeDef]:
@@ -374,10 +393,15 @@ class AwsProvider:
 
     name = NAME
 
-    def __init__(self, ec2: EC2Client, autoscaling: AutoScalingClient, options: AwsOptions) -> None:
+    def __init__(
+        self, ec2: EC2Client, autoscaling: AutoScalingClient, options: AwsOptions,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
         self._ec2 = ec2
         self._autoscaling = autoscaling
         self.options = options
+        self._monotonic = monotonic
+        self._cache: dict[tuple[str, ...], tuple[float, Any]] = {}
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> AwsProvider:
@@ -406,12 +430,21 @@ class AwsProvider:
     # -- the CloudProvider interface -------------------------------------------------------
 
     async def groups(self) -> Sequence[Group]:
+        cached: Sequence[Group] | None = self._cached(("groups",))
+        if cached is not None:
+            return cached
         raw = await self._run("DescribeAutoScalingGroups", self._describe_groups)
         ours = [g for g in raw if self._is_ours(g)]
         found = await asyncio.gather(*(self._group(g) for g in ours))
-        return [g for g in found if g is not None]
+        return self._remember(("groups",), tuple(g for g in found if g is not None))
 
     async def instances(self, group_id: str) -> Sequence[Instance]:
+        cached: Sequence[Instance] | None = self._cached(("instances", group_id))
+        if cached is not None:
+            return cached
+        return self._remember(("instances", group_id), tuple(await self._instances(group_id)))
+
+    async def _instances(self, group_id: str) -> list[Instance]:
         group = await self._describe_group(group_id)
         members = group.get("Instances", [])
         ids = [m["InstanceId"] for m in members]
@@ -445,6 +478,12 @@ class AwsProvider:
         raise NotFound(f"AWS has no instance {instance_id}")
 
     async def set_image(self, group_id: str, image: str) -> None:
+        try:
+            await self._set_image(group_id, image)
+        finally:
+            self._cache.clear()
+
+    async def _set_image(self, group_id: str, image: str) -> None:
         group = await self._describe_group(group_id)
         template = self._template(group)
         current = await self._template_version(template)
@@ -496,6 +535,12 @@ class AwsProvider:
             )
 
     async def create_instance(self, group_id: str) -> None:
+        try:
+            await self._create_instance(group_id)
+        finally:
+            self._cache.clear()
+
+    async def _create_instance(self, group_id: str) -> None:
         group = await self._describe_group(group_id)
         desired, maximum = group["DesiredCapacity"], group["MaxSize"]
         # Auto Scaling refuses a desired capacity above the maximum (ValidationError); say
@@ -514,6 +559,12 @@ class AwsProvider:
         log.info("group %s: desired capacity %d -> %d", group_id, desired, desired + 1)
 
     async def delete_instance(self, group_id: str, provider_id: str) -> None:
+        try:
+            await self._delete_instance(group_id, provider_id)
+        finally:
+            self._cache.clear()
+
+    async def _delete_instance(self, group_id: str, provider_id: str) -> None:
         instance_id = instance_id_of(provider_id)
         response = await self._run(
             "DescribeAutoScalingInstances",
@@ -549,6 +600,17 @@ class AwsProvider:
         log.info("group %s: terminating %s", group_id, instance_id)
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _cached(self, key: tuple[str, ...]) -> Any:
+        hit = self._cache.get(key)
+        if hit is None or self._monotonic() >= hit[0]:
+            return None
+        return hit[1]
+
+    def _remember(self, key: tuple[str, ...], value: T) -> T:
+        if self.options.cache_seconds > 0:
+            self._cache[key] = (self._monotonic() + self.options.cache_seconds, value)
+        return value
 
     async def _run(self, action: str, call: Callable[..., T], *args: Any) -> T:
         """``call`` in a worker thread (boto3 blocks), its failure as a typed error."""
