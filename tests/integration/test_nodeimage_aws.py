@@ -338,3 +338,62 @@ async def test_a_new_image_replaces_every_node_of_both_groups(
     assert available["status"] == "True"
     assert NEW_IMAGE in table and f"{2 * SIZE}/{2 * SIZE}" in table
     assert (await asyncio.to_thread(kubectl.get, "deployment", "web"))["status"]["readyReplicas"] == SIZE
+
+
+@pytest.mark.timeout(600)
+async def test_a_group_at_its_maximum_is_reported_and_the_rollout_resumes_once_it_has_room(
+    aws: MotoServer, dev_cluster: DevCluster, kubectl: Kubectl, crds: None, tmp_path: Path
+) -> None:
+    """MaxSize leaves no room for the surge: the NodeImage says so with AWS's numbers and
+    creates nothing; raising MaxSize (in AWS, as a user would) lets the rollout finish."""
+    make_group(aws, CP, "ControlPlane", size=1, min_size=1, max_size=1)
+    make_group(aws, WORKERS, "Worker", size=1, min_size=1, max_size=2)
+    old = {pid(aws, i) for name in (CP, WORKERS) for i in instance_ids(aws, name)}
+
+    async def nodes_up() -> bool:
+        nodes = bridge_nodes(dev_cluster)
+        return set(nodes) == old and all(ready(n) for n in nodes.values())
+
+    await wait_until(nodes_up, "a Ready node per instance", timeout=60, cluster=dev_cluster)
+    name = kubectl.namespace
+    try:
+        with aws_operator(kubectl, aws, tmp_path / "operator") as operator:
+            dev_cluster.kubectl(
+                "apply", "-f", "-",
+                input_text=yaml.safe_dump({
+                    "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
+                    "spec": {"image": NEW_IMAGE, "joinTimeout": "120s"},
+                }),
+            )  # fmt: skip
+
+            async def refused() -> dict[str, Any] | None:
+                image = json.loads(dev_cluster.kubectl("get", "nodeimage", name, "-o", "json"))
+                for c in (image.get("status") or {}).get("conditions") or []:
+                    if c["type"] == "Degraded" and c.get("reason") == "ProviderCapacity":
+                        return dict(c)
+                return None
+
+            condition = await wait_until(refused, "the capacity refusal in status", timeout=60)
+            assert f"{CP} is at its maximum size (1 of 1)" in condition["message"]
+            assert group(aws, CP)["DesiredCapacity"] == 1  # nothing was asked of AWS
+
+            aws.client("autoscaling").update_auto_scaling_group(AutoScalingGroupName=CP, MaxSize=2)
+
+            async def rolled_out() -> bool:
+                nodes = bridge_nodes(dev_cluster)
+                return (
+                    len(nodes) == 2
+                    and not set(nodes) & old
+                    and all(n["metadata"]["labels"][IMAGE_LABEL] == NEW_IMAGE for n in nodes.values())
+                    and all(ready(n) for n in nodes.values())
+                )
+
+            try:
+                await wait_until(
+                    rolled_out, "both nodes replaced once the group had room", timeout=300, interval=1
+                )
+            except AssertionError as err:
+                raise AssertionError(f"{err}\noperator log (tail):\n{operator.log()[-6000:]}") from None
+    finally:
+        remove_rollout_objects(dev_cluster, name, (CP, WORKERS))
+    assert [group(aws, g)["DesiredCapacity"] for g in (CP, WORKERS)] == [1, 1]
