@@ -50,6 +50,11 @@ def stubbed() -> Iterator[Stubbed]:
 
 
 def group(desired: int = 2, min_size: int = 0, max_size: int = 5) -> dict[str, Any]:
+    """One group with as many instances in service as it desires (no launch outstanding)."""
+    return with_instances(desired, desired, min_size, max_size)
+
+
+def bare_group(desired: int, min_size: int, max_size: int) -> dict[str, Any]:
     return {
         "AutoScalingGroups": [
             {
@@ -260,3 +265,85 @@ def test_a_missing_region_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
     with pytest.raises(ValueError, match="region=<region>"):
         AwsProvider.from_options({})
+
+
+def with_instances(desired: int, live: int, min_size: int = 0, max_size: int = 5) -> dict[str, Any]:
+    described = bare_group(desired, min_size, max_size)
+    described["AutoScalingGroups"][0]["Instances"] = [
+        {
+            "InstanceId": f"i-{n:017x}",
+            "AvailabilityZone": "us-east-1a",
+            "LifecycleState": "InService",
+            "HealthStatus": "Healthy",
+            "ProtectedFromScaleIn": False,
+        }
+        for n in range(live)
+    ]
+    return described
+
+
+def activity(status: str, message: str = "") -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "ActivityId": "a-1",
+        "AutoScalingGroupName": "workers",
+        "Cause": "a user request set the desired capacity",
+        "StartTime": "2026-01-01T00:00:00Z",
+        "StatusCode": status,
+    }
+    if message:
+        entry["StatusMessage"] = message
+    return {"Activities": [entry]}
+
+
+@pytest.mark.parametrize(
+    ("message", "error", "reason"),
+    [
+        (
+            "We currently do not have sufficient t3.medium capacity in the Availability Zone you requested "
+            "(us-east-1a). Launching EC2 instance failed.",
+            CapacityError,
+            "ProviderCapacity",
+        ),
+        (
+            "The image id '[ami-0000000000000000b]' does not exist. Launching EC2 instance failed.",
+            ProviderError,
+            "ProviderLaunchFailed",
+        ),
+    ],
+)
+async def test_a_launch_aws_failed_is_reported_instead_of_asking_for_more(
+    stubbed: Stubbed, message: str, error: type[ProviderError], reason: str
+) -> None:
+    """Auto Scaling accepted desired 3 but could launch only 2: its activity history says
+    why, and kustos says it instead of raising desired capacity again."""
+    stubbed.autoscaling.add_response("describe_auto_scaling_groups", with_instances(desired=3, live=2))
+    stubbed.autoscaling.add_response(
+        "describe_scaling_activities",
+        activity("Failed", message),
+        expected_params={"AutoScalingGroupName": "workers", "MaxRecords": 1},
+    )
+
+    with pytest.raises(error, match="its last launch failed") as err:
+        await stubbed.provider.create_instance("workers")
+    assert err.value.reason == reason
+    assert message in err.value.message  # AWS's own words reach the status
+
+
+async def test_a_launch_still_under_way_does_not_stop_another(stubbed: Stubbed) -> None:
+    """maxSurge 2: the second heir is asked for while the first one launches."""
+    stubbed.autoscaling.add_response("describe_auto_scaling_groups", with_instances(desired=3, live=2))
+    stubbed.autoscaling.add_response("describe_scaling_activities", activity("InProgress"))
+    stubbed.autoscaling.add_response(
+        "set_desired_capacity",
+        {},
+        expected_params={"AutoScalingGroupName": "workers", "DesiredCapacity": 4, "HonorCooldown": False},
+    )
+
+    await stubbed.provider.create_instance("workers")
+
+
+async def test_no_outstanding_launch_needs_no_history(stubbed: Stubbed) -> None:
+    stubbed.autoscaling.add_response("describe_auto_scaling_groups", with_instances(desired=2, live=2))
+    stubbed.autoscaling.add_response("set_desired_capacity", {})
+
+    await stubbed.provider.create_instance("workers")

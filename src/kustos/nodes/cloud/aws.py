@@ -18,6 +18,7 @@ Every boto3 call is blocking and runs in a worker thread. Calls the provider mak
 the IAM policy in docs/nodeimage-aws.md can list exactly these:
 
 * autoscaling:DescribeAutoScalingGroups, autoscaling:DescribeAutoScalingInstances,
+  autoscaling:DescribeScalingActivities (only while a launch is outstanding),
   autoscaling:SetDesiredCapacity, autoscaling:TerminateInstanceInAutoScalingGroup,
   autoscaling:UpdateAutoScalingGroup (only for a group pinned to a version number);
 * ec2:DescribeInstances, ec2:DescribeLaunchTemplateVersions,
@@ -550,6 +551,14 @@ class AwsProvider:
                 f"AWS group {group_id} is at its maximum size ({desired} of {maximum}); "
                 "raise MaxSize to leave room for the rollout's surge"
             )
+        live = [
+            i for i in group.get("Instances", []) if not i.get("LifecycleState", "").startswith("Terminat")
+        ]
+        if desired > len(live):
+            # A launch is outstanding. Auto Scaling accepts a desired capacity it then cannot
+            # launch (no capacity in the zones, a missing AMI) and only its activity history
+            # says so; asking for one more would only pile up desired capacity. Report it.
+            await self._raise_failed_launch(group_id)
         await self._run(
             "SetDesiredCapacity",
             lambda: self._autoscaling.set_desired_capacity(
@@ -557,6 +566,24 @@ class AwsProvider:
             ),
         )
         log.info("group %s: desired capacity %d -> %d", group_id, desired, desired + 1)
+
+    async def _raise_failed_launch(self, group_id: str) -> None:
+        """The group's newest scaling activity, if it is a launch that failed, as an error."""
+        response = await self._run(
+            "DescribeScalingActivities",
+            lambda: self._autoscaling.describe_scaling_activities(
+                AutoScalingGroupName=group_id, MaxRecords=1
+            ),
+        )
+        for activity in response.get("Activities", [])[:1]:
+            if activity.get("StatusCode") not in ("Failed", "Cancelled"):
+                return
+            message = activity.get("StatusMessage") or activity.get("Description") or "no message"
+            text = f"AWS group {group_id}: its last launch failed: {message}"
+            lowered = message.lower()
+            if "capacity" in lowered or "limit" in lowered or any(code in message for code in CAPACITY_CODES):
+                raise CapacityError(text)
+            raise ProviderError(text, reason="ProviderLaunchFailed")
 
     async def delete_instance(self, group_id: str, provider_id: str) -> None:
         try:
