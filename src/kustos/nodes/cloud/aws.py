@@ -27,12 +27,13 @@ the IAM policy in docs/nodeimage-aws.md can list exactly these:
 How this differs from Constellation's AWS client (operators/constellation-node-operator/
 internal/cloud/aws), which we read: it reads the image from ``$Latest`` whatever version
 the group launches from, so a group pinned to ``$Default`` or a number reports an image
-it does not launch; it treats every describe error of an instance as "terminated" only
-by matching the message text; and it makes a new launch template version on every call,
-even when the image is already the one in use. Here the version the group really uses
-is resolved, a repeated ``set_image`` is a no-op, a delete checks the instance's group
-and lifecycle first (a retried delete never decrements twice), and errors are mapped by
-their AWS error code to the typed errors of ``runtime.cloud``.
+it does not launch; it recognises a missing instance by matching error text; it waits
+inside the create call, up to 30 s, for the new instance to show up; and it makes a new
+launch template version on every call, even when the image is already the one in use.
+Here the version the group really uses is resolved, a repeated ``set_image`` is a no-op,
+create returns at once (the planner waits, not the call), a delete checks the instance's
+group and lifecycle first (a retried delete never decrements twice), and errors are
+mapped by their AWS error code to the typed errors of ``runtime.cloud``.
 """
 
 from __future__ import annotations
@@ -403,6 +404,7 @@ class AwsProvider:
         self.options = options
         self._monotonic = monotonic
         self._cache: dict[tuple[str, ...], tuple[float, Any]] = {}
+        self._skipped: set[str] = set()  # groups already logged as not managed (once each)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> AwsProvider:
@@ -679,17 +681,18 @@ class AwsProvider:
         if self.options.cluster_tag and self.options.cluster_tag not in tags:
             return False
         if parse_role(tags.get(self.options.role_tag, "")) is None:
-            log.warning(
-                "AWS group %s: tag %s=%r is no role (ControlPlane or Worker); not managed",
-                name,
-                self.options.role_tag,
-                tags.get(self.options.role_tag),
-            )
+            self._skip(name, f"tag {self.options.role_tag}={tags.get(self.options.role_tag)!r} is no role "
+                             "(ControlPlane or Worker)")  # fmt: skip
             return False
         if _template_of(group) is None:
-            log.warning("AWS group %s launches from no launch template; not managed", name)
+            self._skip(name, "it launches from no launch template (a launch configuration?)")
             return False
         return True
+
+    def _skip(self, name: str, why: str) -> None:
+        if name not in self._skipped:
+            self._skipped.add(name)
+            log.warning("AWS group %s is not managed: %s", name, why)
 
     async def _group(self, raw: AutoScalingGroupTypeDef) -> Group | None:
         name = raw["AutoScalingGroupName"]
@@ -698,7 +701,7 @@ class AwsProvider:
         version = await self._template_version(self._template(raw))
         image = version.get("LaunchTemplateData", {}).get("ImageId")
         if not image:
-            log.warning("AWS group %s: its launch template version has no ImageId; not managed", name)
+            self._skip(name, "its launch template version has no ImageId")
             return None
         return Group(
             group_id=name,
