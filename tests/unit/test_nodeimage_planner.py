@@ -202,9 +202,9 @@ def test_drained_worker_is_deleted() -> None:
 
 def test_control_plane_donor_loses_its_etcd_member_first() -> None:
     cp = node("c", "cp", unschedulable=True, drained=True, internal_ip="127.0.0.5")
-    nodes = [cp, node("h", "cp", NEW, donor="c")]
+    nodes = [cp, node("h", "cp", NEW, donor="c", internal_ip="127.0.0.9")]
     o = observed(nodes, spec=spec(etcd=StackedEtcd().model_dump()))
-    assert planner.plan(o) == RemoveEtcdMember("c", "127.0.0.5")
+    assert planner.plan(o) == RemoveEtcdMember("c", "127.0.0.5", "127.0.0.9")
     done = observed(
         [replace(cp, etcd_member_removed=True), nodes[1]], spec=spec(etcd=StackedEtcd().model_dump())
     )
