@@ -397,3 +397,83 @@ async def test_a_group_at_its_maximum_is_reported_and_the_rollout_resumes_once_i
     finally:
         remove_rollout_objects(dev_cluster, name, (CP, WORKERS))
     assert [group(aws, g)["DesiredCapacity"] for g in (CP, WORKERS)] == [1, 1]
+
+
+AWS_STEPS = ("CreateHeir", "ClaimInstance", "DeleteDonor")
+
+
+@pytest.mark.timeout(900)
+async def test_the_operator_killed_after_each_aws_step_asks_aws_for_nothing_twice(
+    aws: MotoServer, dev_cluster: DevCluster, kubectl: Kubectl, crds: None, tmp_path: Path
+) -> None:
+    """Killed right after raising the desired capacity, after claiming the new instance and
+    after terminating a donor: each restarted operator reads AWS and the cluster again and
+    goes on, never a second heir for a donor (one extra instance at most), never a second
+    decrement, no orphan instance."""
+    make_group(aws, WORKERS, "Worker", size=SIZE, min_size=1, max_size=SIZE + 2)
+    old = {pid(aws, i) for i in instance_ids(aws, WORKERS)}
+
+    async def nodes_up() -> bool:
+        nodes = bridge_nodes(dev_cluster)
+        return set(nodes) == old and all(ready(n) for n in nodes.values())
+
+    await wait_until(nodes_up, "a Ready node per instance", timeout=60, cluster=dev_cluster)
+    name = kubectl.namespace
+    seen, stop = Budgets(), asyncio.Event()
+    watcher = asyncio.create_task(watch(aws, dev_cluster, kubectl.namespace, stop, seen))
+    dev_cluster.kubectl(
+        "apply", "-f", "-",
+        input_text=yaml.safe_dump({
+            "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
+            "spec": {"image": NEW_IMAGE, "joinTimeout": "120s"},
+        }),
+    )  # fmt: skip
+    try:
+        for step in AWS_STEPS:
+            marker = tmp_path / f"fault-{step}"
+            env = {"KUSTOS_FAULT_EXIT_AFTER": step, "KUSTOS_FAULT_MARKER": str(marker)}
+            process = start_operator(
+                kubectl.cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
+                "--lease-namespace", kubectl.namespace, "--lease-duration", "4", "--renew-deadline", "3",
+                "--retry-period", "0.5", "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
+                "--cloud-provider", "aws", "--cloud-option", "region=us-east-1",
+                "--cloud-option", f"endpoint-url={aws.endpoint}",
+                controllers=None, env={**aws_environment(), **env},
+            )  # fmt: skip
+
+            async def exited(p: OperatorProcess = process) -> bool:
+                return not p.alive()
+
+            try:
+                await wait_until(exited, f"the operator to exit after {step}", timeout=180, interval=0.5)
+            except AssertionError as err:
+                process.stop()
+                raise AssertionError(f"{err}\noperator log (tail):\n{process.log()[-4000:]}") from None
+            assert process.wait() == 137 and marker.read_text() == step
+
+        with aws_operator(kubectl, aws, tmp_path / "operator") as operator:
+
+            async def rolled_out() -> bool:
+                nodes = bridge_nodes(dev_cluster)
+                return (
+                    len(nodes) == SIZE
+                    and not set(nodes) & old
+                    and all(n["metadata"]["labels"][IMAGE_LABEL] == NEW_IMAGE for n in nodes.values())
+                    and all(ready(n) and not n["spec"].get("unschedulable") for n in nodes.values())
+                )
+
+            try:
+                await wait_until(rolled_out, "every node replaced after the crashes", timeout=300, interval=1)
+            except AssertionError as err:
+                raise AssertionError(f"{err}\noperator log (tail):\n{operator.log()[-6000:]}") from None
+    finally:
+        stop.set()
+        await watcher
+        remove_rollout_objects(dev_cluster, name, (WORKERS,))
+
+    assert seen.max_instances[WORKERS] == SIZE + 1, seen  # never a second heir at once
+    described = group(aws, WORKERS)
+    assert described["DesiredCapacity"] == SIZE  # every increment matched by one decrement
+    assert len(described["Instances"]) == SIZE
+    for provider_id in old:
+        assert ec2_instance(aws, provider_id.rsplit("/", 1)[1])["State"]["Name"] == "terminated"
