@@ -215,3 +215,24 @@ def test_scheduler_and_storage_roles_are_bound_not_held(helm: Path) -> None:
            for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
     assert env["KUSTOS_STORAGE_NODE_ROLE"] == "kustos-storage-node"
     assert env["KUSTOS_STORAGE_CSI_HELPER_ROLE"] == "kustos-storage-csi-helper"
+
+
+def test_the_cloud_provider_and_its_options_reach_the_operator(helm: Path) -> None:
+    def args(*sets: str) -> list[str]:
+        rendered = documents(template(helm, *sets))
+        deployment = next(d for d in rendered if d["kind"] == "Deployment")
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert not [a for a in args() if a.startswith("--cloud")]
+    aws = args(
+        "--set", "cloudProvider.name=aws", "--set", "cloudProvider.options.region=eu-west-1",
+        "--set", "cloudProvider.options.cluster=prod",
+        "--set", "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/kustos",
+    )  # fmt: skip
+    assert aws[aws.index("--cloud-provider=aws") :][:3] == [
+        "--cloud-provider=aws",
+        "--cloud-option=cluster=prod",
+        "--cloud-option=region=eu-west-1",
+    ]
+    refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", "cloudProvider.name=gce", check=False)
+    assert refused.returncode != 0 and "cloudProvider" in refused.stderr

@@ -105,6 +105,15 @@ class ServiceAccount(Values):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
+class CloudProvider(Values):
+    name: Literal["none", "kwok", "aws"] = "none"
+    """The cloud provider NodeImage rollouts and node fencing use (`kustos run --cloud-provider`);
+    none: NodeImages wait. For aws, credentials come from boto3's chain: annotate the service
+    account for IAM roles for service accounts (docs/nodeimage-aws.md)."""
+    options: dict[str, str] = Field(default_factory=dict)
+    """`--cloud-option key=value` pairs, e.g. region and cluster for aws."""
+
+
 class ResourceList(Values):
     model_config = ConfigDict(extra="allow")
     cpu: str | None = None
@@ -146,6 +155,7 @@ class ChartValues(Values):
     metrics: Metrics = Field(default_factory=Metrics)
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
     service_account: ServiceAccount = Field(default_factory=ServiceAccount)
+    cloud_provider: CloudProvider = Field(default_factory=CloudProvider)
     resources: Resources = Field(default_factory=Resources)
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
