@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kustos.runtime import objects
 from kustos.runtime.api import Api
 from kustos.runtime.controller import Controller, ControllerRunner
 from kustos.runtime.events import EventRecorder
@@ -102,8 +103,10 @@ class Manager:
         for watch in controller.watches:
 
             def enqueue_mapped(
-                _kind: str, obj: dict[str, Any], old: dict[str, Any] | None, mapper: Any = watch.map_keys
+                kind: str, obj: dict[str, Any], old: dict[str, Any] | None, mapper: Any = watch.map_keys
             ) -> None:
+                if kind == "MODIFIED" and old is not None and not objects.changed_beyond_heartbeat(old, obj):
+                    return  # a heartbeat changes nothing a controller decides on
                 keys = set(mapper(obj))
                 if old is not None:
                     keys |= set(mapper(old))  # e.g. a label moved from one owner to another
