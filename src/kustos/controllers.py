@@ -11,6 +11,7 @@ from collections.abc import Callable
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
 from kustos.etcd.maintenance_controller import register as register_maintenance
+from kustos.maintenance import controller as maintenance_controller
 from kustos.nodejob import controller as nodejob_controller
 from kustos.runtime.deps import Deps
 from kustos.runtime.manager import Manager
@@ -27,6 +28,7 @@ CONTROLLERS: dict[str, Register] = {
     "storagecluster": storage_controller.register,
     "nodejob": nodejob_controller.register,
     "storageupgrade": storageupgrade_controller.register,
+    "maintenance": maintenance_controller.register,
 }
 
 
