@@ -30,12 +30,13 @@ def taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def node_view(node: Mapping[str, Any], instance: InstanceState | None = None) -> NodeView:
-    unreachable = next((t for t in taints(node) if t.get("key") == UNREACHABLE_TAINT), None)
+    unreachable = [t for t in taints(node) if t.get("key") == UNREACHABLE_TAINT]
     since = None
-    if unreachable is not None:
-        # The node lifecycle controller stamps timeAdded on NoExecute taints; the NoSchedule
-        # one has none, so fall back to the Ready condition's transition.
-        since = parse_rfc3339(unreachable.get("timeAdded")) or _not_ready_since(node)
+    if unreachable:
+        # The node lifecycle controller stamps timeAdded on the NoExecute taint; the NoSchedule
+        # one has none: fall back to the Ready condition's transition only when neither says.
+        added = [parse_rfc3339(t.get("timeAdded")) for t in unreachable if t.get("timeAdded")]
+        since = min((a for a in added if a is not None), default=None) or _not_ready_since(node)
     annotations = objects.annotations(node)
     fenced_at, problem = None, None
     raw = annotations.get(FENCED_ANNOTATION)
