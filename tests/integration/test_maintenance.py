@@ -221,8 +221,7 @@ async def test_a_partitioned_node_never_runs_the_pod_twice_and_is_cleared_once_f
         assert OUT_OF_SERVICE_TAINT not in taint_keys(kubectl, victim)
 
         # The fencing agent powers the node off (its processes stop), then says so.
-        patch = {"metadata": {"annotations": {PARTITIONED_ANNOTATION: None}}}
-        kubectl.cluster.kubectl("patch", "node", victim, "--type", "merge", "-p", json.dumps(patch))
+        kubectl.cluster.take_node_down(victim)
 
         async def powered_off() -> bool:
             return not process_alive(old_pid)

@@ -310,7 +310,8 @@ def test_node_view_reads_taints_roles_and_the_fencing_annotation() -> None:
         },
         "spec": {"taints": [
             {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
-            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": "2026-11-24T11:59:40Z"},
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+             "timeAdded": "2026-11-24T11:59:40Z"},
             {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"},
         ]},
         "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
