@@ -1,6 +1,11 @@
 """Purging a dead node, one step at a time: shared by the controller and ``kustos purge-node``.
 
-The order (EKCO's, with a quorum check it lacks): remember the node's control-plane
+The order (EKCO's, with a quorum check it lacks): with Rook storage nodes maintained
+(``rookShouldUseAllNodes: false``, EKCO's ``--maintain_rook_storage_nodes``), remove the node
+from each CephCluster's ``storage.nodes``, delete its OSD Deployments (their OSD IDs recorded
+on the Node first) and run ``ceph osd down/purge`` and ``ceph osd crush rm`` through the Ceph
+toolbox (``rook.CephToolbox``; as in EKCO, a failed Ceph command is a warning, not a stop);
+then remember the node's control-plane
 address on the Node (so a crash after the endpoint is gone still finds its etcd member),
 remove its API endpoint from kubeadm's ClusterStatus, remove its stacked etcd member
 through ``etcd.membership.remove_keeping_quorum`` (refused when the members left would
@@ -25,21 +30,27 @@ from typing import Any
 from kustos.api.maintenance import MaintenancePolicySpec
 from kustos.etcd import membership
 from kustos.etcd.client import EtcdTLS
-from kustos.maintenance import kubeadm
+from kustos.maintenance import kubeadm, rook
 from kustos.maintenance.nodes import is_control_plane
 from kustos.maintenance.planner import PURGE_ANNOTATION
 from kustos.runtime import objects
 from kustos.runtime.api import Api
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.resources import CONFIGMAPS, NODES, PODS, SECRETS
+from kustos.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NODES, PODS, SECRETS
 
 log = logging.getLogger(__name__)
 
 ADDRESS_ANNOTATION = "kustos.dev/purge-address"
 """The dead control-plane node's advertise address, written before anything is removed."""
 
+OSDS_ANNOTATION = "kustos.dev/purge-osds"
+"""The OSD IDs of the node's OSD Deployments, written before they are deleted."""
+
+ROOK_NODES, ROOK_OSDS, CEPH_PURGE = "RookStorageNode", "RookOSDDeployment", "CephOSDPurge"
 ADDRESS, ENDPOINT, ETCD, NODE = "Address", "ControlPlaneEndpoint", "EtcdMember", "Node"
-STEPS = (ADDRESS, ENDPOINT, ETCD, NODE)
+ROOK_STEPS = (ROOK_NODES, ROOK_OSDS, CEPH_PURGE)
+CONTROL_PLANE_STEPS = (ADDRESS, ENDPOINT, ETCD)
+STEPS = (*ROOK_STEPS, *CONTROL_PLANE_STEPS, NODE)
 
 
 @dataclass(frozen=True)
@@ -47,10 +58,18 @@ class PurgeOptions:
     certificates_dir: Path = Path("/etc/kubernetes/pki")
     etcd_certificates_secret: str | None = None
     """namespace/name of a Secret with ca.crt, healthcheck-client.crt and .key."""
+    maintain_rook: bool = False
+    """Remove the node from Rook (EKCO's maintain_rook_storage_nodes)."""
+    rook_namespace: str = "rook-ceph"
 
     @classmethod
     def from_spec(cls, spec: MaintenancePolicySpec) -> PurgeOptions:
-        return cls(Path(spec.certificates_dir), spec.etcd_certificates_secret)
+        return cls(
+            Path(spec.certificates_dir),
+            spec.etcd_certificates_secret,
+            maintain_rook=not spec.rook_should_use_all_nodes,
+            rook_namespace=spec.rook_namespace,
+        )
 
 
 @dataclass(frozen=True)
@@ -61,11 +80,13 @@ class Outcome:
     finished: bool = False
 
 
-def steps_for(node: dict[str, Any] | None) -> tuple[str, ...]:
+def steps_for(node: dict[str, Any] | None, options: PurgeOptions) -> tuple[str, ...]:
     """The steps a node's purge takes, in order."""
     if node is None:
         return ()
-    return STEPS if is_control_plane(node) else (NODE,)
+    rook = ROOK_STEPS if options.maintain_rook else ()
+    control_plane = CONTROL_PLANE_STEPS if is_control_plane(node) else ()
+    return (*rook, *control_plane, NODE)
 
 
 class Purger:
@@ -74,10 +95,12 @@ class Purger:
         api: Api,
         options: PurgeOptions,
         announce: Callable[[dict[str, Any], str, str], Any] | None = None,
+        toolbox: rook.CephToolbox | None = None,
     ) -> None:
         self.api = api
         self.options = options
         self.announce = announce
+        self.toolbox = toolbox
 
     async def remaining(self, name: str) -> list[str]:
         """What is left to do for ``name``, as sentences (the CLI shows them first)."""
@@ -85,13 +108,17 @@ class Purger:
         if node is None:
             return []
         done = _done(node)
+        ceph = "through the Ceph toolbox" if self.toolbox else "(no toolbox: printed to run by hand)"
         lines = {
+            ROOK_NODES: f"remove it from storage.nodes of the CephClusters in {self.options.rook_namespace}",
+            ROOK_OSDS: "delete its OSD Deployments (app=rook-ceph-osd), their OSD IDs recorded first",
+            CEPH_PURGE: f"ceph osd down, ceph osd purge and ceph osd crush rm {ceph}",
             ADDRESS: "record its control-plane address on the Node",
             ENDPOINT: "remove its API endpoint from kubeadm's ClusterStatus (kube-system/kubeadm-config)",
             ETCD: "remove its stacked etcd member, only if the remaining members keep quorum",
             NODE: f"delete the Node {name}",
         }
-        return [f"{step}: {lines[step]}" for step in steps_for(node) if step not in done]
+        return [f"{step}: {lines[step]}" for step in steps_for(node, self.options) if step not in done]
 
     async def next(self, name: str) -> Outcome:
         """Take the next step of ``name``'s purge (each call one step)."""
@@ -99,8 +126,31 @@ class Purger:
         if node is None:
             return Outcome(NODE, f"node {name} is gone", finished=True)
         done = _done(node)
-        todo = [s for s in steps_for(node) if s not in done]
+        todo = [s for s in steps_for(node, self.options) if s not in done]
         step = todo[0] if todo else NODE
+        if step == ROOK_NODES:
+            message = await rook.remove_storage_node(self.api, self.options.rook_namespace, name)
+            await self._mark(node, ROOK_NODES)
+            return await self._said(node, Outcome(ROOK_NODES, message))
+        if step == ROOK_OSDS:
+            deployments = await rook.osd_deployments(self.api, self.options.rook_namespace, name)
+            ids = sorted({i for _, i in deployments}, key=_numeric)
+            recorded = [i for i in objects.annotations(node).get(OSDS_ANNOTATION, "").split(",") if i]
+            ids = sorted(set(ids) | set(recorded), key=_numeric)
+            if ids != recorded:
+                # The intent first: once the Deployments are gone, only this says which OSDs to purge.
+                patch = {"metadata": {"annotations": {OSDS_ANNOTATION: ",".join(ids)}}}
+                node = await self.api.patch(NODES, None, name, patch)
+            for deployment, _ in deployments:
+                await self.api.delete(DEPLOYMENTS, self.options.rook_namespace, deployment)
+            await self._mark(node, ROOK_OSDS)
+            names = ", ".join(d for d, _ in deployments) or "none"
+            return await self._said(node, Outcome(ROOK_OSDS, f"deleted OSD Deployments: {names}"))
+        if step == CEPH_PURGE:
+            ids = [i for i in objects.annotations(node).get(OSDS_ANNOTATION, "").split(",") if i]
+            message = await rook.purge_osds(self.toolbox, ids, name)
+            await self._mark(node, CEPH_PURGE)
+            return await self._said(node, Outcome(CEPH_PURGE, message))
         if step == ADDRESS:
             where = await self._addresses(name)
             address = where.dead or ""
@@ -235,8 +285,12 @@ class Purger:
             yield EtcdTLS(paths[0], paths[1], paths[2])
 
 
+def _numeric(osd_id: str) -> tuple[int, str]:
+    return (int(osd_id), "") if osd_id.isdigit() else (1 << 30, osd_id)
+
+
 def _done(node: dict[str, Any]) -> list[str]:
     return [s for s in objects.annotations(node).get(PURGE_ANNOTATION, "").split(",") if s]
 
 
-__all__ = ["ADDRESS_ANNOTATION", "STEPS", "Outcome", "PurgeOptions", "Purger", "steps_for"]
+__all__ = ["ADDRESS_ANNOTATION", "OSDS_ANNOTATION", "STEPS", "Outcome", "PurgeOptions", "Purger", "steps_for"]
