@@ -1,11 +1,13 @@
 """Node maintenance against the real control plane: dead nodes cleared only once fenced.
 
-A StatefulSet whose pod runs as a real process (etcd, on a local volume pinned to its node)
-loses its node two ways: stopped (heartbeat and processes gone) and partitioned (heartbeat
-gone, the process alive). Without fencing nothing moves, so a partitioned node never has
-its pod running twice; once a fencing agent powers the node off and says so, kustos taints
-it out of service, the pod is deleted, its pinned claim released (the workload opted in),
-and the replacement runs elsewhere. The node's return removes the taint.
+A StatefulSet whose pod runs as a real process (etcd, on a local volume pinned to its
+node), beside a member of a kustos EtcdCluster taking writes, loses its node two ways:
+stopped (heartbeat and processes gone) and partitioned (heartbeat gone, the process
+alive). Without fencing nothing moves, so a partitioned node never has its pod running
+twice; once a fencing agent powers the node off and says so, kustos taints it out of
+service, the pod is deleted, its pinned claim released (the workload opted in), and the
+replacement runs elsewhere; the EtcdCluster replaces its member (its own controller's job)
+and keeps every write it acknowledged. The node's return removes the taint.
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ from kustos.maintenance.planner import OUT_OF_SERVICE_TAINT, RELEASE_CLAIMS_ANNO
 from kustos.runtime.times import rfc3339
 from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
+from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
 from tests.integration.kube import is_ready, wait_until
 from tests.integration.operator import OperatorProcess
 
 FENCED = "kustos.dev/fenced"
 
 
-def statefulset(name: str) -> dict[str, Any]:
-    """One etcd replica on a claim of the dev cluster's local-path class (pinned to its node)."""
+def statefulset(name: str, beside: str | None = None) -> dict[str, Any]:
+    """One etcd replica on a claim of the dev cluster's local-path class (pinned to its node),
+    on the node of a member of EtcdCluster ``beside``."""
     pod = demo.etcd_pod(f"{name}-0", [f"--initial-cluster={name}-0=http://$(POD_IP):2380"])
     spec = pod["spec"]
     spec["volumes"] = []  # the claim template's volume takes its place
@@ -51,6 +55,13 @@ def statefulset(name: str) -> dict[str, Any]:
             }
         }
     }
+    if beside is not None:
+        spec["affinity"]["podAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"kustos.dev/cluster": beside}},
+                 "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }  # fmt: skip
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
@@ -144,6 +155,26 @@ async def restored(kubectl: Kubectl, name: str) -> None:
     await wait_until(back, f"node {name} Ready without the out-of-service taint", timeout=90)
 
 
+async def with_member(kubectl: Kubectl, name: str) -> tuple[dict[str, Any], Writer]:
+    """A 3-member EtcdCluster (one member per node) and a writer through its members."""
+    kubectl.apply(etcd_cluster(name, 3, pod={"antiAffinity": "required"}))
+    status = await wait_healthy(kubectl, name, 3, timeout=180)
+    writer = Writer([m["clientUrl"] for m in status["members"]])
+    writer.start()
+    return status, writer
+
+
+async def writes_kept(kubectl: Kubectl, name: str, writer: Writer) -> None:
+    """The EtcdCluster is whole again and every write it acknowledged is there."""
+    status = await wait_healthy(kubectl, name, 3, timeout=240)
+    writer.update(status)
+    await asyncio.sleep(2)
+    await writer.stop()
+    assert len(writer.acknowledged) > 50, "the writer hardly wrote"
+    for member in status["members"]:
+        assert await writer.missing(member["clientUrl"]) == [], f"{member['name']} lost acknowledged writes"
+
+
 def last_action(kubectl: Kubectl) -> dict[str, Any]:
     found = json.loads(kubectl.cluster.kubectl("get", "maintenancepolicy", "default", "-o", "json"))
     return dict((found.get("status") or {}).get("lastAction") or {})
@@ -153,7 +184,8 @@ async def test_a_stopped_node_is_cleared_once_fenced_and_its_pinned_pod_runs_els
     maintenance: Kubectl,
 ) -> None:
     kubectl = maintenance
-    kubectl.apply(statefulset("stopped"))
+    _, writer = await with_member(kubectl, "es")
+    kubectl.apply(statefulset("stopped", beside="es"))
     first = await running(kubectl, "stopped-0")
     victim = first["spec"]["nodeName"]
     old_pid = kubectl.cluster.container_pid(kubectl.namespace, "stopped-0", "etcd")
@@ -188,6 +220,7 @@ async def test_a_stopped_node_is_cleared_once_fenced_and_its_pinned_pod_runs_els
                                          "involvedObject.kind=MaintenancePolicy", "-o", "json")  # fmt: skip
         reasons = {e["reason"] for e in json.loads(events)["items"]}
         assert {"Clear", "ReleaseClaim"} <= reasons, reasons
+        await writes_kept(kubectl, "es", writer)
     finally:
         await restored(kubectl, victim)
     assert last_action(kubectl)["action"] == "Uncordon"
@@ -197,7 +230,8 @@ async def test_a_partitioned_node_never_runs_the_pod_twice_and_is_cleared_once_f
     maintenance: Kubectl,
 ) -> None:
     kubectl = maintenance
-    kubectl.apply(statefulset("cut"))
+    _, writer = await with_member(kubectl, "ec")
+    kubectl.apply(statefulset("cut", beside="ec"))
     first = await running(kubectl, "cut-0")
     victim = first["spec"]["nodeName"]
     old_pid = kubectl.cluster.container_pid(kubectl.namespace, "cut-0", "etcd")
@@ -240,5 +274,6 @@ async def test_a_partitioned_node_never_runs_the_pod_twice_and_is_cleared_once_f
         second = await wait_until(replaced, "cut-0 replaced and Ready", timeout=120,
                                   cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
         assert second["spec"]["nodeName"] != victim
+        await writes_kept(kubectl, "ec", writer)
     finally:
         await restored(kubectl, victim)

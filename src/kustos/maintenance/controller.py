@@ -224,7 +224,6 @@ class MaintenanceReconciler:
                 await self.api.delete(CLAIMS, namespace, name, uid=uid)
             case planner.Purge(node):
                 outcome = await Purger(self.api, PurgeOptions.from_spec(spec), self._announce).next(node)
-                faults.exit_after(f"Purge{outcome.step}")
                 return f"refused: {outcome.message}" if outcome.refused else outcome.message
         return None
 

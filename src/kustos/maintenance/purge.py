@@ -33,7 +33,7 @@ from kustos.etcd.client import EtcdTLS
 from kustos.maintenance import kubeadm, rook
 from kustos.maintenance.nodes import is_control_plane
 from kustos.maintenance.planner import PURGE_ANNOTATION
-from kustos.runtime import objects
+from kustos.runtime import faults, objects
 from kustos.runtime.api import Api
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NODES, PODS, SECRETS
@@ -165,6 +165,7 @@ class Purger:
             message, refused = await self._remove_member(node)
             if refused:
                 return await self._said(node, Outcome(ETCD, message, refused=True))
+            faults.exit_after(f"Purge{ETCD}")  # done, not yet recorded: the next pass must cope
             await self._mark(node, ETCD)
             return await self._said(node, Outcome(ETCD, message))
         await self._said(node, Outcome(NODE, f"deleting Node {name}"))
