@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -113,10 +114,18 @@ class MaintenanceReconciler:
             done = await self.act(policy.spec, step)
         except ReconcileError as err:
             failure = err
-        status = planner.status(observed, step, failure, done)
-        notes = self._notes(observed, step, status, failure)
-        await record(self.api, POLICIES, raw, status.model_dump(by_alias=True), self.manager.events,
-                     notes=notes, announce=ANNOUNCED)  # fmt: skip
+        try:
+            await self._record(raw, observed, step, failure, done)
+        except ApiStatusError as err:
+            if not err.conflict:
+                raise
+            # The step is done (or failed): a stale cache must not lose its record. Once more
+            # on the policy as it is now (nothing else writes its status).
+            fresh = await self.api.get(POLICIES, None, objects.name(raw))
+            if fresh is None:
+                return None
+            current = MaintenancePolicy.model_validate(fresh).status or MaintenancePolicyStatus()
+            await self._record(fresh, replace(observed, previous=current), step, failure, done)
         if failure is not None:
             raise failure
         match step:
@@ -129,6 +138,15 @@ class MaintenanceReconciler:
         if done is not None and done.startswith("refused:"):
             return Result(requeue_after=planner.POLL * 2)
         return Result(requeue_after=0.2)
+
+    async def _record(
+        self, raw: dict[str, Any], observed: Observed, step: Step, failure: ReconcileError | None,
+        done: str | None,
+    ) -> None:  # fmt: skip
+        status = planner.status(observed, step, failure, done)
+        notes = self._notes(observed, step, status, failure)
+        await record(self.api, POLICIES, raw, status.model_dump(by_alias=True), self.manager.events,
+                     notes=notes, announce=ANNOUNCED)  # fmt: skip
 
     # ---- observe -----------------------------------------------------------------------
 
