@@ -330,9 +330,16 @@ def run(
     extra_controllers: Annotated[
         list[str] | None, typer.Option(hidden=True, help="module:function registering more controllers.")
     ] = None,
+    cloud_provider: Annotated[
+        str, typer.Option(help="Cloud provider node rollouts and fencing use: none, kwok or aws.")
+    ] = "none",
+    cloud_option: Annotated[
+        list[str] | None, typer.Option(help="key=value for the cloud provider (repeatable).")
+    ] = None,
 ) -> None:
     """Run the operator: every kustos controller, against the current cluster."""
     from kustos import controllers
+    from kustos.nodes.cloud import parse_options, provider_from
     from kustos.runtime.deps import Deps
     from kustos.runtime.kube import load_config
     from kustos.runtime.logs import setup_logging
@@ -340,6 +347,10 @@ def run(
     from kustos.runtime.webhook import ServingCertificate
 
     setup_logging(log_level, json_logs)
+    try:
+        cloud = provider_from(cloud_provider, parse_options(cloud_option or []))
+    except (ValueError, ImportError) as err:
+        raise typer.BadParameter(str(err), param_hint="--cloud-provider/--cloud-option") from err
     certificate = None
     if webhook_cert and webhook_key:
         certificate = ServingCertificate.from_files(webhook_cert, webhook_key, webhook_ca)
@@ -372,7 +383,10 @@ def run(
                 manager.api, namespace_, webhook_cert_secret, dns_names
             )
         names = None if controllers_ == "all" else [n for n in controllers_.split(",") if n and n != "none"]
-        deps = Deps()
+        bind = getattr(cloud, "bind", None)
+        if bind is not None:
+            bind(manager.api)  # a provider that keeps its state in the cluster (kwok)
+        deps = Deps(cloud=cloud)
         controllers.register_all(manager, deps, names)
         for target in extra_controllers or []:
             module_name, _, function = target.partition(":")

@@ -13,6 +13,10 @@ from kustos.etcd import controller as etcd_controller
 from kustos.etcd.maintenance_controller import register as register_maintenance
 from kustos.maintenance import controller as maintenance_controller
 from kustos.nodejob import controller as nodejob_controller
+from kustos.nodes.autoscaling import controller as autoscaling_controller
+from kustos.nodes.nodeimage import controller as nodeimage_controller
+from kustos.nodes.pendingnode import controller as pendingnode_controller
+from kustos.nodes.scalinggroup import controller as scalinggroup_controller
 from kustos.runtime.deps import Deps
 from kustos.runtime.manager import Manager
 from kustos.storage import controller as storage_controller
@@ -29,6 +33,10 @@ CONTROLLERS: dict[str, Register] = {
     "nodejob": nodejob_controller.register,
     "storageupgrade": storageupgrade_controller.register,
     "maintenance": maintenance_controller.register,
+    "nodeimage": nodeimage_controller.register,
+    "scalinggroup": scalinggroup_controller.register,
+    "pendingnode": pendingnode_controller.register,
+    "autoscalingstrategy": autoscaling_controller.register,
 }
 
 

@@ -187,7 +187,12 @@ def _expressions(stage: dict[str, Any]) -> list[dict[str, Any]]:
 def test_stages_are_kwoks_defaults_followed_by_the_runner_stages(source: Path) -> None:
     names = [stage["metadata"]["name"] for stage in stages(source)]
 
-    assert names == [*UPSTREAM_NAMES, "kustos-runner-pod-network", "kustos-runner-pod-delete"]
+    assert names == [
+        *UPSTREAM_NAMES,
+        "kustos-runner-pod-network",
+        "kustos-runner-pod-delete",
+        "kustos-node-boot",
+    ]
     assert all(stage["kind"] == "Stage" for stage in stages(source))
 
 
@@ -207,14 +212,32 @@ def test_upstream_node_stages_are_untouched(source: Path) -> None:
 
     node_stages = [s for s in stages(source) if s["spec"]["resourceRef"]["kind"] == "Node"]
 
-    assert [s["metadata"]["name"] for s in node_stages] == ["node-initialize", "node-heartbeat-with-lease"]
+    assert [s["metadata"]["name"] for s in node_stages][:2] == [
+        "node-initialize",
+        "node-heartbeat-with-lease",
+    ]
+    assert node_stages[1] == upstream["node-heartbeat-with-lease"]
+    # node-initialize leaves the kwok cloud provider's nodes to kustos-node-boot.
+    init = node_stages[0]
+    extra = _expressions(init)[len(_expressions(upstream["node-initialize"])) :]
+    assert [e["operator"] for e in extra] == ["DoesNotExist", "DoesNotExist"]
+    assert init["spec"]["next"] == upstream["node-initialize"]["spec"]["next"]
     for stage in node_stages:
-        assert stage == upstream[stage["metadata"]["name"]]
         assert RUNNER_POD not in json.dumps(stage)
 
 
+def test_kwok_provider_nodes_boot_at_their_ready_at_annotation(source: Path) -> None:
+    boot = stages(source)[-1]
+
+    assert boot["metadata"]["name"] == "kustos-node-boot"
+    assert "kustos.dev/kwok-ready-at" in boot["spec"]["delay"]["durationFrom"]["jq"]["expression"]
+    assert {"key": '.metadata.annotations["kustos.dev/kwok-never-ready"]', "operator": "DoesNotExist"} in (
+        boot["spec"]["selector"]["matchExpressions"]
+    )
+
+
 def test_runner_stages_select_only_runner_pods(source: Path) -> None:
-    network, delete = stages(source)[5:]
+    network, delete = stages(source)[5:7]
 
     assert network["spec"]["resourceRef"]["kind"] == "Pod"
     assert _expressions(network) == [

@@ -33,6 +33,9 @@ RUNNER_POD = (
 )
 
 MANAGED_LABEL = "kustos.dev/kwok-managed"
+# Written by the kwok cloud provider (kustos.nodes.cloud.kwok) on the nodes it creates.
+READY_AT_ANNOTATION = "kustos.dev/kwok-ready-at"
+NEVER_READY_ANNOTATION = "kustos.dev/kwok-never-ready"
 
 _UPSTREAM_STAGES = (
     "kustomize/stage/node/fast/node-initialize.yaml",
@@ -89,6 +92,13 @@ def stages(source: Path) -> list[dict[str, Any]]:
     result: list[dict[str, Any]] = []
     for rel in _UPSTREAM_STAGES:
         stage = yaml.safe_load((source / rel).read_text())
+        if stage["metadata"]["name"] == "node-initialize":
+            # Nodes of the kwok cloud provider boot on their own schedule (the stage below).
+            selector = stage["spec"].setdefault("selector", {})
+            selector.setdefault("matchExpressions", []).extend(
+                {"key": f'.metadata.annotations["{key}"]', "operator": "DoesNotExist"}
+                for key in (READY_AT_ANNOTATION, NEVER_READY_ANNOTATION)
+            )
         if stage["spec"]["resourceRef"]["kind"] == "Pod":
             selector = stage["spec"].setdefault("selector", {})
             selector.setdefault("matchExpressions", []).append(_runner_expression(False))
@@ -141,6 +151,38 @@ def stages(source: Path) -> list[dict[str, Any]]:
                     "durationFrom": {"jq": {"expression": ".metadata.deletionTimestamp"}},
                 },
                 "next": {"delete": True},
+            },
+        }
+    )
+    # A node the kwok cloud provider created becomes Ready at its kustos.dev/kwok-ready-at
+    # moment (the boot time it was given), or never with kustos.dev/kwok-never-ready.
+    boot = dict(next(s for s in result if s["metadata"]["name"] == "node-initialize"))
+    result.append(
+        {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "Stage",
+            "metadata": {"name": "kustos-node-boot"},
+            "spec": {
+                "resourceRef": {"apiGroup": "v1", "kind": "Node"},
+                "selector": {
+                    "matchExpressions": [
+                        {
+                            "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+                            "operator": "NotIn",
+                            "values": ["True"],
+                        },
+                        {"key": f'.metadata.annotations["{READY_AT_ANNOTATION}"]', "operator": "Exists"},
+                        {
+                            "key": f'.metadata.annotations["{NEVER_READY_ANNOTATION}"]',
+                            "operator": "DoesNotExist",
+                        },
+                    ]
+                },
+                "delay": {
+                    "durationMilliseconds": 0,
+                    "durationFrom": {"jq": {"expression": f'.metadata.annotations["{READY_AT_ANNOTATION}"]'}},
+                },
+                "next": boot["spec"]["next"],
             },
         }
     )

@@ -1,1 +1,48 @@
-"""Cloud providers behind ``runtime.cloud.CloudProvider``: kwok (dev cluster, tests) and AWS."""
+"""Cloud providers behind ``runtime.cloud.CloudProvider``: kwok (dev cluster, tests) and AWS.
+
+``provider_from(name, options)`` is what ``kustos run --cloud-provider NAME --cloud-option
+key=value`` calls. Each provider is imported only when chosen (boto3 is not loaded by an
+operator that runs on kwok).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from kustos.runtime.cloud import CloudProvider
+
+PROVIDERS = ("none", "kwok", "aws")
+
+
+def provider_from(name: str, options: Mapping[str, str]) -> CloudProvider | None:
+    """The provider called ``name`` ("none": no provider, node rollouts wait), built from options."""
+    if name == "none":
+        if options:
+            raise ValueError("--cloud-option given without --cloud-provider")
+        return None
+    if name == "kwok":
+        from kustos.nodes.cloud.kwok import KwokProvider
+
+        return KwokProvider.from_options(options)
+    if name == "aws":
+        # Written beside this module by the AWS provider's change; loaded lazily (boto3).
+        module: Any = importlib.import_module("kustos.nodes.cloud.aws")
+        provider: CloudProvider = module.AwsProvider.from_options(options)
+        return provider
+    raise ValueError(f"unknown cloud provider {name!r}; known: {', '.join(PROVIDERS)}")
+
+
+def parse_options(pairs: list[str]) -> dict[str, str]:
+    """``["region=eu-west-1", ...]`` -> a dict; a pair without ``=`` is an error naming it."""
+    options: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--cloud-option {pair!r}: expected key=value")
+        options[key.strip()] = value.strip()
+    return options
+
+
+__all__ = ["PROVIDERS", "parse_options", "provider_from"]

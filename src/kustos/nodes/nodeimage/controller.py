@@ -1,0 +1,480 @@
+"""The NodeImage controller: observe (caches, the cloud provider, gates) -> plan -> act one step
+-> record once.
+
+Every fact a restarted operator needs is in Kubernetes: the pairing on the heir
+(``kustos.dev/donor``), the drain's start and end on the donor, the intent to create an
+instance as a Join PendingNode written before the provider is asked. So a pass after a
+crash plans the same next step and never asks for a second heir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from datetime import timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from kustos.api.etcd import EtcdCluster
+from kustos.api.nodeimage import NodeImage, NodeImageSpec, NodeImageStatus
+from kustos.api.pendingnode import PendingNode
+from kustos.api.scalinggroup import ScalingGroup
+from kustos.api.storage import StorageCluster
+from kustos.nodes import labels as marks
+from kustos.nodes.nodeimage import planner
+from kustos.nodes.nodeimage.planner import (
+    ClaimInstance,
+    CreateHeir,
+    DeleteDonor,
+    Drain,
+    ForgetPending,
+    Gate,
+    GroupView,
+    Invalid,
+    NodeView,
+    Observed,
+    Pair,
+    PendingView,
+    RemoveEtcdMember,
+    RetireObsolete,
+    Step,
+    Taint,
+)
+from kustos.runtime import drain as draining
+from kustos.runtime import faults, objects
+from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.cloud import CloudProvider, Instance, InstanceState, NotFound, Role
+from kustos.runtime.controller import Controller, Result
+from kustos.runtime.deps import Deps
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.events import WARNING
+from kustos.runtime.informer import InformerOptions
+from kustos.runtime.manager import Manager
+from kustos.runtime.record import Note, record
+from kustos.runtime.resources import NODES, PODS
+from kustos.runtime.steps import Done, Wait
+from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
+
+log = logging.getLogger(__name__)
+
+NODEIMAGES = NodeImage.crd.ref
+PENDINGNODES = PendingNode.crd.ref
+SCALINGGROUPS = ScalingGroup.crd.ref
+ETCDCLUSTERS = EtcdCluster.crd.ref
+STORAGECLUSTERS = StorageCluster.crd.ref
+ANNOUNCED = frozenset({"Degraded", "Available", "Paused"})
+ETCD_POD_LABEL = "kustos.dev/cluster"
+
+
+def _taints(node: dict[str, Any]) -> tuple[Taint, ...]:
+    return tuple(
+        Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule"))
+        for t in (node.get("spec") or {}).get("taints") or []
+    )
+
+
+def _internal_ip(node: dict[str, Any]) -> str:
+    for address in (node.get("status") or {}).get("addresses") or []:
+        if address.get("type") == "InternalIP":
+            return str(address.get("address", ""))
+    return ""
+
+
+def pending_name_for_leave(node: str) -> str:
+    return f"{node}-leave"[:253]
+
+
+class NodeImageReconciler:
+    def __init__(self, manager: Manager, deps: Deps) -> None:
+        self.manager = manager
+        self.api: Api = manager.api
+        self.clock = deps.clock
+        self.cloud: CloudProvider | None = deps.cloud
+        self.images = manager.informer(NODEIMAGES)
+        self.nodes = manager.informer(NODES)
+        self.pendings = manager.informer(PENDINGNODES)
+        self.groups = manager.informer(SCALINGGROUPS)
+        self.etcds = manager.informer(ETCDCLUSTERS)
+        self.storages = manager.informer(STORAGECLUSTERS)
+        self.etcd_pods = manager.informer(PODS, InformerOptions(label_selector=ETCD_POD_LABEL))
+
+    # ---- reconcile ----------------------------------------------------------------------
+
+    async def reconcile(self, key: str) -> Result | None:
+        raw = self.images.get(key)
+        if raw is None or objects.deleting(raw):
+            return None
+        try:
+            image = NodeImage.model_validate(raw)
+        except ValidationError as err:
+            observed = Observed(objects.name(raw), NodeImageSpec(image="-"), (), (), now=self.clock.now())
+            step: Step = Invalid(f"invalid spec: {err}")
+            await self._record(raw, observed, step, None, [])
+            return None
+        observed = await self.observe(image)
+        step = planner.plan(observed)
+        if not isinstance(step, Wait | Done):
+            log.info("step: %s", step)
+        failure: ReconcileError | None = None
+        notes: list[Note] = []
+        try:
+            step = await self.act(image, observed, step, notes)
+        except ReconcileError as err:
+            failure = err
+        await self._record(raw, observed, step, failure, notes)
+        if failure is not None:
+            raise failure
+        after = planner.requeue_after(step)
+        return Result(requeue_after=after) if after is not None else None
+
+    async def _record(
+        self, raw: dict[str, Any], o: Observed, step: Step, failure: ReconcileError | None, notes: list[Note]
+    ) -> None:
+        status = planner.status(o, step, failure)
+        await record(self.api, NODEIMAGES, raw, status.model_dump(by_alias=True), self.manager.events,
+                     notes=notes, announce=ANNOUNCED)  # fmt: skip
+
+    # ---- observe ---------------------------------------------------------------------------
+
+    async def observe(self, image: NodeImage) -> Observed:
+        name = objects.name(image)
+        now = self.clock.now()
+        status = image.status or NodeImageStatus()
+        if self.cloud is None:
+            return Observed(name, image.spec, (), (), now=now, generation=objects.generation(image),
+                            previous=status, provider=False)  # fmt: skip
+        provider_groups = await self.cloud.groups()
+        await self._discover(name, provider_groups)
+        mine = {
+            objects.name(g): g for g in self.groups.list() if ((g.get("spec") or {}).get("nodeImage") == name)
+        }
+        wanted_ids = {(g.get("spec") or {}).get("groupId") for g in mine.values()}
+        groups: list[GroupView] = []
+        instances: dict[str, Instance] = {}
+        for group in provider_groups:
+            if group.group_id not in wanted_ids:
+                continue
+            members = [i for i in await self.cloud.instances(group.group_id) if i.state != InstanceState.GONE]
+            for i in members:
+                instances[i.provider_id] = i
+            groups.append(
+                GroupView(
+                    group.group_id, group.role, group.image, tuple(sorted(i.provider_id for i in members))
+                )
+            )
+        nodes = []
+        for node in self.nodes.list():
+            provider_id = (node.get("spec") or {}).get("providerID") or ""
+            if not provider_id:
+                continue  # not a provider's node: not this controller's business
+            instance = instances.get(provider_id)
+            annotations = objects.annotations(node)
+            nodes.append(
+                NodeView(
+                    name=objects.name(node),
+                    provider_id=provider_id,
+                    group=instance.group_id if instance else None,
+                    image=instance.image if instance else None,
+                    ready=objects.node_ready(node),
+                    unschedulable=objects.node_unschedulable(node),
+                    donor=annotations.get(marks.DONOR),
+                    labels=objects.labels(node),
+                    taints=_taints(node),
+                    drain_started=parse_rfc3339(annotations.get(marks.DRAIN_STARTED)),
+                    drained=marks.DRAINED in annotations,
+                    etcd_member_removed=marks.ETCD_MEMBER_REMOVED in annotations,
+                    internal_ip=_internal_ip(node),
+                    deleting=objects.deleting(node),
+                )
+            )
+        pending = []
+        for p in self.pendings.list():
+            spec = p.get("spec") or {}
+            if spec.get("nodeImage") not in ("", name) or spec.get("groupId") not in wanted_ids:
+                continue
+            pending.append(
+                PendingView(
+                    name=objects.name(p),
+                    group=spec.get("groupId", ""),
+                    goal=spec.get("goal", "Join"),
+                    provider_id=spec.get("providerID", "") or "",
+                    known=tuple(spec.get("knownInstances") or ()),
+                    node_image=spec.get("nodeImage", ""),
+                )
+            )
+        gates = await self._gates(image)
+        return Observed(
+            name=name, spec=image.spec, nodes=tuple(nodes), groups=tuple(groups), pending=tuple(pending),
+            gates=tuple(gates), now=now, generation=objects.generation(image), previous=status,
+        )  # fmt: skip
+
+    async def _discover(self, name: str, provider_groups: Any) -> None:
+        """Create a ScalingGroup for each provider group that has none (named after the group)."""
+        known = {(g.get("spec") or {}).get("groupId") for g in self.groups.list()}
+        for group in provider_groups:
+            if group.group_id in known:
+                continue
+            sg_name = _k8s_name(group.group_id)
+            manifest: dict[str, Any] = {
+                "apiVersion": ScalingGroup.crd.api_version,
+                "kind": "ScalingGroup",
+                "metadata": {"name": sg_name, "labels": {"app.kubernetes.io/managed-by": "kustos"}},
+                "spec": {
+                    "groupId": group.group_id, "role": str(group.role), "nodeImage": name,
+                    "min": group.min_size, "max": max(group.max_size, group.min_size),
+                },
+            }  # fmt: skip
+            try:
+                await self.api.create(SCALINGGROUPS, manifest)
+                log.info(
+                    "discovered provider group %s: ScalingGroup %s",
+                    group.group_id,
+                    manifest["metadata"]["name"],
+                )
+            except ApiStatusError as err:
+                if not err.conflict:
+                    raise
+
+    async def _gates(self, image: NodeImage) -> list[Gate]:
+        gates: list[Gate] = []
+        spec = image.spec.health_gates
+        if spec.etcd_clusters:
+            pods = {objects.key(p): p for p in self.etcd_pods.list() if ETCD_POD_LABEL in objects.labels(p)}
+            for raw in self.etcds.list():
+                status = raw.get("status") or {}
+                size = (raw.get("spec") or {}).get("size", 3)
+                members = status.get("members") or []
+                healthy = sum(1 for m in members if m.get("healthy"))
+                hosts = set()
+                for m in members:
+                    pod = pods.get(f"{objects.namespace(raw)}/{m.get('pod', '')}")
+                    node = objects.pod_node(pod) if pod else None
+                    if node:
+                        hosts.add(node)
+                ok = healthy >= size and len(members) >= size
+                gates.append(Gate(f"EtcdCluster {objects.key(raw)}", ok,
+                                  f"{healthy}/{size} members healthy", frozenset(hosts)))  # fmt: skip
+        if spec.storage_clusters:
+            for raw in self.storages.list():
+                phase = (raw.get("status") or {}).get("phase")
+                gates.append(Gate(f"StorageCluster {objects.key(raw)}", phase == "Running", f"phase {phase}"))
+        for gate in spec.pods:
+            gated = await self.api.list_objects(PODS, gate.namespace, gate.selector)
+            ready = sum(1 for p in gated if objects.pod_ready(p))
+            not_ready = [objects.key(p) for p in gated if not objects.pod_ready(p)]
+            ok = not not_ready and ready >= gate.min_ready
+            message = f"pods {gate.selector}: {ready} Ready" + (
+                f", not Ready: {', '.join(not_ready[:5])}" if not_ready else ""
+            )
+            gates.append(Gate(f"pods {gate.selector}", ok, message))
+        return gates
+
+    # ---- act ----------------------------------------------------------------------------------
+
+    async def act(self, image: NodeImage, o: Observed, step: Step, notes: list[Note]) -> Step:
+        assert self.cloud is not None or isinstance(step, Wait | Done | Invalid)
+        match step:
+            case CreateHeir():
+                await self._create_heir(image, o, step)
+                notes.append(
+                    Note("HeirRequested", f"asked group {step.group} for a new node ({step.pending_name})")
+                )
+                faults.exit_after("CreateHeir")
+            case ClaimInstance():
+                patch = {"spec": {"providerID": step.provider_id, "nodeName": step.node_name}}
+                await self.api.patch(PENDINGNODES, None, step.pending, patch)
+                faults.exit_after("ClaimInstance")
+            case Pair():
+                await self._pair(step)
+                if step.pending:
+                    notes.append(Note("Paired", f"{step.heir} replaces {step.donor}"))
+                faults.exit_after("Pair")
+            case ForgetPending():
+                await self.api.delete(PENDINGNODES, None, step.pending)
+            case Drain():
+                return await self._drain(image, step, notes)
+            case RemoveEtcdMember():
+                await self._remove_etcd_member(image, o, step, notes)
+                faults.exit_after("RemoveEtcdMember")
+            case DeleteDonor():
+                await self._delete(image, step.donor, step.group, step.provider_id, step.role)
+                if step.heir:
+                    # The pairing is over; a heir whose donor is gone counts as up to date anyway.
+                    forget = {"metadata": {"annotations": {marks.DONOR: None}}}
+                    with contextlib.suppress(ApiStatusError):
+                        await self.api.patch(NODES, None, step.heir, forget)
+                notes.append(Note("NodeReplaced", f"{step.donor} deleted; {step.heir or 'its heir'} took over"))
+                faults.exit_after("DeleteDonor")
+            case RetireObsolete():
+                await self._delete(image, step.node, step.group, step.provider_id, step.role)
+                if step.pending:
+                    await self.api.delete(PENDINGNODES, None, step.pending)
+                notes.append(Note("NodeRetired", f"{step.node} was not needed as a heir"))
+        return step
+
+    async def _create_heir(self, image: NodeImage, o: Observed, step: CreateHeir) -> None:
+        assert self.cloud is not None
+        deadline = o.now + parse_duration(image.spec.join_timeout)
+        manifest = {
+            "apiVersion": PendingNode.crd.api_version,
+            "kind": "PendingNode",
+            "metadata": {"name": step.pending_name, "labels": {marks.NODE_IMAGE: o.name}},
+            "spec": {
+                "groupId": step.group, "goal": "Join", "deadline": rfc3339(deadline), "role": str(step.role),
+                "knownInstances": list(step.known), "nodeImage": o.name,
+            },
+        }  # fmt: skip
+        try:
+            await self.api.create(PENDINGNODES, manifest)  # the intent, before the provider is asked
+        except ApiStatusError as err:
+            if not err.conflict:
+                raise
+        try:
+            await self.cloud.create_instance(step.group)
+        except ReconcileError:
+            # Refused (capacity, throttled): nothing was created, so the intent goes too.
+            await self.api.delete(PENDINGNODES, None, step.pending_name)
+            raise
+
+    async def _pair(self, step: Pair) -> None:
+        heir = self.nodes.get(step.heir)
+        if heir is None:
+            raise ReconcileError(f"heir {step.heir} vanished", "HeirGone")
+        taints = [dict(t) for t in (heir.get("spec") or {}).get("taints") or []]
+        have = {(t.get("key"), t.get("value", ""), t.get("effect")) for t in taints}
+        for t in step.taints:
+            if (t.key, t.value, t.effect) not in have:
+                taints.append(
+                    {"key": t.key, "value": t.value, "effect": t.effect}
+                    if t.value
+                    else {"key": t.key, "effect": t.effect}
+                )
+        patch = {
+            "metadata": {"labels": dict(step.labels), "annotations": {marks.DONOR: step.donor}},
+            "spec": {"taints": taints},
+        }
+        await self.api.patch(NODES, None, step.heir, patch)
+        await self.api.patch(NODES, None, step.donor, {"metadata": {"annotations": {marks.HEIR: step.heir}}})
+        if step.pending:
+            await self.api.delete(PENDINGNODES, None, step.pending)
+
+    async def _drain(self, image: NodeImage, step: Drain, notes: list[Note]) -> Step:
+        now = self.clock.now()
+        if not step.started:
+            await self.api.patch(
+                NODES, None, step.donor, {"metadata": {"annotations": {marks.DRAIN_STARTED: rfc3339(now)}}}
+            )
+            notes.append(Note("Draining", f"cordoning and draining {step.donor}"))
+        options = draining.DrainOptions(timeout=planner.DRAIN_ATTEMPT_SECONDS, retry=0.5, poll=0.5)
+        try:
+            await draining.drain(self.api, step.donor, options)
+        except draining.DrainTimeout as blocked:
+            if step.force:
+                forced = [b.pod for b in blocked.report.blocked]
+                for pod in forced:
+                    namespace, _, name = pod.partition("/")
+                    await self.api.delete(PODS, namespace, name)
+                if forced:
+                    await self.api.patch(
+                        NODES,
+                        None,
+                        step.donor,
+                        {"metadata": {"annotations": {marks.FORCED: ",".join(forced)[:4000]}}},
+                    )
+                    notes.append(
+                        Note(
+                            "DrainForced",
+                            f"drainTimeout passed: deleted {', '.join(forced)} from {step.donor}",
+                            WARNING,
+                        )
+                    )
+                return Wait(f"drain of {step.donor}: forced {len(forced)} pod(s) off", 1)
+            node = self.nodes.get(step.donor)
+            started = parse_rfc3339(objects.annotations(node).get(marks.DRAIN_STARTED)) if node else None
+            timeout = parse_duration(image.spec.drain_timeout)
+            if started is not None and now - started >= timeout:
+                raise ReconcileError(
+                    f"drain of {step.donor} blocked past drainTimeout {image.spec.drain_timeout} "
+                    f"(onDrainTimeout: wait): {blocked.report.describe()}",
+                    "DrainBlocked",
+                ) from blocked
+            return Wait(f"draining {step.donor}: {blocked.report.describe()}", 2)
+        await self.api.patch(
+            NODES, None, step.donor, {"metadata": {"annotations": {marks.DRAINED: rfc3339(now)}}}
+        )
+        faults.exit_after("Drain")
+        return step
+
+    async def _remove_etcd_member(
+        self, image: NodeImage, o: Observed, step: RemoveEtcdMember, notes: list[Note]
+    ) -> None:
+        from kustos.nodes.nodeimage.stacked_etcd import remove_member_at
+
+        assert image.spec.etcd is not None
+        view = planner.classify(o)
+        ips = [n.internal_ip for n in o.nodes if view.role(n) == Role.CONTROL_PLANE and not n.deleting]
+        refusal = await remove_member_at(self.api, image.spec.etcd, step.internal_ip, ips)
+        if refusal is not None:
+            raise ReconcileError(f"etcd member of {step.donor} not removed: {refusal}", "EtcdMemberKept")
+        await self.api.patch(
+            NODES,
+            None,
+            step.donor,
+            {"metadata": {"annotations": {marks.ETCD_MEMBER_REMOVED: rfc3339(o.now)}}},
+        )
+        notes.append(
+            Note("EtcdMemberRemoved", f"the stacked etcd member at {step.internal_ip} ({step.donor}) left")
+        )
+
+    async def _delete(self, image: NodeImage, node: str, group: str, provider_id: str, role: Role) -> None:
+        assert self.cloud is not None
+        deadline = self.clock.now() + timedelta(minutes=10)
+        labels = {marks.NODE_IMAGE: objects.name(image)}
+        leave = {
+            "apiVersion": PendingNode.crd.api_version,
+            "kind": "PendingNode",
+            "metadata": {"name": pending_name_for_leave(node), "labels": labels},
+            "spec": {
+                "providerID": provider_id, "groupId": group, "nodeName": node, "goal": "Leave",
+                "deadline": rfc3339(deadline), "role": str(role), "nodeImage": objects.name(image),
+            },
+        }  # fmt: skip
+        try:
+            await self.api.create(PENDINGNODES, leave)
+        except ApiStatusError as err:
+            if not err.conflict:
+                raise
+        await self.api.delete(NODES, None, node)
+        with contextlib.suppress(NotFound):  # already gone: the Leave PendingNode sees it, goes too
+            await self.cloud.delete_instance(group, provider_id)
+
+
+def _k8s_name(group_id: str) -> str:
+    import hashlib
+    import re
+
+    base = re.sub(r"[^a-z0-9-]+", "-", group_id.lower()).strip("-")[:50] or "group"
+    if base == group_id:
+        return base
+    return f"{base}-{hashlib.sha256(group_id.encode()).hexdigest()[:6]}"
+
+
+def _all_images(reconciler: NodeImageReconciler) -> Any:
+    def keys(_obj: dict[str, Any]) -> list[str]:
+        return [objects.key(i) for i in reconciler.images.list()]
+
+    return keys
+
+
+def register(manager: Manager, deps: Deps) -> None:
+    reconciler = NodeImageReconciler(manager, deps)
+    controller = Controller("nodeimage", NODEIMAGES, reconciler.reconcile, workers=1)
+    everything = _all_images(reconciler)
+    controller.watch(NODES, everything)
+    controller.watch(PENDINGNODES, everything)
+    controller.watch(SCALINGGROUPS, everything)
+    controller.watch(ETCDCLUSTERS, everything)
+    controller.watch(STORAGECLUSTERS, everything)
+    controller.watch(PODS, everything, InformerOptions(label_selector=ETCD_POD_LABEL))
+    manager.add_controller(controller)

@@ -1,0 +1,1 @@
+"""PendingNode: instances joining or leaving, with deadlines that never hold a rollout forever."""

@@ -1,0 +1,125 @@
+"""PendingNode and AutoscalingStrategy planners, ScalingGroup's image rule, kwok helpers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from kustos.nodes.autoscaling import planner as autoscaling
+from kustos.nodes.cloud import parse_options, provider_from
+from kustos.nodes.cloud.kwok import GroupConfig, KwokProvider, _instance, label_value, node_name_of
+from kustos.nodes.pendingnode import planner as pending
+from kustos.nodes.scalinggroup.controller import want_image
+from kustos.runtime.cloud import InstanceState, NotFound, Role
+from kustos.runtime.steps import Done, Wait
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def join(**kw: object) -> pending.Observed:
+    deadline = NOW + timedelta(minutes=5)
+    values: dict[str, object] = {
+        "goal": "Join", "provider_id": "kwok://n", "deadline": deadline, "now": NOW,
+        "node_ready": False, "node_exists": True, "instance": InstanceState.PENDING,
+    }  # fmt: skip
+    values.update(kw)
+    return pending.Observed(**values)  # type: ignore[arg-type]
+
+
+def test_join_ready_is_joined() -> None:
+    assert pending.plan(join(node_ready=True)) == pending.MarkJoined()
+
+
+def test_join_in_time_waits() -> None:
+    assert isinstance(pending.plan(join()), Wait)
+
+
+def test_join_past_deadline_deletes_the_instance() -> None:
+    assert isinstance(pending.plan(join(now=NOW + timedelta(minutes=6))), pending.DeleteInstance)
+
+
+def test_join_past_deadline_already_gone_is_forgotten() -> None:
+    step = pending.plan(join(now=NOW + timedelta(minutes=6), instance=InstanceState.GONE, node_exists=False))
+    assert isinstance(step, pending.Forget)
+
+
+def test_join_without_instance_past_deadline_is_forgotten() -> None:
+    assert isinstance(pending.plan(join(provider_id="", now=NOW + timedelta(minutes=6))), pending.Forget)
+
+
+def test_leave_gone_is_forgotten_and_late_is_retried() -> None:
+    assert isinstance(pending.plan(join(goal="Leave", instance=InstanceState.GONE)), pending.Forget)
+    late = join(goal="Leave", instance=InstanceState.STOPPING, now=NOW + timedelta(minutes=6))
+    assert isinstance(pending.plan(late), pending.DeleteInstance)
+    assert isinstance(pending.plan(join(goal="Leave", instance=InstanceState.STOPPING)), Wait)
+
+
+@pytest.mark.parametrize(
+    ("enabled", "rolling", "replicas", "saved", "expected"),
+    [
+        (True, True, 2, None, autoscaling.Pause(2)),
+        (True, True, 0, 2, Done()),
+        (True, False, 0, 2, autoscaling.Restore(2)),
+        (True, True, 0, None, autoscaling.Pause(0)),  # the user had it off: saved as 0 ...
+        (True, False, 0, 0, autoscaling.Restore(0)),  # ... and it stays off afterwards
+        (False, True, 3, None, Done()),
+        (False, True, 0, 3, autoscaling.Restore(3)),  # disabled mid-rollout: give it back
+    ],
+)
+def test_autoscaler_paused_and_restored_to_the_users_own_replicas(
+    enabled: bool, rolling: bool, replicas: int, saved: int | None, expected: autoscaling.Step
+) -> None:
+    o = autoscaling.Observed(enabled, rolling, True, replicas, saved)
+    assert autoscaling.plan(o) == expected
+
+
+def test_autoscaler_missing_waits() -> None:
+    assert isinstance(autoscaling.plan(autoscaling.Observed(True, True, False, 0, None)), Wait)
+
+
+def test_scaling_group_image() -> None:
+    assert want_image("a", "b") == "b"
+    assert want_image("b", "b") is None
+    assert want_image("a", None) is None
+
+
+def test_kwok_helpers() -> None:
+    assert label_value("registry.example/os:v2") == "registry.example-os-v2"
+    assert node_name_of("kwok://n1") == "n1"
+    with pytest.raises(NotFound):
+        node_name_of("aws:///i-1")
+    g = GroupConfig.parse(
+        {"id": "w", "role": "Worker", "image": "x", "readyAfterSeconds": 2, "failCreate": "capacity"}
+    )
+    assert g.role == Role.WORKER and g.ready_after_seconds == 2 and g.fail_create == "capacity"
+
+
+def test_kwok_instance_state_follows_kwok_management() -> None:
+    labels = {"kustos.dev/kwok-group": "w", "kustos.dev/kwok-managed": "true"}
+    base = {"metadata": {"name": "n", "labels": labels,
+                         "annotations": {"kustos.dev/kwok-image": "x"}},
+            "spec": {"providerID": "kwok://n"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    assert _instance(base).state == InstanceState.RUNNING
+    assert _instance(base).image == "x"
+    stopped = {**base, "metadata": {**base["metadata"], "labels": {"kustos.dev/kwok-group": "w"}}}
+    assert _instance(stopped).state == InstanceState.STOPPED
+    partitioned = {
+        **stopped,
+        "metadata": {**stopped["metadata"], "annotations": {"kustos.dev/partitioned": "true"}},
+    }
+    assert _instance(partitioned).state == InstanceState.RUNNING
+
+
+def test_provider_from() -> None:
+    assert provider_from("none", {}) is None
+    kwok = provider_from("kwok", {"namespace": "ns", "ip-prefix": "127.9"})
+    assert isinstance(kwok, KwokProvider) and kwok.namespace == "ns" and kwok.ip_prefix == "127.9"
+    with pytest.raises(ValueError, match="unknown kwok provider option"):
+        provider_from("kwok", {"bogus": "1"})
+    with pytest.raises(ValueError, match="unknown cloud provider"):
+        provider_from("gcp", {})
+    assert parse_options(["a=b", "c=d=e"]) == {"a": "b", "c": "d=e"}
+    with pytest.raises(ValueError, match="key=value"):
+        parse_options(["nope"])
