@@ -31,7 +31,7 @@ from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
 from tests.integration.kube import is_ready, wait_until
-from tests.integration.operator import OperatorProcess
+from tests.integration.operator import OperatorProcess, start_operator
 
 FENCED = "kustos.dev/fenced"
 
@@ -277,3 +277,63 @@ async def test_a_partitioned_node_never_runs_the_pod_twice_and_is_cleared_once_f
         await writes_kept(kubectl, "ec", writer)
     finally:
         await restored(kubectl, victim)
+
+
+async def test_fencing_by_the_provider_waits_out_a_partition_and_clears_once_the_instance_stops(
+    kubectl: Kubectl, crds: None, tmp_path: Path
+) -> None:
+    """``kustos run --cloud-provider kwok``, the annotation not accepted: the provider says a
+    partitioned node's instance runs (nothing moves), and once it is stopped, that it is."""
+    kubectl.cluster.kubectl("apply", "-f", "-", input_text=json.dumps(policy(fencing={"annotation": False})))
+    process = start_operator(
+        kubectl.cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
+        "--lease-namespace", kubectl.namespace, "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
+        "--cloud-provider", "kwok", controllers=None,
+    )  # fmt: skip
+    try:
+        kubectl.apply(statefulset("prov"))
+        first = await running(kubectl, "prov-0")
+        victim = first["spec"]["nodeName"]
+        old_pid = kubectl.cluster.container_pid(kubectl.namespace, "prov-0", "etcd")
+        assert old_pid is not None
+        if not node(kubectl, victim)["spec"].get("providerID"):
+            kubectl.cluster.kubectl(
+                "patch", "node", victim, "-p", json.dumps({"spec": {"providerID": f"kwok://{victim}"}})
+            )
+        kubectl.cluster.partition_node(victim)
+        try:
+            await unreachable(kubectl, victim)
+            for _ in range(15):
+                await asyncio.sleep(1)
+                assert kubectl.get("pod", "prov-0")["metadata"]["uid"] == first["metadata"]["uid"], (
+                    "moved unfenced"
+                )
+                assert process_alive(old_pid)
+            assert OUT_OF_SERVICE_TAINT not in taint_keys(kubectl, victim)
+            started = time.monotonic()
+            kubectl.cluster.take_node_down(victim)  # the instance stops: the provider says so
+
+            async def replaced() -> dict[str, Any] | None:
+                found = json.loads(kubectl("get", "pod", "prov-0", "-o", "json", check=False) or "null")
+                if not found or found["metadata"]["uid"] == first["metadata"]["uid"]:
+                    return None
+                assert not process_alive(old_pid), "two copies running"
+                return found if is_ready(found) else None
+
+            second = await wait_until(replaced, "prov-0 replaced and Ready", timeout=120,
+                                      cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+            took = time.monotonic() - started
+            print(f"instance stopped -> replacement Running (provider fencing): {took:.1f} s")
+            assert second["spec"]["nodeName"] != victim
+            assert "the provider reports its instance Stopped" in last_message(kubectl, "Clear")
+        finally:
+            await restored(kubectl, victim)
+    finally:
+        process.stop()
+        kubectl.cluster.kubectl("delete", "maintenancepolicy", "default", "--wait=false", check=False)
+
+
+def last_message(kubectl: Kubectl, reason: str) -> str:
+    selector = f"involvedObject.kind=MaintenancePolicy,reason={reason}"
+    events = kubectl.cluster.kubectl("get", "events", "-A", "--field-selector", selector, "-o", "json")
+    return " | ".join(e["message"] for e in json.loads(events)["items"])
