@@ -11,24 +11,30 @@ the same) and one on a local-path claim pinned to the node, opted in to
 ``kustos.dev/release-pinned-claims``. The pod's node is stopped (heartbeat and processes);
 the clock runs from that moment until the replacement is Ready on another node.
 
-Fencing: ``annotation``, a fencing agent that writes ``kustos.dev/fenced`` as soon as the
-node is tainted unreachable (the provider path is the same step with the provider's word
-instead); ``legacy``, EKCO's behaviour (no fencing, ``legacyClear`` after the toleration).
+Fencing: ``provider``, the kwok cloud provider (``kustos run --cloud-provider kwok``) reports
+the stopped node's instance Stopped; ``annotation``, a fencing agent that writes
+``kustos.dev/fenced`` as soon as the node is tainted unreachable; ``legacy``, EKCO's
+behaviour (no fencing, ``legacyClear`` after ``--legacy-toleration``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 from typing import Any
 
-from benchmarks.etcd_bench import bench_cluster, start_operator
+import httpx
+
+from benchmarks.etcd_bench import REPO, bench_cluster
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.kwokconfig import MANAGED_LABEL
+from kustos.devcluster.network import operator_argv
 from kustos.runtime.times import rfc3339
 
 ETCD_IMAGE = "registry.k8s.io/etcd:3.6.16-0"
@@ -113,10 +119,36 @@ def until(check: Any, timeout: float, what: str) -> Any:
     raise TimeoutError(what)
 
 
+def start_operator(cluster: DevCluster, port: int) -> subprocess.Popen[bytes]:
+    """``kustos run`` with every controller and the kwok provider, once it reports ready."""
+    argv = [
+        sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+        "--no-leader-elect", "--metrics-address", f"127.0.0.1:{port}", "--webhook-address", "127.0.0.1:0",
+        "--cloud-provider", "kwok", "--log-level", "warning",
+    ]  # fmt: skip
+    operator = subprocess.Popen(
+        operator_argv(cluster.resolv_conf, argv), env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    until(lambda: _ready(port), 120, "the operator ready")
+    return operator
+
+
+def _ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def policy(cluster: DevCluster, mode: str, toleration: str) -> None:
     spec: dict[str, Any] = {"nodeUnreachableToleration": toleration}
     if mode == "legacy":
         spec |= {"legacyClear": True, "fencing": {"annotation": False, "provider": False}}
+    elif mode == "annotation":
+        spec |= {"fencing": {"annotation": True, "provider": False}}
+    else:
+        spec |= {"fencing": {"annotation": False, "provider": True}}
     body = {"apiVersion": "kustos.dev/v1alpha1", "kind": "MaintenancePolicy", "metadata": {"name": "default"},
             "spec": spec}  # fmt: skip
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body))
@@ -164,11 +196,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--legacy-toleration", default="1m")
-    parser.add_argument("--modes", nargs="*", default=["annotation", "legacy"])
+    parser.add_argument("--modes", nargs="*", default=["provider", "annotation", "legacy"])
     args = parser.parse_args()
     cluster = bench_cluster("bench-maint")
     operator: subprocess.Popen[bytes] | None = None
     try:
+        for node in json.loads(cluster.kubectl("get", "nodes", "-o", "json"))["items"]:
+            if not node["spec"].get("providerID"):  # the kwok provider's instance of the node
+                name = node["metadata"]["name"]
+                body = json.dumps({"spec": {"providerID": f"kwok://{name}"}})
+                cluster.kubectl("patch", "node", name, "-p", body)
         operator = start_operator(cluster, port=18095)
         for mode in args.modes:
             policy(cluster, mode, args.legacy_toleration if mode == "legacy" else "1h")
