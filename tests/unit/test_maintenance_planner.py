@@ -61,7 +61,7 @@ def terminating(node: str, name: str = "p-0", seconds: float = 5) -> PodView:
 def test_an_unreachable_node_without_evidence_is_not_fenced_and_nothing_is_done() -> None:
     o = observed(ready("a"), down("b", 3600 * 5), pods=(terminating("b"),))
     assert planner.fenced_by(o.spec, o.nodes[1], NOW) is None
-    assert plan_of(o) == Wait("an unreachable node is not fenced yet", planner.POLL)
+    assert plan_of(o) == Wait("unreachable, not fenced: b", planner.POLL)
 
 
 def plan_of(o: Observed) -> planner.Step:
@@ -122,9 +122,8 @@ def test_then_its_terminating_pods_are_force_deleted_one_at_a_time() -> None:
 
 def test_a_pod_not_deleted_yet_is_left_to_the_taint_eviction() -> None:
     node = down("b", fenced_at=ago(1), out_of_service=True)
-    assert plan_of(observed(ready("a"), node, pods=(PodView("ns", "p", "u", "b"),))) == Wait(
-        "an unreachable node is not fenced yet", planner.POLL
-    )
+    step = plan_of(observed(ready("a"), node, pods=(PodView("ns", "p", "u", "b"),)))
+    assert step == Wait("fenced and cleared, waiting for their return or purge: b", planner.POLL)
 
 
 def test_the_taint_kustos_put_is_removed_when_the_node_is_ready_again() -> None:

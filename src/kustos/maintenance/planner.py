@@ -315,8 +315,12 @@ def plan(o: Observed) -> Step:
                 return ReleaseClaim(claim.namespace, claim.name, claim.uid, claim.pinned_to, claim.pod)
     if refusals:
         return refusals[0]
-    if any(not n.ready and n.unreachable_since is not None for n in o.nodes):
-        return Wait("an unreachable node is not fenced yet", POLL)
+    unreachable = sorted(n.name for n in o.nodes if not n.ready and n.unreachable_since is not None)
+    if unreachable:
+        waiting = sorted(set(unreachable) - fenced_names)
+        if waiting:
+            return Wait(f"unreachable, not fenced: {', '.join(waiting)}", POLL)
+        return Wait(f"fenced and cleared, waiting for their return or purge: {', '.join(unreachable)}", POLL)
     return Done()
 
 
