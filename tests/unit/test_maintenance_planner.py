@@ -332,3 +332,13 @@ def test_status_is_plain_json() -> None:
     dumped = planner.status(o, plan_of(o)).model_dump(by_alias=True)
     assert dumped["lastAction"]["action"] == "Clear"
     assert MaintenancePolicyStatus.model_validate(dumped).last_action is not None
+
+
+def test_an_unreadable_fencing_annotation_is_named_in_a_condition() -> None:
+    bad = NodeView("b", ready=False, unreachable_since=ago(20), fenced_annotation_problem="not a time")
+    o = observed(ready("a"), bad)
+    assert isinstance(plan_of(o), Wait)
+    condition = next(
+        c for c in planner.status(o, plan_of(o)).conditions if c.type == "FencingAnnotationsValid"
+    )
+    assert condition.status == "False" and "node b: not a time" in condition.message

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 POLICIES = MaintenancePolicy.crd.ref
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-ANNOUNCED = frozenset({"Degraded", "Ready"})
+ANNOUNCED = frozenset({"Degraded", "Ready", "FencingAnnotationsValid"})
 UNSCHEDULED_INDEX = "maintenance-unscheduled"
 
 

@@ -367,6 +367,16 @@ def status(
         result.conditions = conditions("Ready", False, "NotDefault", step.message)
         return result
     result.conditions = conditions("Ready", True, "Applied", "the policy is applied")
+    problems = [
+        f"node {n.name}: {n.fenced_annotation_problem}" for n in o.nodes if n.fenced_annotation_problem
+    ]
+    if problems:
+        # A fencing agent's word that cannot be read fences nothing: say so where it is seen.
+        result.conditions = conditions(
+            "FencingAnnotationsValid", False, "InvalidAnnotation", "; ".join(problems)
+        )
+    elif any(c.type == "FencingAnnotationsValid" for c in result.conditions):
+        result.conditions = conditions("FencingAnnotationsValid", True, "AsExpected", "")
     described = describe(step)
     if isinstance(step, Purge):
         described = (step.node, "Purge", done or "purge step")

@@ -304,9 +304,7 @@ class NodeImageReconciler:
                     forget = {"metadata": {"annotations": {marks.DONOR: None}}}
                     with contextlib.suppress(ApiStatusError):
                         await self.api.patch(NODES, None, step.heir, forget)
-                notes.append(
-                    Note("NodeReplaced", f"{step.donor} deleted; {step.heir or 'its heir'} took over")
-                )
+                notes.append(Note("NodeReplaced", f"{step.donor} deleted; {step.heir or 'its heir'} took over"))
                 faults.exit_after("DeleteDonor")
             case RetireObsolete():
                 await self._delete(image, step.node, step.group, step.provider_id, step.role)
