@@ -230,6 +230,14 @@ class Purger:
         config_map = await self.api.get(CONFIGMAPS, kubeadm.KUBE_SYSTEM, kubeadm.KUBEADM_CONFIG)
         if kubeadm.external_etcd(config_map):
             return "kubeadm's etcd is external: no stacked member to remove", False
+        apiservers = await self.api.list_objects(
+            PODS, kubeadm.KUBE_SYSTEM, label_selector=kubeadm.APISERVER_SELECTOR
+        )
+        if config_map is None and not kubeadm.pod_endpoints(apiservers):
+            return (
+                "not a kubeadm control plane (no kube-system/kubeadm-config, no annotated kube-apiserver "
+                "pods): no stacked etcd member to remove"
+            ), False
         where = await self._addresses(name)
         dead = objects.annotations(node).get(ADDRESS_ANNOTATION) or where.dead
         if not where.remaining:
