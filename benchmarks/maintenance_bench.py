@@ -32,9 +32,12 @@ from typing import Any
 import httpx
 
 from benchmarks.etcd_bench import REPO, bench_cluster
-from kustos.devcluster.cluster import DevCluster
-from kustos.devcluster.kwokconfig import MANAGED_LABEL
+from kustos.api import RESOURCES
+from kustos.devcluster import binaries
+from kustos.devcluster.cluster import DevCluster, DevClusterConfig
+from kustos.devcluster.kwokconfig import MANAGED_LABEL, Timings
 from kustos.devcluster.network import operator_argv
+from kustos.runtime.crd import render_crds
 from kustos.runtime.times import rfc3339
 
 ETCD_IMAGE = "registry.k8s.io/etcd:3.6.16-0"
@@ -192,13 +195,31 @@ def one_run(cluster: DevCluster, name: str, pinned: bool, mode: str) -> float:
         until(back, 120, f"{node} back")
 
 
+def default_cluster(name: str) -> DevCluster:
+    """A fresh dev cluster like ``bench_cluster``'s but with Kubernetes' default timings."""
+    binaries.build()
+    cluster = DevCluster(
+        DevClusterConfig(name=name, worker_nodes=4, timings=Timings(), restart_backoff=(0.5, 4.0))
+    )
+    cluster.stop()
+    cluster.start()
+    cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
+    for resource in RESOURCES:
+        cluster.wait_established(resource.crd.name)
+    return cluster
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--legacy-toleration", default="1m")
+    parser.add_argument(
+        "--default-timings", action="store_true",
+        help="Kubernetes' own node-failure timings (40 s grace, 300 s tolerations) instead of --fast",
+    )  # fmt: skip
     parser.add_argument("--modes", nargs="*", default=["provider", "annotation", "legacy"])
     args = parser.parse_args()
-    cluster = bench_cluster("bench-maint")
+    cluster = default_cluster("bench-maint") if args.default_timings else bench_cluster("bench-maint")
     operator: subprocess.Popen[bytes] | None = None
     try:
         for node in json.loads(cluster.kubectl("get", "nodes", "-o", "json"))["items"]:
