@@ -140,3 +140,16 @@ def test_a_bad_config_names_the_field(tmp_path: Path) -> None:
     bad.write_text("minReadyMasterNodeCount: -1\n")
     with pytest.raises(typer.BadParameter, match=r"minReadyMasterNodeCount|min_ready_master_node_count"):
         load_spec(bad)
+
+
+def test_purge_node_is_one_command_in_kustos_and_the_kubectl_plugin() -> None:
+    from typer.testing import CliRunner
+
+    from kustos import cli, kubectl_plugin
+
+    for app in (cli.app, kubectl_plugin.app):
+        result = CliRunner().invoke(app, ["purge-node", "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        for flag in ("--certificates_dir", "--min_ready_master_nodes", "--min_ready_worker_nodes",
+                     "--maintain_rook_storage_nodes", "--config", "--yes", "--force"):  # fmt: skip
+            assert flag in result.output, flag
