@@ -153,3 +153,36 @@ def test_purge_node_is_one_command_in_kustos_and_the_kubectl_plugin() -> None:
         for flag in ("--certificates_dir", "--min_ready_master_nodes", "--min_ready_worker_nodes",
                      "--maintain_rook_storage_nodes", "--config", "--yes", "--force"):  # fmt: skip
             assert flag in result.output, flag
+
+
+async def test_the_kubectl_toolbox_execs_ceph_in_the_running_toolbox_pod(tmp_path: Path) -> None:
+    """The exec boundary faked: a kubectl that records its arguments."""
+    import httpx2
+
+    from kustos.runtime.api import Api
+
+    record = tmp_path / "calls"
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(f'#!/bin/sh\necho "$@" >> {record}\necho ok\n')
+    kubectl.chmod(0o755)
+    pods = {"items": [
+        {"metadata": {"name": "tools-old", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+         "status": {"containerStatuses": [{"state": {"running": {}}}]}},
+        {"metadata": {"name": "tools-1"}, "status": {"containerStatuses": [{"state": {"running": {}}}]}},
+    ]}  # fmt: skip
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        assert request.url.params["labelSelector"] == rook.TOOLBOX_SELECTOR
+        return httpx2.Response(200, json=pods)
+
+    api = Api(httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://k8s"))
+    toolbox = rook.KubectlToolbox(api, "rook-ceph", str(kubectl), "/kc", None)
+    code, out, _ = await toolbox.run(["ceph", "osd", "purge", "3", "--yes-i-really-mean-it"])
+    assert (code, out.strip()) == (0, "ok")
+    assert record.read_text().split() == [
+        "--kubeconfig", "/kc", "exec", "-n", "rook-ceph", "tools-1", "--", "ceph", "osd", "purge", "3",
+        "--yes-i-really-mean-it",
+    ]  # fmt: skip
+    pods["items"] = []
+    code, _, err = await toolbox.run(["ceph", "status"])
+    assert code == 127 and "no running pod labelled app=rook-ceph-tools" in err

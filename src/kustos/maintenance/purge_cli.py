@@ -10,6 +10,7 @@ the question), and refuses a Ready node unless ``--force``.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -52,6 +53,10 @@ def with_flags(
     return spec.model_copy(update=changes)
 
 
+def _text(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
 async def _purge(
     name: str,
     spec: MaintenancePolicySpec,
@@ -59,10 +64,12 @@ async def _purge(
     context: str | None,
     yes: bool,
     force: bool,
+    kubectl: str | None = None,
 ) -> int:
     from kustos.maintenance.nodes import node_view
     from kustos.maintenance.planner import purge_refusal
     from kustos.maintenance.purge import Outcome, PurgeOptions, Purger
+    from kustos.maintenance.rook import KubectlToolbox
     from kustos.runtime.api import Api
     from kustos.runtime.errors import ReconcileError
     from kustos.runtime.kube import connect, load_config
@@ -87,7 +94,11 @@ async def _purge(
         if refusal is not None:
             typer.echo(f"refused: {refusal}", err=True)
             return EXIT_REFUSED
-        purger = Purger(api, PurgeOptions.from_spec(spec))
+        options = PurgeOptions.from_spec(spec)
+        toolbox = None
+        if options.maintain_rook and kubectl:
+            toolbox = KubectlToolbox(api, options.rook_namespace, kubectl, _text(kubeconfig), context)
+        purger = Purger(api, options, toolbox=toolbox)
         role = "control-plane" if view.control_plane else "worker"
         typer.echo(f"Purging {role} node {name} will, in order:")
         for line in await purger.remaining(name):
@@ -148,11 +159,17 @@ def purge_node(
     force: Annotated[bool, typer.Option("--force", help="Purge even a node that is Ready.")] = False,
     kubeconfig: Annotated[Path | None, typer.Option(help="Default: in-cluster, else $KUBECONFIG.")] = None,
     context: Annotated[str | None, typer.Option(help="Kubeconfig context.")] = None,
+    kubectl: Annotated[
+        str | None,
+        typer.Option(help="kubectl to exec the ceph commands in Rook's toolbox with (default: from PATH)."),
+    ] = None,
 ) -> None:
     """Remove a dead node: its kubeadm endpoint, its etcd member (keeping quorum), the Node."""
     spec = with_flags(load_spec(config), certificates_dir, min_ready_master_nodes, min_ready_worker_nodes,
                       maintain_rook_storage_nodes)  # fmt: skip
-    code = asyncio.run(_purge(name, spec, kubeconfig, context, yes, force))
+    code = asyncio.run(
+        _purge(name, spec, kubeconfig, context, yes, force, kubectl or shutil.which("kubectl"))
+    )
     if code:
         raise typer.Exit(code)
 

@@ -7,20 +7,22 @@ As EKCO does (pkg/cluster/rook_ceph.go): the node leaves every CephCluster's
 --yes-i-really-mean-it``, then ``ceph osd crush rm <node>`` run in the Ceph toolbox.
 
 The toolbox is an interface (``CephToolbox``): running a command in the toolbox pod is an
-exec through the API server. A failed Ceph command is reported and the purge goes on, as
+exec through the API server; ``KubectlToolbox`` does it with kubectl (the CLI's purge), the
+operator has no exec of its own yet. A failed Ceph command is reported and the purge goes on, as
 in EKCO (the OSD is most likely down already); with no toolbox the commands are reported
 for a person to run.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.refs import ResourceRef
-from kustos.runtime.resources import DEPLOYMENTS
+from kustos.runtime.resources import DEPLOYMENTS, PODS
 
 CEPH_CLUSTERS = ResourceRef("ceph.rook.io", "v1", "cephclusters", "CephCluster")
 OSD_SELECTOR = "app=rook-ceph-osd"
@@ -115,6 +117,7 @@ async def purge_osds(toolbox: CephToolbox | None, ids: Sequence[str], node: str)
 __all__ = [
     "CEPH_CLUSTERS",
     "CephToolbox",
+    "KubectlToolbox",
     "commands",
     "osd_deployments",
     "osd_of",
@@ -122,3 +125,44 @@ __all__ = [
     "remove_storage_node",
     "storage_nodes_without",
 ]
+
+
+TOOLBOX_SELECTOR = "app=rook-ceph-tools"
+
+
+class KubectlToolbox:
+    """``kubectl exec`` into Rook's toolbox pod (label app=rook-ceph-tools): what ``kustos
+    purge-node`` uses on a machine with kubectl, as EKCO's purge-node execs into Rook's pods."""
+
+    def __init__(
+        self, api: Api, namespace: str, kubectl: str = "kubectl", kubeconfig: str | None = None,
+        context: str | None = None,
+    ) -> None:  # fmt: skip
+        self.api = api
+        self.namespace = namespace
+        self.kubectl = kubectl
+        self.flags = [
+            *(["--kubeconfig", kubeconfig] if kubeconfig else []),
+            *(["--context", context] if context else []),
+        ]
+
+    async def run(self, argv: Sequence[str]) -> tuple[int, str, str]:
+        pods = await self.api.list_objects(PODS, self.namespace, label_selector=TOOLBOX_SELECTOR)
+        running = [p for p in pods if objects.pod_running(p) and not objects.deleting(p)]
+        if not running:
+            return 127, "", f"no running pod labelled {TOOLBOX_SELECTOR} in {self.namespace}"
+        command = [
+            self.kubectl,
+            *self.flags,
+            "exec",
+            "-n",
+            self.namespace,
+            objects.name(running[0]),
+            "--",
+            *argv,
+        ]
+        process = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await process.communicate()
+        return process.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
