@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 OLD, NEW = "kwok-os:v1", "kwok-os:v2"
+LOG = Path(tempfile.gettempdir()) / "nodeimage-bench-operator.log"
 
 
 def planning(count: int, repeat: int = 5) -> None:
@@ -131,7 +133,7 @@ def rollout(workers: int, control_plane: int, surge: int, ready_after: float) ->
                 "--no-leader-elect", "--metrics-address", "127.0.0.1:0", "--webhook-address", "127.0.0.1:0",
                 "--controllers", "nodeimage,scalinggroup,pendingnode", "--cloud-provider", "kwok",
                 *[a for k, v in options.items() for a in ("--cloud-option", f"{k}={v}")]]  # fmt: skip
-        log = (REPO / "nodeimage-bench-operator.log").open("wb")
+        log = LOG.open("wb")
         operator = subprocess.Popen(args, stdout=log, stderr=log, cwd=REPO,
                                     env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
         time.sleep(5)
@@ -151,7 +153,7 @@ def rollout(workers: int, control_plane: int, surge: int, ready_after: float) ->
             if done:
                 break
             if operator.poll() is not None:
-                raise RuntimeError("the operator exited; see nodeimage-bench-operator.log")
+                raise RuntimeError(f"the operator exited; see {LOG}")
             time.sleep(1)
         elapsed = time.monotonic() - started
         cpu = cpu_seconds(operator.pid) - cpu_before

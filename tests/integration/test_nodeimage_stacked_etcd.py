@@ -127,18 +127,20 @@ class Kubeadm:
         return [f"https://{ip}:{CLIENT_PORT}" for ip, p in self.processes.items() if p.poll() is None]
 
     async def join(self, ip: str, name: str) -> None:
-        """``kubeadm join --control-plane``: add the member, then start it."""
-        for endpoint in self.endpoints():
-            try:
-                async with EtcdClient(endpoint, self.client_tls, timeout=5) as client:
-                    added = await client.member_add([f"https://{ip}:{PEER_PORT}"])
-                break
-            except (EtcdError, OSError):
-                continue
-        else:
-            raise AssertionError(f"no member took {name} in")
-        peers = [f"{m.name or name}={m.peer_urls[0]}" for m in added.members if m.peer_urls]
-        self.start(ip, name, ",".join(peers), "existing")
+        """``kubeadm join --control-plane``: add the member, then start it. etcd refuses an add
+        until its members have been connected a while (strict reconfiguration): retried."""
+        for _ in range(120):
+            for endpoint in self.endpoints():
+                try:
+                    async with EtcdClient(endpoint, self.client_tls, timeout=5) as client:
+                        added = await client.member_add([f"https://{ip}:{PEER_PORT}"])
+                except (EtcdError, OSError):
+                    continue
+                peers = [f"{m.name or name}={m.peer_urls[0]}" for m in added.members if m.peer_urls]
+                self.start(ip, name, ",".join(peers), "existing")
+                return
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"no member took {name} in")
 
     def close(self) -> None:
         for ip in list(self.processes):

@@ -490,6 +490,7 @@ def test_config_does_not_share_state_between_calls(cache: Path, fake_source: Pat
 
 def test_worker_node_has_its_own_pod_range_address_and_zone() -> None:
     node = node_manifest("worker-3", slot=5, index=3, control_plane=False)
+    assert node["spec"]["providerID"] == "kwok://worker-3"  # the kwok cloud provider answers for it
 
     assert node["kind"] == "Node"
     assert node["metadata"]["name"] == "worker-3"

@@ -202,9 +202,9 @@ def test_drained_worker_is_deleted() -> None:
 
 def test_control_plane_donor_loses_its_etcd_member_first() -> None:
     cp = node("c", "cp", unschedulable=True, drained=True, internal_ip="127.0.0.5")
-    nodes = [cp, node("h", "cp", NEW, donor="c")]
+    nodes = [cp, node("h", "cp", NEW, donor="c", internal_ip="127.0.0.9")]
     o = observed(nodes, spec=spec(etcd=StackedEtcd().model_dump()))
-    assert planner.plan(o) == RemoveEtcdMember("c", "127.0.0.5")
+    assert planner.plan(o) == RemoveEtcdMember("c", "127.0.0.5", "127.0.0.9")
     done = observed(
         [replace(cp, etcd_member_removed=True), nodes[1]], spec=spec(etcd=StackedEtcd().model_dump())
     )
@@ -364,3 +364,47 @@ def test_every_rollout_replaces_every_node_within_its_budgets(
 def test_observed_is_all_the_planner_needs() -> None:
     # No field of Observed is mutable state the planner could carry between passes.
     assert all(f.name != "memory" for f in dataclasses.fields(Observed))
+
+
+def test_a_failed_step_is_degraded_with_its_reason_and_recovers() -> None:
+    from kustos.runtime.cloud import CapacityError
+
+    o = observed([node("a")])
+    step = planner.plan(o)
+    failed = planner.status(o, step, CapacityError("group w is at its maximum"))
+    degraded = next(c for c in failed.conditions if c.type == "Degraded")
+    assert degraded.status == "True" and degraded.reason == "ProviderCapacity"
+    assert failed.waiting_for == "group w is at its maximum"
+    later = replace(o, previous=failed)
+    recovered = planner.status(later, planner.plan(later))
+    assert next(c for c in recovered.conditions if c.type == "Degraded").status == "False"
+
+
+def test_paused_is_a_condition() -> None:
+    o = observed([node("a")], spec=spec(paused=True))
+    result = planner.status(o, planner.plan(o))
+    assert next(c for c in result.conditions if c.type == "Paused").status == "True"
+    assert result.waiting_for == "paused"
+
+
+def test_bookkeeping_goes_on_while_paused() -> None:
+    nodes = [node("a"), node("new", image=NEW, ready=False)]
+    o = observed(nodes, (PendingView("p", "w", "Join", known=("kwok://a",)),), spec=spec(paused=True))
+    assert isinstance(planner.plan(o), ClaimInstance)
+
+
+def test_percentages_resolve_against_the_role() -> None:
+    nodes = [node(f"n{i}") for i in range(10)]
+    o = observed(nodes, spec=spec(workers={"maxSurge": "30%"}))
+    pending = tuple(PendingView(f"p{i}", "w", "Join", provider_id=f"kwok://x{i}") for i in range(2))
+    assert isinstance(planner.plan(replace(o, pending=pending)), CreateHeir)  # 2 < 3
+    pending3 = (*pending, PendingView("p2", "w", "Join", provider_id="kwok://x2"))
+    assert isinstance(planner.plan(replace(o, pending=pending3)), Wait)  # 3 = ceil(30% of 10)
+
+
+def test_a_drain_past_its_timeout_keeps_its_donor_marked_draining() -> None:
+    started = NOW - timedelta(hours=1)
+    nodes = [node("a", unschedulable=True, drain_started=started), node("h", image=NEW, donor="a")]
+    o = observed(nodes)
+    result = planner.status(o, planner.plan(o))
+    assert result.replacements[0].phase == "Draining"

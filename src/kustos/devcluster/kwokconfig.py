@@ -339,7 +339,9 @@ def node_manifest(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels},
-        "spec": {"podCIDR": cidr, "podCIDRs": [cidr], "taints": taints},
+        # The kwok cloud provider's providerID: node maintenance asks it whether a stopped
+        # node is really down (fencing), as it would ask a cloud.
+        "spec": {"podCIDR": cidr, "podCIDRs": [cidr], "taints": taints, "providerID": f"kwok://{name}"},
         "status": {
             "addresses": [{"type": "InternalIP", "address": f"127.{slot}.0.{index}"}],
             "allocatable": capacity,

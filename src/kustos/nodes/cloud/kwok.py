@@ -183,8 +183,10 @@ class KwokProvider:
         return [_instance(n) for n in await self._nodes(group_id)]
 
     async def instance(self, provider_id: str) -> Instance:
+        # Any kwok node answers, the dev cluster's own too (they belong to no group): a node
+        # that exists is never reported Gone, which would fence a node still running.
         node = await self.api.get(NODES, None, node_name_of(provider_id))
-        if node is None or GROUP_LABEL not in objects.labels(node):
+        if node is None:
             return Instance(provider_id, "", InstanceState.GONE)
         return _instance(node)
 

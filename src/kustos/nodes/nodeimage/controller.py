@@ -65,6 +65,10 @@ ETCDCLUSTERS = EtcdCluster.crd.ref
 STORAGECLUSTERS = StorageCluster.crd.ref
 ANNOUNCED = frozenset({"Degraded", "Available", "Paused"})
 ETCD_POD_LABEL = "kustos.dev/cluster"
+# Failures that are a wait for something outside kustos (a budget, etcd's quorum): recorded
+# in Degraded and retried every BLOCKED_RETRY seconds, not with growing backoff.
+BLOCKED = frozenset({"DrainBlocked", "EtcdMemberKept"})
+BLOCKED_RETRY = 5.0
 
 
 def _taints(node: dict[str, Any]) -> tuple[Taint, ...]:
@@ -123,6 +127,10 @@ class NodeImageReconciler:
         except ReconcileError as err:
             failure = err
         await self._record(raw, observed, step, failure, notes)
+        if failure is not None and failure.reason in BLOCKED:
+            # Recorded (Degraded names what blocks), then looked at again at a steady pace:
+            # exponential backoff would leave a freed PodDisruptionBudget unnoticed for minutes.
+            return Result(requeue_after=BLOCKED_RETRY)
         if failure is not None:
             raise failure
         after = planner.requeue_after(step)
@@ -304,7 +312,8 @@ class NodeImageReconciler:
                     forget = {"metadata": {"annotations": {marks.DONOR: None}}}
                     with contextlib.suppress(ApiStatusError):
                         await self.api.patch(NODES, None, step.heir, forget)
-                notes.append(Note("NodeReplaced", f"{step.donor} deleted; {step.heir or 'its heir'} took over"))
+                heir = step.heir or "its heir"
+                notes.append(Note("NodeReplaced", f"{step.donor} deleted; {heir} took over"))
                 faults.exit_after("DeleteDonor")
             case RetireObsolete():
                 await self._delete(image, step.node, step.group, step.provider_id, step.role)
@@ -414,7 +423,7 @@ class NodeImageReconciler:
         assert image.spec.etcd is not None
         view = planner.classify(o)
         ips = [n.internal_ip for n in o.nodes if view.role(n) == Role.CONTROL_PLANE and not n.deleting]
-        refusal = await remove_member_at(self.api, image.spec.etcd, step.internal_ip, ips)
+        refusal = await remove_member_at(self.api, image.spec.etcd, step.internal_ip, ips, step.heir_ip)
         if refusal is not None:
             raise ReconcileError(f"etcd member of {step.donor} not removed: {refusal}", "EtcdMemberKept")
         await self.api.patch(

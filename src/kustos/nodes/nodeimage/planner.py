@@ -169,6 +169,9 @@ class Drain:
 class RemoveEtcdMember:
     donor: str
     internal_ip: str
+    heir_ip: str = ""
+    """The heir's InternalIP: its member must have joined, healthy, before the donor's leaves
+    (so the membership never shrinks below its size while nodes are replaced)."""
 
 
 @dataclass(frozen=True)
@@ -384,7 +387,7 @@ def _advance_pair(o: Observed, view: View, donor: NodeView, heir: NodeView, invo
         gate = _gate_failure(o, involved)
         if gate is not None:
             return Wait(f"before removing {donor.name}'s etcd member: {gate}", 5)
-        return RemoveEtcdMember(donor.name, donor.internal_ip)
+        return RemoveEtcdMember(donor.name, donor.internal_ip, heir.internal_ip)
     gate = _gate_failure(o, involved)
     if gate is not None:
         return Wait(f"before deleting {donor.name}: {gate}", 5)

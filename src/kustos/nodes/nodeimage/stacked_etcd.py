@@ -56,9 +56,12 @@ def _host(url: str) -> str:
 
 
 async def remove_member_at(
-    api: Api, spec: StackedEtcd, donor_ip: str, control_plane_ips: Sequence[str]
+    api: Api, spec: StackedEtcd, donor_ip: str, control_plane_ips: Sequence[str], heir_ip: str = ""
 ) -> str | None:
-    """Remove the member at ``donor_ip``: None once it is out (or was never in), else why not."""
+    """Remove the member at ``donor_ip``: None once it is out (or was never in), else why not.
+
+    With ``heir_ip``, only once a healthy member listens there: quorum arithmetic alone would
+    let three members shrink to one while heirs that never joined etcd replace their donors."""
     if not donor_ip:
         return "the donor has no InternalIP to find its etcd member by"
     endpoints = [f"{spec.scheme}://{ip}:{spec.client_port}" for ip in control_plane_ips if ip]
@@ -74,6 +77,11 @@ async def remove_member_at(
         )
         if victim is None:
             return None  # not (or no longer) a member
+        if heir_ip:
+            heir = next((m for m in members.members if any(_host(u) == heir_ip for u in m.peer_urls)), None)
+            answered = [u for u, st in statuses.items() if _host(u) == heir_ip and not st.errors]
+            if heir is None or heir.is_learner or not answered:
+                return f"the heir's etcd member at {heir_ip} has not joined, or is not healthy yet"
         others = [e for e in endpoints if _host(e) != donor_ip]
         return await remove_keeping_quorum(others or endpoints, tls, victim.id)
 
