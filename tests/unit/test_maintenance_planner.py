@@ -342,3 +342,12 @@ def test_an_unreadable_fencing_annotation_is_named_in_a_condition() -> None:
         c for c in planner.status(o, plan_of(o)).conditions if c.type == "FencingAnnotationsValid"
     )
     assert condition.status == "False" and "node b: not a time" in condition.message
+
+
+def test_a_claim_pinned_by_hostname_follows_the_node_whose_label_it_is() -> None:
+    """A local volume names the node's kubernetes.io/hostname, which may differ from its name."""
+    alive = NodeView("node-a", ready=True, hostname="host-a")
+    assert plan_of(observed(alive, claims=(claim("host-a"),))) == Done()
+    fenced = NodeView("node-b", ready=False, unreachable_since=ago(20), fenced_at=ago(1), out_of_service=True,
+                      hostname="host-b")  # fmt: skip
+    assert isinstance(plan_of(observed(alive, fenced, claims=(claim("host-b"),))), ReleaseClaim)

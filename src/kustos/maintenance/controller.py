@@ -63,7 +63,8 @@ def _unscheduled(pod: dict[str, Any]) -> Iterable[str]:
 
 
 def pinned_node(volume: dict[str, Any] | None) -> str | None:
-    """The one node a volume's required nodeAffinity allows (local and local-path volumes)."""
+    """The one node (its kubernetes.io/hostname) a volume's required nodeAffinity allows
+    (local and local-path volumes)."""
     terms = (((volume or {}).get("spec") or {}).get("nodeAffinity") or {}).get("required", {}).get(
         "nodeSelectorTerms"
     ) or []

@@ -58,6 +58,7 @@ def node_view(node: Mapping[str, Any], instance: InstanceState | None = None) ->
         fenced_annotation_problem=problem,
         instance=instance,
         purge_done=done,
+        hostname=objects.labels(node).get("kubernetes.io/hostname", ""),
     )
 
 

@@ -74,6 +74,9 @@ class NodeView:
     """What the cloud provider says of its instance (None: no provider, or not asked)."""
     purge_done: tuple[str, ...] = ()
     """Purge steps recorded on the Node so far."""
+    hostname: str = ""
+    """Its kubernetes.io/hostname label (what a local volume's nodeAffinity names; it may
+    differ from the Node's name)."""
 
 
 @dataclass(frozen=True)
@@ -277,13 +280,15 @@ def plan(o: Observed) -> Step:
     for pod in sorted(o.pods, key=lambda p: (p.namespace, p.name)):
         if pod.node:
             by_node.setdefault(pod.node, []).append(pod)
-    names = {n.name for n in o.nodes}
+    names = {n.name for n in o.nodes} | {n.hostname for n in o.nodes if n.hostname}
     fenced_names: set[str] = set()
+    fenced_hosts: set[str] = set()
     refusals: list[Refuse] = []
     for node in sorted(o.nodes, key=lambda n: (n.unreachable_since or o.now, n.name)):
         source = fenced_by(spec, node, o.now)
         if source is not None:
             fenced_names.add(node.name)
+            fenced_hosts.update({node.name, node.hostname} - {""})
         # 2. Purge first (EKCO's order): a purged node needs no clearing.
         if spec.should_enable_purge_nodes and past_toleration(spec, node, o.now):
             refusal = purge_refusal(spec, o.nodes, node)
@@ -311,7 +316,7 @@ def plan(o: Observed) -> Step:
         for claim in sorted(o.claims, key=lambda c: (c.namespace, c.name)):
             if not claim.opted_in or claim.deleting:
                 continue
-            if claim.pinned_to in fenced_names or claim.pinned_to not in names:
+            if claim.pinned_to in fenced_hosts or claim.pinned_to not in names:
                 return ReleaseClaim(claim.namespace, claim.name, claim.uid, claim.pinned_to, claim.pod)
     if refusals:
         return refusals[0]
