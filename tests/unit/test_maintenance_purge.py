@@ -186,3 +186,22 @@ async def test_the_kubectl_toolbox_execs_ceph_in_the_running_toolbox_pod(tmp_pat
     pods["items"] = []
     code, _, err = await toolbox.run(["ceph", "status"])
     assert code == 127 and "no running pod labelled app=rook-ceph-tools" in err
+
+
+def test_a_volume_is_pinned_only_by_one_required_hostname() -> None:
+    from kustos.maintenance.controller import pinned_node
+
+    def volume(*terms: dict[str, object]) -> dict[str, object]:
+        return {"spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": list(terms)}}}}
+
+    one = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["w-1"]}]}
+    assert pinned_node(volume(one)) == "w-1"
+    two = {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["w-1", "w-2"]}]
+    }
+    assert pinned_node(volume(two)) is None
+    zone = {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}
+    assert pinned_node(volume(zone)) is None
+    assert pinned_node(volume(one, one)) is None  # either of two terms: not one node
+    assert pinned_node({"spec": {}}) is None
+    assert pinned_node(None) is None
