@@ -351,3 +351,48 @@ def test_a_claim_pinned_by_hostname_follows_the_node_whose_label_it_is() -> None
     fenced = NodeView("node-b", ready=False, unreachable_since=ago(20), fenced_at=ago(1), out_of_service=True,
                       hostname="host-b")  # fmt: skip
     assert isinstance(plan_of(observed(alive, fenced, claims=(claim("host-b"),))), ReleaseClaim)
+
+
+node_views = st.builds(
+    lambda i, ready_, since, fenced, instance, oos: NodeView(
+        f"n{i}", ready=ready_, unreachable_since=None if ready_ or since is None else ago(since),
+        fenced_at=None if fenced is None else ago(fenced), instance=instance, out_of_service=oos,
+    ),
+    st.integers(0, 4), st.booleans(), st.one_of(st.none(), st.integers(0, 7200)),
+    st.one_of(st.none(), st.integers(0, 7200)), st.one_of(st.none(), st.sampled_from(list(InstanceState))),
+    st.booleans(),
+)  # fmt: skip
+
+
+@given(
+    nodes=st.lists(node_views, max_size=5, unique_by=lambda n: n.name),
+    after_toleration=st.booleans(), legacy=st.booleans(),
+    pods=st.lists(st.tuples(st.integers(0, 4), st.one_of(st.none(), st.integers(0, 600))), max_size=6),
+    claims=st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=4),
+)  # fmt: skip
+def test_nothing_is_moved_off_a_node_that_is_not_fenced_except_by_legacy_clear(
+    nodes: list[NodeView], after_toleration: bool, legacy: bool,
+    pods: list[tuple[int, int | None]], claims: list[tuple[int, bool]],
+) -> None:  # fmt: skip
+    policy = spec(fencing=FencingPolicy(after_toleration=after_toleration), legacy_clear=legacy)
+    pod_views = tuple(
+        PodView("ns", f"p{k}", f"u{k}", f"n{i}", None if s is None else ago(s))
+        for k, (i, s) in enumerate(pods)
+    )
+    claim_views = tuple(
+        ClaimView("ns", f"c{k}", f"cu{k}", f"n{i}", f"p{k}", opted) for k, (i, opted) in enumerate(claims)
+    )
+    o = observed(*nodes, pods=pod_views, claims=claim_views, policy=policy)
+    step = plan_of(o)
+    by_name = {n.name: n for n in nodes}
+    if isinstance(step, TaintOutOfService):
+        assert planner.fenced_by(policy, by_name[step.node], NOW) is not None
+    if isinstance(step, ForceDeletePod):
+        fenced = planner.fenced_by(policy, by_name[step.node], NOW) is not None
+        assert fenced or (legacy and planner.past_toleration(policy, by_name[step.node], NOW))
+    if isinstance(step, ReleaseClaim):
+        node = by_name.get(step.node)
+        assert node is None or planner.fenced_by(policy, node, NOW) is not None
+        assert next(c for c in claim_views if c.name == step.name).opted_in
+    if isinstance(step, RemoveOutOfService):
+        assert by_name[step.node].ready
