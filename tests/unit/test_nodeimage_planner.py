@@ -408,3 +408,14 @@ def test_a_drain_past_its_timeout_keeps_its_donor_marked_draining() -> None:
     o = observed(nodes)
     result = planner.status(o, planner.plan(o))
     assert result.replacements[0].phase == "Draining"
+
+
+def test_an_unobservable_world_keeps_what_was_known_and_says_why() -> None:
+    from kustos.runtime.cloud import Throttled
+
+    o = observed([node("a"), node("b", image=NEW)])
+    before = planner.status(o, planner.plan(o))
+    after = planner.unobserved(before, Throttled("rate exceeded"), 1, NOW)
+    assert after.progress == before.progress == "1/2"
+    assert after.waiting_for == "rate exceeded"
+    assert next(c for c in after.conditions if c.type == "Degraded").reason == "ProviderThrottled"

@@ -123,3 +123,16 @@ def test_provider_from() -> None:
     assert parse_options(["a=b", "c=d=e"]) == {"a": "b", "c": "d=e"}
     with pytest.raises(ValueError, match="key=value"):
         parse_options(["nope"])
+
+
+def test_kustos_run_refuses_a_bad_cloud_provider_naming_the_flag() -> None:
+    from typer.testing import CliRunner
+
+    from kustos.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "300", "TERMINAL_WIDTH": "300"})
+    result = runner.invoke(app, ["run", "--cloud-provider", "gcp"])
+    assert result.exit_code == 2
+    assert "--cloud-provider" in result.output and "unknown cloud provider 'gcp'" in result.output
+    result = runner.invoke(app, ["run", "--cloud-provider", "kwok", "--cloud-option", "nokey"])
+    assert result.exit_code == 2 and "expected key=value" in result.output

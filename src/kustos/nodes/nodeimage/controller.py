@@ -116,7 +116,14 @@ class NodeImageReconciler:
             step: Step = Invalid(f"invalid spec: {err}")
             await self._record(raw, observed, step, None, [])
             return None
-        observed = await self.observe(image)
+        try:
+            observed = await self.observe(image)
+        except ReconcileError as err:
+            status = planner.unobserved(image.status or NodeImageStatus(), err, objects.generation(raw),
+                                        self.clock.now())  # fmt: skip
+            await record(self.api, NODEIMAGES, raw, status.model_dump(by_alias=True), self.manager.events,
+                         announce=ANNOUNCED)  # fmt: skip
+            raise
         step = planner.plan(observed)
         if not isinstance(step, Wait | Done):
             log.info("step: %s", step)

@@ -563,6 +563,26 @@ def status(o: Observed, step: Step, failure: ReconcileError | None = None) -> No
     return result
 
 
+def unobserved(
+    previous: NodeImageStatus, failure: ReconcileError, generation: int | None, now: datetime
+) -> NodeImageStatus:
+    """The status when the world could not be observed (the provider refused): what was known
+    stays, Degraded and waitingFor say why nothing moves."""
+    result = previous.model_copy(deep=True)
+    result.waiting_for = failure.message[:1000]
+    result.conditions = set_model_condition(
+        Condition,
+        previous.conditions,
+        "Degraded",
+        True,
+        failure.reason,
+        failure.message[:1000],
+        generation,
+        now,
+    )
+    return result
+
+
 def requeue_after(step: Step) -> float | None:
     if isinstance(step, Wait):
         return step.seconds
