@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 
 from kustos.etcd import cli as etcd_cli
+from kustos.maintenance import purge_cli
 from kustos.storage import upgrade_cli
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ dev = typer.Typer(help="The local control plane (etcd, kube-apiserver, kwok) to 
 app.add_typer(dev, name="dev")
 app.add_typer(etcd_cli.etcd, name="etcd")
 app.add_typer(upgrade_cli.storage, name="storage")
+app.command("purge-node")(purge_cli.purge_node)
 
 # kustos.devcluster.cluster.DEFAULT_NAME (a unit test holds them equal), not imported from there.
 DEFAULT_NAME = "kustos"

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
 from kustos.etcd.maintenance_controller import register as register_maintenance
+from kustos.maintenance import controller as maintenance_controller
 from kustos.maintenance import envoy_controller, image_overrides_webhook
 from kustos.nodejob import controller as nodejob_controller
 from kustos.nodes.autoscaling import controller as autoscaling_controller
@@ -32,6 +33,7 @@ CONTROLLERS: dict[str, Register] = {
     "storagecluster": storage_controller.register,
     "nodejob": nodejob_controller.register,
     "storageupgrade": storageupgrade_controller.register,
+    "maintenance": maintenance_controller.register,
     "nodeimage": nodeimage_controller.register,
     "scalinggroup": scalinggroup_controller.register,
     "pendingnode": pendingnode_controller.register,

@@ -1,7 +1,8 @@
 """``kubectl kustos ...``: the kubectl plugin (kubectl runs ``kubectl-kustos`` from PATH).
 
 ``status`` shows every EtcdCluster, StorageCluster and NodeJob in one view; ``recover``
-is ``kustos etcd recover`` (the same command, so the two never disagree). The cluster is the
+is ``kustos etcd recover`` and ``purge-node`` is ``kustos purge-node`` (the same commands, so
+the two never disagree). The cluster is the
 one kubectl would use: $KUBECONFIG or ~/.kube/config, or --kubeconfig/--context.
 """
 
@@ -19,13 +20,15 @@ from kustos.api.etcd import EtcdCluster
 from kustos.api.nodejob import NodeJob
 from kustos.api.storage import StorageCluster
 from kustos.etcd import cli as etcd_cli
+from kustos.maintenance import purge_cli
 from kustos.runtime import objects
 
 app = typer.Typer(
-    help="kustos from kubectl: `kubectl kustos status`, `kubectl kustos recover NAME`.",
+    help="kustos from kubectl: `kubectl kustos status`, `recover NAME`, `purge-node NAME`.",
     no_args_is_help=True,
 )
 app.command("recover")(etcd_cli.recover)
+app.command("purge-node")(purge_cli.purge_node)
 
 console = Console(soft_wrap=True)
 Obj = dict[str, Any]

@@ -248,8 +248,10 @@ class DevCluster:
         self._wait_for(established, timeout, f"CRD {crd} to be established")
 
     def take_node_down(self, node: str) -> None:
-        """kwok stops heartbeating the node and the agent kills its processes."""
-        self.kubectl("label", "node", node, f"{MANAGED_LABEL}-")
+        """kwok stops heartbeating the node and the agent kills its processes (a partitioned
+        node too: powering it off is how a fencing agent ends a partition)."""
+        patch = {"metadata": {"labels": {MANAGED_LABEL: None}, "annotations": {PARTITIONED_ANNOTATION: None}}}
+        self.kubectl("patch", "node", node, "--type", "merge", "-p", json.dumps(patch))
 
     def bring_node_up(self, node: str) -> None:
         self.kubectl("label", "node", node, f"{MANAGED_LABEL}=true", "--overwrite")

@@ -160,7 +160,9 @@ class PodRunner:
                     # What the node controller wrote meanwhile (Ready False) is overwritten
                     # with the truth, as a reconnecting kubelet's status sync does.
                     sandbox.mark_dirty()
-        elif was_up and not up:
+        elif (was_up and not up) or (name in self._partitioned and not up and not partitioned):
+            # A partitioned node stopped (a fencing agent powered it off) dies like any other.
+            self._partitioned.discard(name)
             log.info("node %s went down: killing its processes", name)
             for uid, sandbox in list(self._sandboxes.items()):
                 if sandbox.pod["spec"].get("nodeName") == name:

@@ -1,0 +1,309 @@
+"""The MaintenancePolicy controller: observe nodes (and the provider), plan, act one step, record.
+
+One policy, named ``default``, governs the cluster. Any Node, Pod or claim change wakes it;
+while a node is unreachable it looks again every few seconds (fencing evidence may come
+from the provider, which sends no event). Each pass takes at most one step: untaint a node
+that came back, taint a fenced node out of service, force-delete one pod, release one
+pinned claim, or one step of one node's purge; then the status is written once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kustos.api.maintenance import (
+    POLICY_NAME,
+    MaintenancePolicy,
+    MaintenancePolicySpec,
+    MaintenancePolicyStatus,
+)
+from kustos.maintenance import planner
+from kustos.maintenance.nodes import node_view, taints
+from kustos.maintenance.planner import (
+    OUT_OF_SERVICE_OWNER,
+    OUT_OF_SERVICE_TAINT,
+    OUT_OF_SERVICE_VALUE,
+    RELEASE_CLAIMS_ANNOTATION,
+    ClaimView,
+    Observed,
+    PodView,
+    Step,
+)
+from kustos.maintenance.purge import PurgeOptions, Purger
+from kustos.runtime import faults, objects
+from kustos.runtime.api import ApiStatusError
+from kustos.runtime.cloud import CloudProvider, InstanceState, NotFound, ProviderError
+from kustos.runtime.controller import Controller, Result
+from kustos.runtime.deps import Deps
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.events import NORMAL, WARNING
+from kustos.runtime.manager import Manager
+from kustos.runtime.record import Note, record
+from kustos.runtime.resources import CLAIMS, NODES, PODS, STATEFULSETS, VOLUMES
+from kustos.runtime.steps import Done, Wait
+from kustos.runtime.times import parse_rfc3339, rfc3339
+
+log = logging.getLogger(__name__)
+
+POLICIES = MaintenancePolicy.crd.ref
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+ANNOUNCED = frozenset({"Degraded", "Ready", "FencingAnnotationsValid"})
+UNSCHEDULED_INDEX = "maintenance-unscheduled"
+
+
+def _unscheduled(pod: dict[str, Any]) -> Iterable[str]:
+    """Pods no scheduler has placed yet (all under one key): where a pinned claim shows."""
+    return () if (pod.get("spec") or {}).get("nodeName") else ("",)
+
+
+def pinned_node(volume: dict[str, Any] | None) -> str | None:
+    """The one node (its kubernetes.io/hostname) a volume's required nodeAffinity allows
+    (local and local-path volumes)."""
+    terms = (((volume or {}).get("spec") or {}).get("nodeAffinity") or {}).get("required", {}).get(
+        "nodeSelectorTerms"
+    ) or []
+    if len(terms) != 1:
+        return None
+    for expression in terms[0].get("matchExpressions") or []:
+        values = expression.get("values") or []
+        if (
+            expression.get("key") == HOSTNAME_LABEL
+            and expression.get("operator") == "In"
+            and len(values) == 1
+        ):
+            return str(values[0])
+    return None
+
+
+class MaintenanceReconciler:
+    def __init__(self, manager: Manager, deps: Deps) -> None:
+        self.manager = manager
+        self.api = manager.api
+        self.clock = deps.clock
+        self.cloud: CloudProvider | None = deps.cloud
+        self.policies = manager.informer(POLICIES)
+        self.nodes = manager.informer(NODES)
+        self.pods = manager.informer(PODS)
+        self.pods_by_node = self.pods.index_by_node_name()
+        self.pods.add_index(UNSCHEDULED_INDEX, _unscheduled)
+        self.claims = manager.informer(CLAIMS)
+        self.volumes = manager.informer(VOLUMES)
+        self.statefulsets = manager.informer(STATEFULSETS)
+
+    async def reconcile(self, key: str) -> Result | None:
+        raw = self.policies.get(key)
+        if raw is None or objects.deleting(raw):
+            return None
+        now = self.clock.now()
+        try:
+            policy = MaintenancePolicy.model_validate(raw)
+        except ValidationError as err:
+            log.warning("MaintenancePolicy %s is invalid: %s", key, err)
+            return None
+        previous = policy.status or MaintenancePolicyStatus()
+        observed = await self.observe(policy, previous, now)
+        step = planner.plan(observed)
+        failure: ReconcileError | None = None
+        done: str | None = None
+        try:
+            done = await self.act(policy.spec, step)
+        except ReconcileError as err:
+            failure = err
+        try:
+            await self._record(raw, observed, step, failure, done)
+        except ApiStatusError as err:
+            if not err.conflict:
+                raise
+            # The step is done (or failed): a stale cache must not lose its record. Once more
+            # on the policy as it is now (nothing else writes its status).
+            fresh = await self.api.get(POLICIES, None, objects.name(raw))
+            if fresh is None:
+                return None
+            current = MaintenancePolicy.model_validate(fresh).status or MaintenancePolicyStatus()
+            await self._record(fresh, replace(observed, previous=current), step, failure, done)
+        if failure is not None:
+            raise failure
+        match step:
+            case Wait(_, seconds):
+                return Result(requeue_after=seconds)
+            case Done() | planner.Ignored():
+                return Result(requeue_after=planner.RESYNC)
+            case planner.Refuse():
+                return Result(requeue_after=planner.POLL * 2)
+        if done is not None and done.startswith("refused:"):
+            return Result(requeue_after=planner.POLL * 2)
+        return Result(requeue_after=0.2)
+
+    async def _record(
+        self, raw: dict[str, Any], observed: Observed, step: Step, failure: ReconcileError | None,
+        done: str | None,
+    ) -> None:  # fmt: skip
+        status = planner.status(observed, step, failure, done)
+        notes = self._notes(observed, step, status, failure)
+        await record(self.api, POLICIES, raw, status.model_dump(by_alias=True), self.manager.events,
+                     notes=notes, announce=ANNOUNCED)  # fmt: skip
+
+    # ---- observe -----------------------------------------------------------------------
+
+    async def observe(
+        self, policy: MaintenancePolicy, previous: MaintenancePolicyStatus, now: datetime
+    ) -> Observed:
+        spec = policy.spec
+        views = []
+        unreachable: list[str] = []
+        for node in list(self.nodes.list()):
+            view = node_view(node)
+            if not view.ready and view.unreachable_since is not None:
+                unreachable.append(view.name)
+                if spec.fencing.provider and self.cloud is not None:
+                    view = node_view(node, await self._instance_state(node))
+            views.append(view)
+        pods = [
+            PodView(
+                namespace=str(objects.namespace(pod)),
+                name=objects.name(pod),
+                uid=str(objects.uid(pod)),
+                node=objects.pod_node(pod),
+                deleting_since=parse_rfc3339((pod.get("metadata") or {}).get("deletionTimestamp")),
+            )
+            for name in unreachable
+            for pod in self.pods.by_index(self.pods_by_node, name)
+        ]
+        return Observed(
+            spec=spec,
+            nodes=tuple(views),
+            pods=tuple(pods),
+            claims=tuple(self._pinned_claims()),
+            now=now,
+            name=objects.name(policy),
+            generation=objects.generation(policy),
+            previous=previous,
+        )
+
+    async def _instance_state(self, node: dict[str, Any]) -> InstanceState | None:
+        assert self.cloud is not None
+        provider_id = (node.get("spec") or {}).get("providerID")
+        if not provider_id:
+            return None
+        try:
+            return (await self.cloud.instance(provider_id)).state
+        except NotFound:
+            return InstanceState.GONE
+        except ProviderError as err:
+            log.warning("provider %s cannot say what %s is: %s", self.cloud.name, provider_id, err)
+            return None
+
+    def _opted_in(self, pod: dict[str, Any]) -> bool:
+        owner = objects.owner_of(pod, "StatefulSet")
+        if owner is None:
+            return False
+        workload = self.statefulsets.get(f"{objects.namespace(pod)}/{owner}")
+        return workload is not None and objects.annotations(workload).get(RELEASE_CLAIMS_ANNOTATION) == "true"
+
+    def _pinned_claims(self) -> Iterable[ClaimView]:
+        """Claims of unscheduled pods whose volume is pinned to one node."""
+        for pod in list(self.pods.by_index(UNSCHEDULED_INDEX, "")):
+            if objects.deleting(pod) or objects.pod_node(pod):
+                continue
+            namespace = str(objects.namespace(pod))
+            for volume in (pod.get("spec") or {}).get("volumes") or []:
+                claim_name = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+                claim = self.claims.get(f"{namespace}/{claim_name}") if claim_name else None
+                if claim is None:
+                    continue
+                bound = (claim.get("spec") or {}).get("volumeName")
+                node = pinned_node(self.volumes.get(bound)) if bound else None
+                if node is None:
+                    continue
+                yield ClaimView(namespace, str(claim_name), str(objects.uid(claim)), node, objects.name(pod),
+                                self._opted_in(pod), objects.deleting(claim))  # fmt: skip
+
+    # ---- act ---------------------------------------------------------------------------
+
+    async def act(self, spec: MaintenancePolicySpec, step: Step) -> str | None:
+        match step:
+            case planner.TaintOutOfService(node, evidence):
+                log.info("step: TaintOutOfService %s (%s)", node, evidence)
+                await self._set_out_of_service(node, True)
+                faults.exit_after("TaintOutOfService")
+            case planner.RemoveOutOfService(node, why):
+                log.info("step: RemoveOutOfService %s (%s)", node, why)
+                await self._set_out_of_service(node, False)
+            case planner.ForceDeletePod(namespace, name, uid, node, why):
+                log.info("step: ForceDeletePod %s/%s on %s (%s)", namespace, name, node, why)
+                await self.api.delete(PODS, namespace, name, uid=uid, grace_seconds=0)
+            case planner.ReleaseClaim(namespace, name, uid, node, pod):
+                log.info("step: ReleaseClaim %s/%s pinned to %s for %s", namespace, name, node, pod)
+                await self.api.delete(CLAIMS, namespace, name, uid=uid)
+            case planner.Purge(node):
+                outcome = await Purger(self.api, PurgeOptions.from_spec(spec), self._announce).next(node)
+                return f"refused: {outcome.message}" if outcome.refused else outcome.message
+        return None
+
+    async def _set_out_of_service(self, name: str, wanted: bool) -> None:
+        """Add or remove the out-of-service taint (and our mark), guarded by resourceVersion:
+        the node lifecycle controller edits taints too."""
+        node = await self.api.get(NODES, None, name)
+        if node is None:
+            return
+        current = taints(node)
+        others = [t for t in current if t.get("key") != OUT_OF_SERVICE_TAINT]
+        if wanted:
+            others.append({"key": OUT_OF_SERVICE_TAINT, "value": OUT_OF_SERVICE_VALUE, "effect": "NoExecute",
+                           "timeAdded": rfc3339(self.clock.now())})  # fmt: skip
+        patch: list[dict[str, Any]] = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": objects.resource_version(node)},
+            {"op": "replace" if "taints" in (node.get("spec") or {}) else "add", "path": "/spec/taints",
+             "value": others},
+        ]  # fmt: skip
+        annotations = objects.annotations(node)
+        mark = "/metadata/annotations/" + OUT_OF_SERVICE_OWNER.replace("/", "~1")
+        if wanted:
+            if not annotations:
+                patch.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+            patch.append({"op": "add", "path": mark, "value": rfc3339(self.clock.now())})
+        elif OUT_OF_SERVICE_OWNER in annotations:
+            patch.append({"op": "remove", "path": mark})
+        try:
+            await self.api.patch(NODES, None, name, patch, kind="json")
+        except ApiStatusError as err:
+            if err.not_found:
+                return
+            raise
+
+    async def _announce(self, node: dict[str, Any], reason: str, message: str) -> None:
+        type_ = WARNING if reason.endswith("Refused") else NORMAL
+        await self.manager.events.record({"apiVersion": "v1", "kind": "Node", **node}, type_, reason, message)
+
+    def _notes(
+        self, o: Observed, step: Step, status: MaintenancePolicyStatus, failure: ReconcileError | None
+    ) -> list[Note]:
+        if failure is not None or status.last_action is None:
+            return []
+        last = status.last_action
+        if o.previous.last_action is not None and o.previous.last_action == last:
+            return []
+        if isinstance(step, Wait | Done | planner.Ignored):
+            return []
+        refused = last.outcome == "Refused"
+        reason = last.action + ("Refused" if refused else "")
+        return [Note(reason, f"{last.node}: {last.message}", WARNING if refused else NORMAL)]
+
+
+def _policy(_: dict[str, Any]) -> list[str]:
+    return [POLICY_NAME]
+
+
+def register(manager: Manager, deps: Deps) -> None:
+    reconciler = MaintenanceReconciler(manager, deps)
+    controller = Controller("maintenance", POLICIES, reconciler.reconcile, workers=1)
+    controller.watch(NODES, _policy)
+    controller.watch(PODS, _policy)
+    controller.watch(CLAIMS, _policy)
+    manager.add_controller(controller)

@@ -1,0 +1,72 @@
+"""A Node (a cache dict) as the maintenance planner sees it, and the provider's word on it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kustos.api.maintenance import FENCED_ANNOTATION
+from kustos.maintenance.planner import (
+    CONTROL_PLANE_LABELS,
+    OUT_OF_SERVICE_OWNER,
+    OUT_OF_SERVICE_TAINT,
+    PURGE_ANNOTATION,
+    UNREACHABLE_TAINT,
+    NodeView,
+)
+from kustos.runtime import objects
+from kustos.runtime.cloud import InstanceState
+from kustos.runtime.times import parse_rfc3339
+
+
+def is_control_plane(node: Mapping[str, Any]) -> bool:
+    """kubeadm's role label (and the one it used before 1.20)."""
+    labels = objects.labels(node)
+    return any(label in labels for label in CONTROL_PLANE_LABELS)
+
+
+def taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def node_view(node: Mapping[str, Any], instance: InstanceState | None = None) -> NodeView:
+    unreachable = [t for t in taints(node) if t.get("key") == UNREACHABLE_TAINT]
+    since = None
+    if unreachable:
+        # The node lifecycle controller stamps timeAdded on the NoExecute taint; the NoSchedule
+        # one has none: fall back to the Ready condition's transition only when neither says.
+        added = [parse_rfc3339(t.get("timeAdded")) for t in unreachable if t.get("timeAdded")]
+        since = min((a for a in added if a is not None), default=None) or _not_ready_since(node)
+    annotations = objects.annotations(node)
+    fenced_at, problem = None, None
+    raw = annotations.get(FENCED_ANNOTATION)
+    if raw:
+        try:
+            fenced_at = parse_rfc3339(raw)
+        except ValueError:
+            problem = f"annotation {FENCED_ANNOTATION}={raw!r} is not an RFC 3339 time"
+    out_of_service = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints(node))
+    done = tuple(s for s in annotations.get(PURGE_ANNOTATION, "").split(",") if s)
+    return NodeView(
+        name=objects.name(node),
+        ready=objects.node_ready(node),
+        control_plane=is_control_plane(node),
+        unreachable_since=since,
+        out_of_service=out_of_service,
+        out_of_service_ours=out_of_service and OUT_OF_SERVICE_OWNER in annotations,
+        fenced_at=fenced_at,
+        fenced_annotation_problem=problem,
+        instance=instance,
+        purge_done=done,
+        hostname=objects.labels(node).get("kubernetes.io/hostname", ""),
+    )
+
+
+def _not_ready_since(node: Mapping[str, Any]) -> Any:
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("status") != "True":
+            return parse_rfc3339(condition.get("lastTransitionTime"))
+    return None
+
+
+__all__ = ["is_control_plane", "node_view", "taints"]

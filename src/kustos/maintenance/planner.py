@@ -1,0 +1,440 @@
+"""The node maintenance planner: which node is dead, whether it is fenced, the one next step.
+
+Pure: no I/O, no clock (``now`` is an input). The controller turns its caches (and the
+cloud provider's answer) into an ``Observed``; ``plan`` says the one thing to do next
+for the whole cluster (untaint a node that came back, taint a fenced one out of service,
+force-delete a pod, release a pinned claim, purge one step, or wait); ``status`` says
+what the MaintenancePolicy's status is after that step.
+
+EKCO decides a node is dead when its ``node.kubernetes.io/unreachable`` taint is older
+than the toleration, and then force-deletes its pods that have been Terminating for 30 s:
+safe only if the node is really down. Here a node's pods are started elsewhere only once
+the node is *fenced*: the provider says its instance is stopped or gone, a fencing agent
+wrote ``kustos.dev/fenced`` after the node became unreachable, or (only when the policy
+allows it) the toleration passed. EKCO's own clear is kept as ``legacyClear``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from kustos.api.common import Condition
+from kustos.api.maintenance import (
+    POLICY_NAME,
+    MaintenanceAction,
+    MaintenancePolicySpec,
+    MaintenancePolicyStatus,
+)
+from kustos.runtime.cloud import InstanceState
+from kustos.runtime.conditions import set_model_condition
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.steps import Done, Wait
+from kustos.runtime.times import parse_duration, rfc3339
+
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+OUT_OF_SERVICE_VALUE = "nodeshutdown"
+OUT_OF_SERVICE_OWNER = "kustos.dev/out-of-service"
+"""Annotation on a Node kustos tainted out of service (value: when): only such a taint is
+removed by kustos when the node returns; one an administrator set is theirs."""
+PURGE_ANNOTATION = "kustos.dev/purge"
+"""Annotation on a Node being purged: the purge steps done so far, comma-separated."""
+RELEASE_CLAIMS_ANNOTATION = "kustos.dev/release-pinned-claims"
+"""On a StatefulSet ("true"): the workload replicates its own data, so a claim pinned to a
+fenced node may be deleted for its pod to start elsewhere with a fresh volume."""
+CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+LEGACY_TERMINATING = timedelta(seconds=30)
+"""EKCO force-deletes pods Terminating for this long on a dead node (legacy clear)."""
+POLL = 5.0
+"""While a node is unreachable, look again this often (fencing evidence may arrive)."""
+RESYNC = 60.0
+
+FenceSource = Literal["provider", "annotation", "toleration"]
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    ready: bool
+    control_plane: bool = False
+    unreachable_since: datetime | None = None
+    """When the node lifecycle controller tainted it unreachable (the taint's timeAdded)."""
+    out_of_service: bool = False
+    """Tainted node.kubernetes.io/out-of-service (by anyone)."""
+    out_of_service_ours: bool = False
+    """And kustos put that taint there (so kustos removes it)."""
+    fenced_at: datetime | None = None
+    """The kustos.dev/fenced annotation's time, if any."""
+    fenced_annotation_problem: str | None = None
+    """Why the annotation could not be read (not an RFC 3339 time)."""
+    instance: InstanceState | None = None
+    """What the cloud provider says of its instance (None: no provider, or not asked)."""
+    purge_done: tuple[str, ...] = ()
+    """Purge steps recorded on the Node so far."""
+    hostname: str = ""
+    """Its kubernetes.io/hostname label (what a local volume's nodeAffinity names; it may
+    differ from the Node's name)."""
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    uid: str
+    node: str | None
+    deleting_since: datetime | None = None
+    """When its deletion was asked (the deletionTimestamp minus its grace period is not
+    known here: EKCO counts from the deletionTimestamp, and so does legacy clear)."""
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """A claim of a pod not yet scheduled, whose volume is pinned to one node."""
+
+    namespace: str
+    name: str
+    uid: str
+    pinned_to: str
+    """The node the volume's nodeAffinity names."""
+    pod: str
+    """The pod that waits for it."""
+    opted_in: bool
+    """The pod's workload asked for this (a StatefulSet with the release annotation)."""
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    spec: MaintenancePolicySpec
+    nodes: tuple[NodeView, ...]
+    pods: tuple[PodView, ...] = ()
+    """Pods on unreachable nodes."""
+    claims: tuple[ClaimView, ...] = ()
+    now: datetime = datetime(1970, 1, 1, tzinfo=UTC)
+    name: str = POLICY_NAME
+    generation: int | None = None
+    previous: MaintenancePolicyStatus = field(default_factory=MaintenancePolicyStatus)
+
+
+# ---- steps ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaintOutOfService:
+    node: str
+    evidence: str
+
+
+@dataclass(frozen=True)
+class RemoveOutOfService:
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class ForceDeletePod:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class ReleaseClaim:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    pod: str
+
+
+@dataclass(frozen=True)
+class Purge:
+    """Purge the node, one step at a time (``purge.next_step`` picks which from live facts)."""
+
+    node: str
+    control_plane: bool
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """A guard said no; recorded as the policy's lastRefusal."""
+
+    node: str
+    action: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """This policy is not the one acted on (only the one named default is)."""
+
+    message: str
+
+
+Step = (
+    TaintOutOfService
+    | RemoveOutOfService
+    | ForceDeletePod
+    | ReleaseClaim
+    | Purge
+    | Refuse
+    | Ignored
+    | Wait
+    | Done
+)
+
+
+# ---- the decision ----------------------------------------------------------------------
+
+
+def toleration(spec: MaintenancePolicySpec) -> timedelta:
+    return parse_duration(spec.node_unreachable_toleration)
+
+
+def past_toleration(spec: MaintenancePolicySpec, node: NodeView, now: datetime) -> bool:
+    """EKCO's dead: unreachable for longer than nodeUnreachableToleration."""
+    return (
+        not node.ready
+        and node.unreachable_since is not None
+        and now - node.unreachable_since >= toleration(spec)
+    )
+
+
+def fenced_by(spec: MaintenancePolicySpec, node: NodeView, now: datetime) -> FenceSource | None:
+    """What proves this unreachable node can run nothing any more (None: nothing does).
+
+    The annotation counts only when written after the node became unreachable: one left
+    from an earlier outage proves nothing about this one.
+    """
+    if node.ready or node.unreachable_since is None:
+        return None
+    if spec.fencing.provider and node.instance is not None and node.instance.fenced:
+        return "provider"
+    if spec.fencing.annotation and node.fenced_at is not None and node.fenced_at >= node.unreachable_since:
+        return "annotation"
+    if spec.fencing.after_toleration and past_toleration(spec, node, now):
+        return "toleration"
+    return None
+
+
+def _evidence(source: FenceSource, node: NodeView) -> str:
+    match source:
+        case "provider":
+            return f"the provider reports its instance {node.instance}"
+        case "annotation":
+            return f"a fencing agent confirmed it down at {rfc3339(node.fenced_at or datetime.now(UTC))}"
+        case "toleration":
+            return "it has been unreachable past nodeUnreachableToleration (fencing.afterToleration)"
+
+
+def ready_counts(nodes: Sequence[NodeView], excluding: str) -> tuple[int, int]:
+    """Ready control-plane and worker nodes, the named one not counted."""
+    others = [n for n in nodes if n.name != excluding and n.ready]
+    control = sum(1 for n in others if n.control_plane)
+    return control, len(others) - control
+
+
+def purge_refusal(spec: MaintenancePolicySpec, nodes: Sequence[NodeView], node: NodeView) -> str | None:
+    """Why purging ``node`` would leave too few ready nodes of its own role (None: it would not).
+
+    EKCO applied the worker minimum to control-plane nodes too; here each role has its own
+    check, and the dead node never counts as ready.
+    """
+    control, workers = ready_counts(nodes, node.name)
+    if node.control_plane and control < spec.min_ready_master_node_count:
+        return (
+            f"purging control-plane node {node.name} would leave {control} ready control-plane node(s); "
+            f"minReadyMasterNodeCount is {spec.min_ready_master_node_count}"
+        )
+    if not node.control_plane and workers < spec.min_ready_worker_node_count:
+        return (
+            f"purging worker node {node.name} would leave {workers} ready worker node(s); "
+            f"minReadyWorkerNodeCount is {spec.min_ready_worker_node_count}"
+        )
+    return None
+
+
+def dead_nodes(o: Observed) -> list[NodeView]:
+    """Unreachable nodes that are fenced or past their toleration, oldest outage first."""
+    dead = [
+        n for n in o.nodes if fenced_by(o.spec, n, o.now) is not None or past_toleration(o.spec, n, o.now)
+    ]
+    return sorted(dead, key=lambda n: (n.unreachable_since or o.now, n.name))
+
+
+def plan(o: Observed) -> Step:
+    if o.name != POLICY_NAME:
+        return Ignored(f"only the MaintenancePolicy named {POLICY_NAME!r} is acted on")
+    spec = o.spec
+    clear = not spec.should_disable_clear_nodes
+    # 1. A node we tainted out of service that is back: its pods may run there again.
+    for node in o.nodes:
+        if node.out_of_service_ours and node.ready:
+            return RemoveOutOfService(node.name, "the node is Ready again")
+    by_node: dict[str, list[PodView]] = {}
+    for pod in sorted(o.pods, key=lambda p: (p.namespace, p.name)):
+        if pod.node:
+            by_node.setdefault(pod.node, []).append(pod)
+    names = {n.name for n in o.nodes} | {n.hostname for n in o.nodes if n.hostname}
+    fenced_names: set[str] = set()
+    fenced_hosts: set[str] = set()
+    refusals: list[Refuse] = []
+    for node in sorted(o.nodes, key=lambda n: (n.unreachable_since or o.now, n.name)):
+        source = fenced_by(spec, node, o.now)
+        if source is not None:
+            fenced_names.add(node.name)
+            fenced_hosts.update({node.name, node.hostname} - {""})
+        # 2. Purge first (EKCO's order): a purged node needs no clearing.
+        if spec.should_enable_purge_nodes and past_toleration(spec, node, o.now):
+            refusal = purge_refusal(spec, o.nodes, node)
+            if refusal is None:
+                return Purge(node.name, node.control_plane)
+            refusals.append(Refuse(node.name, "Purge", refusal))
+        if not clear:
+            continue
+        if source is not None:
+            # 3. Fenced: out of service, so its pods are deleted and volumes detached at once.
+            if not node.out_of_service:
+                return TaintOutOfService(node.name, _evidence(source, node))
+            for pod in by_node.get(node.name, []):
+                if pod.deleting_since is not None:
+                    why = f"node {node.name} is fenced: {_evidence(source, node)}"
+                    return ForceDeletePod(pod.namespace, pod.name, pod.uid, node.name, why)
+        elif spec.legacy_clear and past_toleration(spec, node, o.now):
+            # 4. EKCO's clear, without fencing: the operator asked for it, with its risk.
+            for pod in by_node.get(node.name, []):
+                if pod.deleting_since is not None and o.now - pod.deleting_since >= LEGACY_TERMINATING:
+                    why = f"node {node.name} is past its toleration (legacyClear, not fenced)"
+                    return ForceDeletePod(pod.namespace, pod.name, pod.uid, node.name, why)
+    # 5. Claims pinned to a fenced (or vanished) node, of workloads that opted in.
+    if clear:
+        for claim in sorted(o.claims, key=lambda c: (c.namespace, c.name)):
+            if not claim.opted_in or claim.deleting:
+                continue
+            if claim.pinned_to in fenced_hosts or claim.pinned_to not in names:
+                return ReleaseClaim(claim.namespace, claim.name, claim.uid, claim.pinned_to, claim.pod)
+    if refusals:
+        return refusals[0]
+    unreachable = sorted(n.name for n in o.nodes if not n.ready and n.unreachable_since is not None)
+    if unreachable:
+        waiting = sorted(set(unreachable) - fenced_names)
+        if waiting:
+            return Wait(f"unreachable, not fenced: {', '.join(waiting)}", POLL)
+        return Wait(f"fenced and cleared, waiting for their return or purge: {', '.join(unreachable)}", POLL)
+    return Done()
+
+
+# ---- the status ---------------------------------------------------------------------------
+
+
+def describe(step: Step) -> tuple[str, str, str] | None:
+    """The step as (node, action, message) for the status, or None for a wait."""
+    match step:
+        case TaintOutOfService(node, evidence):
+            return node, "Clear", f"tainted {OUT_OF_SERVICE_TAINT} (NoExecute): {evidence}"
+        case RemoveOutOfService(node, why):
+            return node, "Uncordon", f"removed the {OUT_OF_SERVICE_TAINT} taint: {why}"
+        case ForceDeletePod(namespace, name, _, node, why):
+            return node, "ForceDeletePod", f"force-deleted pod {namespace}/{name}: {why}"
+        case ReleaseClaim(namespace, name, _, node, pod):
+            return (
+                node,
+                "ReleaseClaim",
+                (
+                    f"deleted claim {namespace}/{name}, pinned to fenced node {node}, "
+                    f"so pod {pod} can start elsewhere"
+                ),
+            )
+        case Refuse(node, action, message):
+            return node, action, message
+    return None
+
+
+def status(
+    o: Observed, step: Step, failure: ReconcileError | None = None, done: str | None = None
+) -> MaintenancePolicyStatus:
+    """The status after ``step``; ``done`` is what a purge step said it did (the controller knows)."""
+    result = o.previous.model_copy(deep=True)
+    now = rfc3339(o.now)
+    result.dead_nodes = sorted(n.name for n in dead_nodes(o))
+
+    def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
+        return set_model_condition(
+            Condition, result.conditions, type_, value, reason, message, o.generation, o.now
+        )
+
+    if isinstance(step, Ignored):
+        result.conditions = conditions("Ready", False, "NotDefault", step.message)
+        return result
+    result.conditions = conditions("Ready", True, "Applied", "the policy is applied")
+    problems = [
+        f"node {n.name}: {n.fenced_annotation_problem}" for n in o.nodes if n.fenced_annotation_problem
+    ]
+    if problems:
+        # A fencing agent's word that cannot be read fences nothing: say so where it is seen.
+        result.conditions = conditions(
+            "FencingAnnotationsValid", False, "InvalidAnnotation", "; ".join(problems)
+        )
+    elif any(c.type == "FencingAnnotationsValid" for c in result.conditions):
+        result.conditions = conditions("FencingAnnotationsValid", True, "AsExpected", "")
+    described = describe(step)
+    if isinstance(step, Purge):
+        described = (step.node, "Purge", done or "purge step")
+    if described is None:
+        if failure is None:
+            result.conditions = conditions("Degraded", False, "AsExpected", "")
+        return result
+    node, action, message = described
+    if failure is not None:
+        result.last_action = MaintenanceAction(time=now, node=node, action=action, outcome="Failed",
+                                               message=failure.message[:1000])  # fmt: skip
+        result.conditions = conditions("Degraded", True, failure.reason, failure.message[:1000])
+        return result
+    outcome: Literal["Done", "Refused"] = "Refused" if isinstance(step, Refuse) else "Done"
+    if isinstance(step, Purge) and done is not None and done.startswith("refused:"):
+        outcome = "Refused"
+        message = done.removeprefix("refused:").strip()
+    action_record = MaintenanceAction(
+        time=now, node=node, action=action, outcome=outcome, message=message[:1000]
+    )
+    previous = o.previous.last_action
+    same = previous is not None and (previous.node, previous.action, previous.outcome, previous.message) == (
+        node, action, outcome, action_record.message,
+    )  # fmt: skip
+    if not same:
+        result.last_action = action_record
+    if outcome == "Refused":
+        if not (o.previous.last_refusal and o.previous.last_refusal.message == action_record.message):
+            result.last_refusal = action_record
+    elif result.last_refusal is not None and result.last_refusal.node == node:
+        result.last_refusal = None
+    result.conditions = conditions("Degraded", False, "AsExpected", "")
+    return result
+
+
+__all__ = [
+    "ClaimView",
+    "ForceDeletePod",
+    "Ignored",
+    "NodeView",
+    "Observed",
+    "PodView",
+    "Purge",
+    "Refuse",
+    "ReleaseClaim",
+    "RemoveOutOfService",
+    "Step",
+    "TaintOutOfService",
+    "dead_nodes",
+    "fenced_by",
+    "past_toleration",
+    "plan",
+    "purge_refusal",
+    "ready_counts",
+    "status",
+]

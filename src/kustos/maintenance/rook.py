@@ -1,0 +1,168 @@
+"""What a purge does to Rook: the CephCluster's storage.nodes, the OSD Deployments, Ceph itself.
+
+As EKCO does (pkg/cluster/rook_ceph.go): the node leaves every CephCluster's
+``spec.storage.nodes`` (a guarded JSON patch of that list), its OSD Deployments (label
+``app=rook-ceph-osd``, pod nodeSelector ``kubernetes.io/hostname``, OSD ID in label
+``ceph-osd-id``) are deleted, and for each OSD ``ceph osd down``, ``ceph osd purge
+--yes-i-really-mean-it``, then ``ceph osd crush rm <node>`` run in the Ceph toolbox.
+
+The toolbox is an interface (``CephToolbox``): running a command in the toolbox pod is an
+exec through the API server; ``KubectlToolbox`` does it with kubectl (the CLI's purge), the
+operator has no exec of its own yet. A failed Ceph command is reported and the purge goes on, as
+in EKCO (the OSD is most likely down already); with no toolbox the commands are reported
+for a person to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from kustos.runtime import objects
+from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.refs import ResourceRef
+from kustos.runtime.resources import DEPLOYMENTS, PODS
+
+CEPH_CLUSTERS = ResourceRef("ceph.rook.io", "v1", "cephclusters", "CephCluster")
+OSD_SELECTOR = "app=rook-ceph-osd"
+OSD_ID_LABEL = "ceph-osd-id"
+HOSTNAME = "kubernetes.io/hostname"
+
+
+class CephToolbox(Protocol):
+    """Runs ``ceph`` in Rook's toolbox pod: (exit code, stdout, stderr)."""
+
+    async def run(self, argv: Sequence[str]) -> tuple[int, str, str]: ...
+
+
+def storage_nodes_without(cluster: dict[str, Any], node: str) -> list[Any] | None:
+    """The CephCluster's storage.nodes without ``node`` (None: it is not listed)."""
+    nodes = (((cluster.get("spec") or {}).get("storage") or {}).get("nodes")) or []
+    kept = [n for n in nodes if n.get("name") != node]
+    return None if len(kept) == len(nodes) else kept
+
+
+async def _clusters(api: Api, namespace: str) -> list[dict[str, Any]]:
+    try:
+        return await api.list_objects(CEPH_CLUSTERS, namespace)
+    except ApiStatusError as err:
+        if err.not_found:  # no Rook CRD: nothing to do
+            return []
+        raise
+
+
+async def remove_storage_node(api: Api, namespace: str, node: str) -> str:
+    """Remove ``node`` from every CephCluster's storage.nodes in ``namespace``."""
+    changed = []
+    for cluster in await _clusters(api, namespace):
+        kept = storage_nodes_without(cluster, node)
+        if kept is None:
+            continue
+        patch = [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": objects.resource_version(cluster)},
+            {"op": "replace", "path": "/spec/storage/nodes", "value": kept},
+        ]
+        await api.patch(CEPH_CLUSTERS, namespace, objects.name(cluster), patch, kind="json")
+        changed.append(objects.name(cluster))
+    if not changed:
+        return f"{node} is in no CephCluster's storage.nodes in {namespace}"
+    return f"removed {node} from storage.nodes of CephCluster {', '.join(changed)}"
+
+
+def osd_of(deployment: dict[str, Any], node: str) -> str | None:
+    """The OSD ID of a Rook OSD Deployment pinned to ``node`` (None: another node's)."""
+    selector = (
+        (((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}).get("nodeSelector")
+    ) or {}
+    if selector.get(HOSTNAME) != node:
+        return None
+    return objects.labels(deployment).get(OSD_ID_LABEL, "")
+
+
+async def osd_deployments(api: Api, namespace: str, node: str) -> list[tuple[str, str]]:
+    """(Deployment name, OSD ID) of the node's OSDs."""
+    found = []
+    for deployment in await api.list_objects(DEPLOYMENTS, namespace, label_selector=OSD_SELECTOR):
+        osd = osd_of(deployment, node)
+        if osd is not None:
+            found.append((objects.name(deployment), osd))
+    return sorted(found)
+
+
+def commands(ids: Sequence[str], node: str) -> list[list[str]]:
+    """EKCO's sequence: each OSD down then purged, then the host out of the CRUSH map."""
+    result = []
+    for osd in ids:
+        result.append(["ceph", "osd", "down", f"osd.{osd}"])
+        result.append(["ceph", "osd", "purge", osd, "--yes-i-really-mean-it"])
+    result.append(["ceph", "osd", "crush", "rm", node])
+    return result
+
+
+async def purge_osds(toolbox: CephToolbox | None, ids: Sequence[str], node: str) -> str:
+    """Run the Ceph commands; what happened, one clause per command."""
+    todo = commands(ids, node)
+    if toolbox is None:
+        return "no Ceph toolbox: run by hand in the toolbox pod: " + "; ".join(" ".join(c) for c in todo)
+    said = []
+    for argv in todo:
+        code, _, err = await toolbox.run(argv)
+        # `ceph osd down` of an OSD that is down already fails: expected on a dead node.
+        outcome = "ok" if code == 0 else f"failed ({code}: {err.strip()[:200]})"
+        said.append(f"{' '.join(argv)}: {outcome}")
+    return "; ".join(said)
+
+
+__all__ = [
+    "CEPH_CLUSTERS",
+    "CephToolbox",
+    "KubectlToolbox",
+    "commands",
+    "osd_deployments",
+    "osd_of",
+    "purge_osds",
+    "remove_storage_node",
+    "storage_nodes_without",
+]
+
+
+TOOLBOX_SELECTOR = "app=rook-ceph-tools"
+
+
+class KubectlToolbox:
+    """``kubectl exec`` into Rook's toolbox pod (label app=rook-ceph-tools): what ``kustos
+    purge-node`` uses on a machine with kubectl, as EKCO's purge-node execs into Rook's pods."""
+
+    def __init__(
+        self, api: Api, namespace: str, kubectl: str = "kubectl", kubeconfig: str | None = None,
+        context: str | None = None,
+    ) -> None:  # fmt: skip
+        self.api = api
+        self.namespace = namespace
+        self.kubectl = kubectl
+        self.flags = [
+            *(["--kubeconfig", kubeconfig] if kubeconfig else []),
+            *(["--context", context] if context else []),
+        ]
+
+    async def run(self, argv: Sequence[str]) -> tuple[int, str, str]:
+        pods = await self.api.list_objects(PODS, self.namespace, label_selector=TOOLBOX_SELECTOR)
+        running = [p for p in pods if objects.pod_running(p) and not objects.deleting(p)]
+        if not running:
+            return 127, "", f"no running pod labelled {TOOLBOX_SELECTOR} in {self.namespace}"
+        command = [
+            self.kubectl,
+            *self.flags,
+            "exec",
+            "-n",
+            self.namespace,
+            objects.name(running[0]),
+            "--",
+            *argv,
+        ]
+        process = await asyncio.create_subprocess_exec(
+            *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await process.communicate()
+        return process.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")

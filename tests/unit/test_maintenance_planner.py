@@ -1,0 +1,398 @@
+"""The node maintenance planner: dead or not, fenced or not, the next step, the status."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kustos.api.maintenance import FencingPolicy, MaintenancePolicySpec, MaintenancePolicyStatus
+from kustos.maintenance import planner
+from kustos.maintenance.nodes import node_view
+from kustos.maintenance.planner import (
+    ClaimView,
+    ForceDeletePod,
+    Ignored,
+    NodeView,
+    Observed,
+    PodView,
+    Purge,
+    Refuse,
+    ReleaseClaim,
+    RemoveOutOfService,
+    TaintOutOfService,
+)
+from kustos.runtime.cloud import InstanceState
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.steps import Done, Wait
+
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
+
+
+def ago(seconds: float) -> datetime:
+    return NOW - timedelta(seconds=seconds)
+
+
+def spec(**changes: object) -> MaintenancePolicySpec:
+    return MaintenancePolicySpec().model_copy(update=changes)
+
+
+def ready(name: str, control_plane: bool = False) -> NodeView:
+    return NodeView(name, ready=True, control_plane=control_plane)
+
+
+def down(name: str, seconds: float = 20, **fields: object) -> NodeView:
+    return NodeView(name, ready=False, unreachable_since=ago(seconds), **fields)  # type: ignore[arg-type]
+
+
+def observed(*nodes: NodeView, pods: tuple[PodView, ...] = (), claims: tuple[ClaimView, ...] = (),
+             policy: MaintenancePolicySpec | None = None, name: str = "default") -> Observed:  # fmt: skip
+    return Observed(policy or spec(), tuple(nodes), pods, claims, NOW, name)
+
+
+def terminating(node: str, name: str = "p-0", seconds: float = 5) -> PodView:
+    return PodView("ns", name, f"uid-{name}", node, deleting_since=ago(seconds))
+
+
+# ---- fencing -----------------------------------------------------------------------------
+
+
+def test_an_unreachable_node_without_evidence_is_not_fenced_and_nothing_is_done() -> None:
+    o = observed(ready("a"), down("b", 3600 * 5), pods=(terminating("b"),))
+    assert planner.fenced_by(o.spec, o.nodes[1], NOW) is None
+    assert plan_of(o) == Wait("unreachable, not fenced: b", planner.POLL)
+
+
+def plan_of(o: Observed) -> planner.Step:
+    return planner.plan(o)
+
+
+def test_the_provider_saying_stopped_or_gone_fences() -> None:
+    for state in (InstanceState.STOPPED, InstanceState.GONE):
+        node = down("b", instance=state)
+        assert planner.fenced_by(spec(), node, NOW) == "provider"
+    for state in (InstanceState.RUNNING, InstanceState.STOPPING, InstanceState.UNKNOWN):
+        assert planner.fenced_by(spec(), down("b", instance=state), NOW) is None
+
+
+def test_the_provider_is_not_asked_when_the_policy_says_no() -> None:
+    policy = spec(fencing=FencingPolicy(provider=False))
+    assert planner.fenced_by(policy, down("b", instance=InstanceState.GONE), NOW) is None
+
+
+def test_a_fencing_annotation_counts_only_when_written_after_the_node_became_unreachable() -> None:
+    assert planner.fenced_by(spec(), down("b", 20, fenced_at=ago(5)), NOW) == "annotation"
+    assert planner.fenced_by(spec(), down("b", 20, fenced_at=ago(60)), NOW) is None
+    policy = spec(fencing=FencingPolicy(annotation=False))
+    assert planner.fenced_by(policy, down("b", 20, fenced_at=ago(5)), NOW) is None
+
+
+def test_the_toleration_fences_only_when_the_policy_allows_it() -> None:
+    node = down("b", 3700)
+    assert planner.fenced_by(spec(), node, NOW) is None
+    allowed = spec(fencing=FencingPolicy(after_toleration=True))
+    assert planner.fenced_by(allowed, node, NOW) == "toleration"
+    assert planner.fenced_by(allowed, down("b", 3500), NOW) is None
+
+
+def test_a_ready_node_is_never_fenced_whatever_the_evidence() -> None:
+    node = NodeView(
+        "b", ready=True, unreachable_since=ago(9999), fenced_at=ago(1), instance=InstanceState.GONE
+    )
+    assert planner.fenced_by(spec(fencing=FencingPolicy(after_toleration=True)), node, NOW) is None
+
+
+# ---- clear ---------------------------------------------------------------------------------
+
+
+def test_a_fenced_node_is_tainted_out_of_service_first() -> None:
+    step = plan_of(observed(ready("a"), down("b", fenced_at=ago(1)), pods=(terminating("b"),)))
+    assert isinstance(step, TaintOutOfService) and step.node == "b"
+    assert "fencing agent" in step.evidence
+
+
+def test_then_its_terminating_pods_are_force_deleted_one_at_a_time() -> None:
+    node = down("b", fenced_at=ago(1), out_of_service=True, out_of_service_ours=True)
+    pods = (terminating("b", "p-1"), terminating("b", "p-0"), PodView("ns", "alive", "u", "b"))
+    step = plan_of(observed(ready("a"), node, pods=pods))
+    assert step == ForceDeletePod("ns", "p-0", "uid-p-0", "b", step.why)  # type: ignore[union-attr]
+    assert "fenced" in step.why  # type: ignore[union-attr]
+
+
+def test_a_pod_not_deleted_yet_is_left_to_the_taint_eviction() -> None:
+    node = down("b", fenced_at=ago(1), out_of_service=True)
+    step = plan_of(observed(ready("a"), node, pods=(PodView("ns", "p", "u", "b"),)))
+    assert step == Wait("fenced and cleared, waiting for their return or purge: b", planner.POLL)
+
+
+def test_the_taint_kustos_put_is_removed_when_the_node_is_ready_again() -> None:
+    back = NodeView("b", ready=True, out_of_service=True, out_of_service_ours=True)
+    assert plan_of(observed(ready("a"), back)) == RemoveOutOfService("b", "the node is Ready again")
+
+
+def test_an_administrators_out_of_service_taint_is_left_alone() -> None:
+    back = NodeView("b", ready=True, out_of_service=True, out_of_service_ours=False)
+    assert plan_of(observed(ready("a"), back)) == Done()
+
+
+def test_clear_disabled_does_nothing_even_when_fenced() -> None:
+    policy = spec(should_disable_clear_nodes=True)
+    o = observed(ready("a"), down("b", fenced_at=ago(1)), pods=(terminating("b"),), policy=policy)
+    assert isinstance(plan_of(o), Wait)
+
+
+def test_legacy_clear_does_what_ekco_does_without_fencing() -> None:
+    policy = spec(legacy_clear=True, node_unreachable_toleration="1m")
+    young, old = terminating("b", "young", 10), terminating("b", "old", 31)
+    step = plan_of(observed(ready("a"), down("b", 61), pods=(young, old), policy=policy))
+    assert isinstance(step, ForceDeletePod) and step.name == "old" and "legacyClear" in step.why
+    # Before the toleration, nothing; and never a taint without fencing.
+    assert isinstance(plan_of(observed(ready("a"), down("b", 59), pods=(old,), policy=policy)), Wait)
+
+
+def test_without_legacy_clear_an_unfenced_node_past_its_toleration_keeps_its_pods() -> None:
+    o = observed(ready("a"), down("b", 99999), pods=(terminating("b", seconds=9999),))
+    assert isinstance(plan_of(o), Wait)
+
+
+# ---- pinned claims ---------------------------------------------------------------------------
+
+
+def claim(pinned: str, opted_in: bool = True, deleting: bool = False) -> ClaimView:
+    return ClaimView("ns", "data-db-0", "cuid", pinned, "db-0", opted_in, deleting)
+
+
+def test_a_claim_pinned_to_a_fenced_node_is_released_for_an_opted_in_workload() -> None:
+    node = down("b", fenced_at=ago(1), out_of_service=True)
+    step = plan_of(observed(ready("a"), node, claims=(claim("b"),)))
+    assert step == ReleaseClaim("ns", "data-db-0", "cuid", "b", "db-0")
+
+
+def test_a_claim_is_never_released_before_fencing_or_without_opt_in() -> None:
+    assert isinstance(plan_of(observed(ready("a"), down("b"), claims=(claim("b"),))), Wait)
+    fenced = down("b", fenced_at=ago(1), out_of_service=True)
+    assert isinstance(plan_of(observed(ready("a"), fenced, claims=(claim("b", opted_in=False),))), Wait)
+    assert isinstance(plan_of(observed(ready("a"), fenced, claims=(claim("b", deleting=True),))), Wait)
+    # A claim pinned to a node that is fine is not touched.
+    assert plan_of(observed(ready("a"), claims=(claim("a"),))) == Done()
+
+
+def test_a_claim_pinned_to_a_node_that_no_longer_exists_is_released() -> None:
+    assert isinstance(plan_of(observed(ready("a"), claims=(claim("gone"),))), ReleaseClaim)
+
+
+# ---- purge -------------------------------------------------------------------------------------
+
+
+def purge_policy(**changes: object) -> MaintenancePolicySpec:
+    return spec(should_enable_purge_nodes=True, node_unreachable_toleration="1m", **changes)
+
+
+def test_purge_comes_after_the_toleration_only() -> None:
+    nodes = (ready("c1", True), ready("c2", True), ready("w1"))
+    assert isinstance(plan_of(observed(*nodes, down("w2", 59), policy=purge_policy())), Wait)
+    assert plan_of(observed(*nodes, down("w2", 61), policy=purge_policy())) == Purge("w2", False)
+
+
+def test_guards_count_ready_nodes_of_the_dead_nodes_own_role_without_it() -> None:
+    dead_cp = down("c3", 61, control_plane=True)
+    # Two ready control-plane nodes remain: purge allowed at the default minimum of 2.
+    o = observed(ready("c1", True), ready("c2", True), dead_cp, policy=purge_policy())
+    assert plan_of(o) == Purge("c3", True)
+    # One remains: refused, and the message names the count and the minimum.
+    o = observed(ready("c1", True), down("c2", 5, control_plane=True), dead_cp, policy=purge_policy())
+    step = plan_of(o)
+    assert isinstance(step, Refuse)
+    assert "leave 1 ready control-plane node(s); minReadyMasterNodeCount is 2" in step.message
+    # The worker minimum does not apply to a control-plane node (EKCO applied it to both).
+    o = observed(
+        ready("c1", True), ready("c2", True), dead_cp, policy=purge_policy(min_ready_worker_node_count=5)
+    )
+    assert plan_of(o) == Purge("c3", True)
+    # And the control-plane minimum does not apply to a worker.
+    o = observed(
+        ready("c1", True), ready("w1"), down("w2", 61), policy=purge_policy(min_ready_worker_node_count=1)
+    )
+    assert plan_of(o) == Purge("w2", False)
+    o = observed(ready("c1", True), down("w2", 61), policy=purge_policy(min_ready_worker_node_count=1))
+    assert isinstance(plan_of(o), Refuse)
+
+
+def test_a_refused_purge_does_not_stop_the_clear_of_a_fenced_node() -> None:
+    policy = purge_policy(min_ready_worker_node_count=3)
+    step = plan_of(observed(ready("c1", True), down("w2", 61, fenced_at=ago(1)), policy=policy))
+    assert isinstance(step, TaintOutOfService)
+
+
+@given(
+    masters=st.integers(0, 5), workers=st.integers(0, 5), dead_cp=st.booleans(),
+    min_m=st.integers(0, 6), min_w=st.integers(0, 6),
+)  # fmt: skip
+def test_purge_never_leaves_fewer_ready_nodes_of_a_role_than_its_minimum(
+    masters: int, workers: int, dead_cp: bool, min_m: int, min_w: int
+) -> None:
+    nodes = [ready(f"c{i}", True) for i in range(masters)] + [ready(f"w{i}") for i in range(workers)]
+    dead = down("dead", 61, control_plane=dead_cp)
+    policy = purge_policy(min_ready_master_node_count=min_m, min_ready_worker_node_count=min_w)
+    step = plan_of(observed(*nodes, dead, policy=policy))
+    if isinstance(step, Purge):
+        if dead_cp:
+            assert masters >= min_m
+        else:
+            assert workers >= min_w
+    else:
+        assert isinstance(step, Refuse)
+        assert (dead_cp and masters < min_m) or (not dead_cp and workers < min_w)
+
+
+# ---- policy name, status ---------------------------------------------------------------------
+
+
+def test_only_the_policy_named_default_is_acted_on() -> None:
+    step = plan_of(observed(ready("a"), down("b", fenced_at=ago(1)), name="other"))
+    assert isinstance(step, Ignored)
+    status = planner.status(observed(name="other"), step)
+    ready_condition = next(c for c in status.conditions if c.type == "Ready")
+    assert ready_condition.status == "False" and "default" in ready_condition.message
+
+
+def test_status_records_the_action_and_the_refusal_until_that_node_succeeds() -> None:
+    o = observed(ready("c1", True), down("w2", 61), policy=purge_policy(min_ready_worker_node_count=1))
+    refused = planner.status(o, plan_of(o))
+    assert refused.last_action is not None and refused.last_action.outcome == "Refused"
+    assert refused.last_refusal is not None and refused.last_refusal.node == "w2"
+    assert refused.dead_nodes == ["w2"]
+    later = Observed(o.spec, o.nodes, now=NOW, previous=refused)
+    done = planner.status(later, Purge("w2", False), done="deleted Node w2")
+    assert done.last_action is not None and done.last_action.outcome == "Done"
+    assert done.last_action.message == "deleted Node w2"
+    assert done.last_refusal is None
+
+
+def test_a_purge_step_refused_by_etcd_is_a_refusal() -> None:
+    o = observed(
+        ready("c1", True), ready("c2", True), down("c3", 61, control_plane=True), policy=purge_policy()
+    )
+    status = planner.status(o, Purge("c3", True), done="refused: removing member would leave 1 healthy")
+    assert status.last_refusal is not None and "would leave 1 healthy" in status.last_refusal.message
+
+
+def test_a_failed_step_is_degraded_with_its_reason() -> None:
+    o = observed(ready("a"), down("b", fenced_at=ago(1)))
+    status = planner.status(o, plan_of(o), ReconcileError("the API server said no", reason="ApiError"))
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    assert degraded.status == "True" and degraded.reason == "ApiError"
+    assert status.last_action is not None and status.last_action.outcome == "Failed"
+
+
+def test_a_repeated_refusal_keeps_its_first_time() -> None:
+    o = observed(ready("c1", True), down("w2", 61), policy=purge_policy(min_ready_worker_node_count=1))
+    first = planner.status(o, plan_of(o))
+    again = planner.status(
+        Observed(o.spec, o.nodes, now=NOW + timedelta(seconds=30), previous=first), plan_of(o)
+    )
+    assert again.last_refusal == first.last_refusal
+    assert again.last_action == first.last_action
+
+
+# ---- the node view -------------------------------------------------------------------------------
+
+
+def test_node_view_reads_taints_roles_and_the_fencing_annotation() -> None:
+    node = {
+        "metadata": {
+            "name": "b",
+            "labels": {"node-role.kubernetes.io/control-plane": ""},
+            "annotations": {"kustos.dev/fenced": "2026-11-24T11:59:50Z", "kustos.dev/out-of-service": "x",
+                            "kustos.dev/purge": "Address,ControlPlaneEndpoint"},
+        },
+        "spec": {"taints": [
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+             "timeAdded": "2026-11-24T11:59:40Z"},
+            {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"},
+        ]},
+        "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
+    }  # fmt: skip
+    view = node_view(node, InstanceState.RUNNING)
+    assert view.control_plane and not view.ready
+    assert view.unreachable_since == ago(20)
+    assert view.fenced_at == ago(10)
+    assert view.out_of_service and view.out_of_service_ours
+    assert view.purge_done == ("Address", "ControlPlaneEndpoint")
+    assert planner.fenced_by(spec(), view, NOW) == "annotation"
+    bad = node_view({**node, "metadata": {**node["metadata"], "annotations": {"kustos.dev/fenced": "yes"}}})
+    assert bad.fenced_at is None and bad.fenced_annotation_problem is not None
+    assert planner.fenced_by(spec(), bad, NOW) is None
+
+
+def test_status_is_plain_json() -> None:
+    o = observed(ready("a"), down("b", fenced_at=ago(1)))
+    dumped = planner.status(o, plan_of(o)).model_dump(by_alias=True)
+    assert dumped["lastAction"]["action"] == "Clear"
+    assert MaintenancePolicyStatus.model_validate(dumped).last_action is not None
+
+
+def test_an_unreadable_fencing_annotation_is_named_in_a_condition() -> None:
+    bad = NodeView("b", ready=False, unreachable_since=ago(20), fenced_annotation_problem="not a time")
+    o = observed(ready("a"), bad)
+    assert isinstance(plan_of(o), Wait)
+    condition = next(
+        c for c in planner.status(o, plan_of(o)).conditions if c.type == "FencingAnnotationsValid"
+    )
+    assert condition.status == "False" and "node b: not a time" in condition.message
+
+
+def test_a_claim_pinned_by_hostname_follows_the_node_whose_label_it_is() -> None:
+    """A local volume names the node's kubernetes.io/hostname, which may differ from its name."""
+    alive = NodeView("node-a", ready=True, hostname="host-a")
+    assert plan_of(observed(alive, claims=(claim("host-a"),))) == Done()
+    fenced = NodeView("node-b", ready=False, unreachable_since=ago(20), fenced_at=ago(1), out_of_service=True,
+                      hostname="host-b")  # fmt: skip
+    assert isinstance(plan_of(observed(alive, fenced, claims=(claim("host-b"),))), ReleaseClaim)
+
+
+node_views = st.builds(
+    lambda i, ready_, since, fenced, instance, oos: NodeView(
+        f"n{i}", ready=ready_, unreachable_since=None if ready_ or since is None else ago(since),
+        fenced_at=None if fenced is None else ago(fenced), instance=instance, out_of_service=oos,
+    ),
+    st.integers(0, 4), st.booleans(), st.one_of(st.none(), st.integers(0, 7200)),
+    st.one_of(st.none(), st.integers(0, 7200)), st.one_of(st.none(), st.sampled_from(list(InstanceState))),
+    st.booleans(),
+)  # fmt: skip
+
+
+@given(
+    nodes=st.lists(node_views, max_size=5, unique_by=lambda n: n.name),
+    after_toleration=st.booleans(), legacy=st.booleans(),
+    pods=st.lists(st.tuples(st.integers(0, 4), st.one_of(st.none(), st.integers(0, 600))), max_size=6),
+    claims=st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=4),
+)  # fmt: skip
+def test_nothing_is_moved_off_a_node_that_is_not_fenced_except_by_legacy_clear(
+    nodes: list[NodeView], after_toleration: bool, legacy: bool,
+    pods: list[tuple[int, int | None]], claims: list[tuple[int, bool]],
+) -> None:  # fmt: skip
+    policy = spec(fencing=FencingPolicy(after_toleration=after_toleration), legacy_clear=legacy)
+    pod_views = tuple(
+        PodView("ns", f"p{k}", f"u{k}", f"n{i}", None if s is None else ago(s))
+        for k, (i, s) in enumerate(pods)
+    )
+    claim_views = tuple(
+        ClaimView("ns", f"c{k}", f"cu{k}", f"n{i}", f"p{k}", opted) for k, (i, opted) in enumerate(claims)
+    )
+    o = observed(*nodes, pods=pod_views, claims=claim_views, policy=policy)
+    step = plan_of(o)
+    by_name = {n.name: n for n in nodes}
+    if isinstance(step, TaintOutOfService):
+        assert planner.fenced_by(policy, by_name[step.node], NOW) is not None
+    if isinstance(step, ForceDeletePod):
+        fenced = planner.fenced_by(policy, by_name[step.node], NOW) is not None
+        assert fenced or (legacy and planner.past_toleration(policy, by_name[step.node], NOW))
+    if isinstance(step, ReleaseClaim):
+        node = by_name.get(step.node)
+        assert node is None or planner.fenced_by(policy, node, NOW) is not None
+        assert next(c for c in claim_views if c.name == step.name).opted_in
+    if isinstance(step, RemoveOutOfService):
+        assert by_name[step.node].ready

@@ -1,0 +1,207 @@
+"""The pure parts of a purge: kubeadm's endpoints and etcd layout, Rook's lists, the CLI's spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+
+from kustos.maintenance import kubeadm, rook
+from kustos.maintenance.purge import STEPS, PurgeOptions, steps_for
+from kustos.maintenance.purge_cli import load_spec, with_flags
+
+CLUSTER_STATUS = """\
+apiEndpoints:
+  cp-1:
+    advertiseAddress: 10.0.0.1
+    bindPort: 6443
+  cp-2:
+    advertiseAddress: 10.0.0.2
+    bindPort: 6443
+apiVersion: kubeadm.k8s.io/v1beta2
+kind: ClusterStatus
+"""
+
+
+def config_map(status: str | None = CLUSTER_STATUS, external: bool = False) -> dict[str, object]:
+    etcd = (
+        {"external": {"endpoints": ["https://e:2379"]}}
+        if external
+        else {"local": {"dataDir": "/var/lib/etcd"}}
+    )
+    data = {"ClusterConfiguration": yaml.safe_dump({"etcd": etcd})}
+    if status is not None:
+        data["ClusterStatus"] = status
+    return {"metadata": {"name": "kubeadm-config", "resourceVersion": "7"}, "data": data}
+
+
+def apiserver(node: str, endpoint: str) -> dict[str, object]:
+    return {
+        "metadata": {"annotations": {kubeadm.APISERVER_ENDPOINT_ANNOTATION: endpoint}},
+        "spec": {"nodeName": node},
+    }
+
+
+def node(name: str, ip: str, control_plane: bool = True) -> dict[str, object]:
+    labels = {"node-role.kubernetes.io/control-plane": ""} if control_plane else {}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+    }
+
+
+def test_hosts_of_endpoints_and_urls() -> None:
+    assert kubeadm.host_of("10.0.0.1:6443") == "10.0.0.1"
+    assert kubeadm.host_of("[fd00::1]:6443") == "fd00::1"
+    assert kubeadm.url_host("https://10.0.0.1:2380") == "10.0.0.1"
+    assert kubeadm.client_url("fd00::1") == "https://[fd00::1]:2379"
+    assert kubeadm.peer_url("10.0.0.3") == "https://10.0.0.3:2380"
+
+
+def test_cluster_status_endpoints_and_removal() -> None:
+    cm = config_map()
+    assert kubeadm.cluster_status_endpoints(cm) == {"cp-1": "10.0.0.1", "cp-2": "10.0.0.2"}
+    text = kubeadm.without_node(cm, "cp-1")
+    assert text is not None and "cp-1" not in text and "cp-2" in text and "ClusterStatus" in text
+    assert kubeadm.without_node(cm, "cp-9") is None
+    assert kubeadm.cluster_status_endpoints(config_map(None)) is None
+
+
+def test_external_etcd_is_read_from_the_cluster_configuration() -> None:
+    assert kubeadm.external_etcd(config_map(external=True))
+    assert not kubeadm.external_etcd(config_map())
+    assert not kubeadm.external_etcd(None)
+
+
+def test_addresses_prefer_cluster_status_then_the_apiserver_annotation_then_the_node() -> None:
+    pods = [apiserver("cp-2", "10.0.1.2:6443"), apiserver("cp-3", "10.0.1.3:6443")]
+    nodes = [node("cp-3", "192.168.0.3"), node("cp-4", "192.168.0.4"), node("w-1", "192.168.1.1", False)]
+    where = kubeadm.addresses("cp-1", config_map(), pods, nodes)
+    assert where.dead == "10.0.0.1" and where.source == "ClusterStatus"
+    assert where.remaining == ("10.0.0.2", "10.0.1.3", "192.168.0.4")  # no worker
+    where = kubeadm.addresses("cp-3", config_map(None), pods, nodes)
+    assert where.dead == "10.0.1.3" and where.source == "apiserver pod"
+    where = kubeadm.addresses("cp-4", None, [], nodes)
+    assert where.dead == "192.168.0.4" and where.source == "Node"
+    assert where.remaining == ("192.168.0.3",)
+
+
+def test_steps_by_role_and_rook() -> None:
+    worker, control = node("w", "1.1.1.1", False), node("c", "1.1.1.2")
+    assert steps_for(worker, PurgeOptions()) == ("Node",)
+    assert steps_for(control, PurgeOptions()) == ("Address", "ControlPlaneEndpoint", "EtcdMember", "Node")
+    assert steps_for(control, PurgeOptions(maintain_rook=True)) == STEPS
+    assert steps_for(None, PurgeOptions()) == ()
+
+
+def test_rook_storage_nodes_and_osd_deployments() -> None:
+    cluster = {"spec": {"storage": {"nodes": [{"name": "a"}, {"name": "b"}]}}}
+    assert rook.storage_nodes_without(cluster, "a") == [{"name": "b"}]
+    assert rook.storage_nodes_without(cluster, "c") is None
+    deployment = {
+        "metadata": {"labels": {"ceph-osd-id": "4"}},
+        "spec": {"template": {"spec": {"nodeSelector": {"kubernetes.io/hostname": "a"}}}},
+    }
+    assert rook.osd_of(deployment, "a") == "4"
+    assert rook.osd_of(deployment, "b") is None
+    assert rook.commands(["4"], "a") == [
+        ["ceph", "osd", "down", "osd.4"],
+        ["ceph", "osd", "purge", "4", "--yes-i-really-mean-it"],
+        ["ceph", "osd", "crush", "rm", "a"],
+    ]
+
+
+async def test_without_a_toolbox_the_ceph_commands_are_reported_to_run_by_hand() -> None:
+    message = await rook.purge_osds(None, ["4"], "a")
+    assert "run by hand" in message and "ceph osd purge 4 --yes-i-really-mean-it" in message
+
+
+def test_the_cli_reads_a_policy_or_its_spec_and_flags_override(tmp_path: Path) -> None:
+    whole = tmp_path / "policy.yaml"
+    whole.write_text(
+        "kind: MaintenancePolicy\nspec:\n  minReadyMasterNodeCount: 3\n  rookShouldUseAllNodes: true\n"
+    )
+    spec = load_spec(whole)
+    assert spec.min_ready_master_node_count == 3
+    bare = tmp_path / "spec.yaml"
+    bare.write_text("minReadyWorkerNodeCount: 2\n")
+    assert load_spec(bare).min_ready_worker_node_count == 2
+    changed = with_flags(spec, Path("/pki"), 1, 4, True)
+    assert (changed.certificates_dir, changed.min_ready_master_node_count) == ("/pki", 1)
+    assert changed.min_ready_worker_node_count == 4 and changed.rook_should_use_all_nodes is False
+    assert PurgeOptions.from_spec(changed).maintain_rook
+    assert load_spec(None).min_ready_master_node_count == 2
+
+
+def test_a_bad_config_names_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("minReadyMasterNodeCount: -1\n")
+    with pytest.raises(typer.BadParameter, match=r"minReadyMasterNodeCount|min_ready_master_node_count"):
+        load_spec(bad)
+
+
+def test_purge_node_is_one_command_in_kustos_and_the_kubectl_plugin() -> None:
+    from typer.testing import CliRunner
+
+    from kustos import cli, kubectl_plugin
+
+    for app in (cli.app, kubectl_plugin.app):
+        result = CliRunner().invoke(app, ["purge-node", "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, result.output
+        for flag in ("--certificates_dir", "--min_ready_master_nodes", "--min_ready_worker_nodes",
+                     "--maintain_rook_storage_nodes", "--config", "--yes", "--force"):  # fmt: skip
+            assert flag in result.output, flag
+
+
+async def test_the_kubectl_toolbox_execs_ceph_in_the_running_toolbox_pod(tmp_path: Path) -> None:
+    """The exec boundary faked: a kubectl that records its arguments."""
+    import httpx2
+
+    from kustos.runtime.api import Api
+
+    record = tmp_path / "calls"
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(f'#!/bin/sh\necho "$@" >> {record}\necho ok\n')
+    kubectl.chmod(0o755)
+    pods = {"items": [
+        {"metadata": {"name": "tools-old", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+         "status": {"containerStatuses": [{"state": {"running": {}}}]}},
+        {"metadata": {"name": "tools-1"}, "status": {"containerStatuses": [{"state": {"running": {}}}]}},
+    ]}  # fmt: skip
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        assert request.url.params["labelSelector"] == rook.TOOLBOX_SELECTOR
+        return httpx2.Response(200, json=pods)
+
+    api = Api(httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://k8s"))
+    toolbox = rook.KubectlToolbox(api, "rook-ceph", str(kubectl), "/kc", None)
+    code, out, _ = await toolbox.run(["ceph", "osd", "purge", "3", "--yes-i-really-mean-it"])
+    assert (code, out.strip()) == (0, "ok")
+    assert record.read_text().split() == [
+        "--kubeconfig", "/kc", "exec", "-n", "rook-ceph", "tools-1", "--", "ceph", "osd", "purge", "3",
+        "--yes-i-really-mean-it",
+    ]  # fmt: skip
+    pods["items"] = []
+    code, _, err = await toolbox.run(["ceph", "status"])
+    assert code == 127 and "no running pod labelled app=rook-ceph-tools" in err
+
+
+def test_a_volume_is_pinned_only_by_one_required_hostname() -> None:
+    from kustos.maintenance.controller import pinned_node
+
+    def volume(*terms: dict[str, object]) -> dict[str, object]:
+        return {"spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": list(terms)}}}}
+
+    one = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["w-1"]}]}
+    assert pinned_node(volume(one)) == "w-1"
+    two = {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["w-1", "w-2"]}]
+    }
+    assert pinned_node(volume(two)) is None
+    zone = {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}
+    assert pinned_node(volume(zone)) is None
+    assert pinned_node(volume(one, one)) is None  # either of two terms: not one node
+    assert pinned_node({"spec": {}}) is None
+    assert pinned_node(None) is None
