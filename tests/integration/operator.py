@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,8 @@ from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.network import operator_argv
 
 REPO = Path(__file__).resolve().parents[2]
+# What an operator's log says when the API server refused it (a bare "403" would match ids).
+REFUSED = re.compile(r"\b403\b|forbidden", re.IGNORECASE)
 
 
 def free_port() -> int:
