@@ -13,7 +13,6 @@ import importlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -115,34 +114,36 @@ def dev_up(
     console.print("The dev cluster runs in the background. Use it with:")
     console.print(f"  export KUBECONFIG={cluster.kubeconfig}")
     console.print(f"  {cluster.kubectl_path} get etcdclusters     (or: kustos dev kubectl get etcdclusters)")
-    console.print(f"The operator's log: {cluster.state_dir / 'operator.log'}")
+    console.print(
+        f"The operator runs in {OPERATOR_NAMESPACE}; its pods' logs: kustos dev logs{_name_flag(name)}"
+    )
     console.print(f"Stop it all and remove its state with: kustos dev down{_name_flag(name)}")
 
 
 SAMPLE = "example"
+# kustos.devcluster.operator.NAMESPACE (a unit test holds them equal), not imported from there.
+OPERATOR_NAMESPACE = "kustos-system"
 
 
 def _run_sample(cluster: DevCluster) -> None:
-    """CRDs, the operator, and a three-member EtcdCluster shown converging until it is Ready."""
+    """The operator installed by its chart, and a three-member EtcdCluster shown converging
+    until it is Ready."""
     from rich.live import Live
     from rich.table import Table
 
-    from kustos.api import RESOURCES
     from kustos.devcluster import binaries
+    from kustos.devcluster import operator as dev_operator
     from kustos.devcluster.cluster import DevClusterError
-    from kustos.runtime.crd import render_crds
 
-    cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))
-    for resource in RESOURCES:
-        cluster.wait_established(resource.crd.name)
-    # `kustos run` beside the dev cluster (`kustos dev down` stops it), resolving cluster
-    # names through the cluster DNS as it would in a pod.
-    from kustos.devcluster.network import operator_argv
-
-    cluster.ensure_background("operator", operator_argv(cluster.resolv_conf, [
-        sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
-        "--metrics-address", "127.0.0.1:0", "--webhook-address", "127.0.0.1:0",
-    ]))  # fmt: skip
+    # As users install it: the chart (CRDs, RBAC, webhooks, the Deployment) into
+    # kustos-system; its two pods run this checkout's kustos as the chart's ServiceAccount.
+    console.print(f"installing the operator: helm upgrade --install kustos {dev_operator.chart_dir()} "
+                  f"--namespace {dev_operator.NAMESPACE} ...")  # fmt: skip
+    try:
+        dev_operator.install(cluster)
+        dev_operator.wait_ready(cluster, 2, timeout=180, log=console.print)
+    except dev_operator.InstallError as err:
+        raise DevClusterError(str(err)) from err
     sample = {
         "apiVersion": "kustos.dev/v1alpha1",
         "kind": "EtcdCluster",
@@ -171,8 +172,8 @@ def _run_sample(cluster: DevCluster) -> None:
             if status.get("ready") == "3/3" and status.get("phase") == "Running":
                 break
             if time.monotonic() > deadline:
-                log = cluster.state_dir / "operator.log"
-                raise DevClusterError(f"EtcdCluster {SAMPLE} was not ready within 180s; see {log}")
+                logs = f"kustos dev logs{_name_flag(cluster.config.name)}"
+                raise DevClusterError(f"EtcdCluster {SAMPLE} was not ready within 180s; see {logs}")
             time.sleep(0.5)
     console.print()
     console.out(cluster.kubectl("get", "etcdclusters"))
@@ -222,10 +223,45 @@ def dev_status(name: NameOption = DEFAULT_NAME) -> None:
                 f"pod network {net['cidr']} on bridge {net['bridge']}; API server and cluster DNS "
                 f"at {net['gateway']}"
             )
+        _print_operator_pods(cluster)
         console.print(f"export KUBECONFIG={state['kubeconfig']}")
     else:
         console.print("not running")
         raise typer.Exit(1)
+
+
+def _print_operator_pods(cluster: DevCluster) -> None:
+    """The chart's operator pods: phase, node, and which one holds the Lease."""
+    from kustos.devcluster import operator as dev_operator
+
+    pods = dev_operator.operator_pods(cluster)
+    if not pods:
+        console.print(f"no operator pods in {OPERATOR_NAMESPACE}")
+        return
+    leader = dev_operator.leader_pod(cluster)
+    for pod in pods:
+        pod_name = pod["metadata"]["name"]
+        phase = (pod.get("status") or {}).get("phase", "-")
+        role = "leader" if pod_name == leader else "standby"
+        console.print(f"operator pod {pod_name}  {phase}  {role}  node {pod['spec'].get('nodeName', '-')}")
+
+
+@dev.command("logs")
+def dev_logs(
+    name: NameOption = DEFAULT_NAME,
+    tail: Annotated[int, typer.Option(help="Lines per pod.")] = 200,
+) -> None:
+    """The operator's logs: every pod of the chart's Deployment, each line prefixed with its pod."""
+    from kustos.devcluster import operator as dev_operator
+
+    cluster = _cluster(name)
+    if not cluster.is_running():
+        console.print(f"dev cluster {name} is not running")
+        raise typer.Exit(1)
+    _print_operator_pods(cluster)
+    if not dev_operator.operator_pods(cluster):
+        raise typer.Exit(1)
+    console.out(dev_operator.logs(cluster, tail=tail), end="")
 
 
 NodeArgument = Annotated[str, typer.Argument(help="Node name, e.g. kustos-worker-1.")]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
 from kustos.etcd.maintenance_controller import register as register_maintenance
+from kustos.maintenance import envoy_controller, image_overrides_webhook
 from kustos.nodejob import controller as nodejob_controller
 from kustos.nodes.autoscaling import controller as autoscaling_controller
 from kustos.nodes.nodeimage import controller as nodeimage_controller
@@ -35,6 +36,8 @@ CONTROLLERS: dict[str, Register] = {
     "scalinggroup": scalinggroup_controller.register,
     "pendingnode": pendingnode_controller.register,
     "autoscalingstrategy": autoscaling_controller.register,
+    "envoyrestart": envoy_controller.register,
+    "imageoverrides": image_overrides_webhook.register,
 }
 
 

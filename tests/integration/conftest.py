@@ -10,6 +10,7 @@ import atexit
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import threading
 import uuid
@@ -29,6 +30,7 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
 WORKERS = 4
+REPO = Path(__file__).resolve().parents[2]
 CLONE_NEWNS = 0x00020000
 
 
@@ -76,8 +78,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="session")
-def dev_cluster() -> Iterator[DevCluster]:
-    """The session's control plane: four workers, fast node-failure timings."""
+def dev_cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DevCluster]:
+    """The session's control plane: four workers, fast node-failure timings. At its end the
+    API server's audit log is read (``check_least_privilege``)."""
     binaries.build()
     _remove_abandoned_test_clusters()
     cluster = DevCluster(
@@ -95,11 +100,47 @@ def dev_cluster() -> Iterator[DevCluster]:
         # (``<pod>.<service>.<ns>.svc``), as in a pod.
         SESSION_RESOLV_CONF.write_text(f"search cluster.local\nnameserver {cluster.dns_server}\n")
         yield cluster
+        check_least_privilege(cluster, request.session, tmp_path_factory.getbasetemp())
     finally:
         # KUSTOS_KEEP_CLUSTER=1 leaves it running to look at after a failure; the next
         # session removes it.
         if os.environ.get("KUSTOS_KEEP_CLUSTER") != "1":
             cluster.stop()
+
+
+def check_least_privilege(cluster: DevCluster, session: pytest.Session, out: Path) -> None:
+    """No request by the operator's identity (the chart's ServiceAccount) was refused, and, after
+    the whole suite, every permission the chart grants was used or has its reason in
+    docs/install.md. The report goes to ``<pytest tmp>/least-privilege.txt``."""
+    from kustos.devcluster import operator as dev_operator
+    from tests.integration import audit
+
+    chart = str(dev_operator.chart_dir())
+    grants = audit.chart_grants(audit.rendered(dev_operator.helm(cluster, "template", "kustos", chart,
+                                "--namespace", "kustos-system")), "cluster mode")  # fmt: skip
+    grants += audit.chart_grants(audit.rendered(dev_operator.helm(cluster, "template", "kustos", chart,
+                                 "--namespace", "kustos-system", "--set", "namespaces={team-a}")),
+                                 "namespaced mode")  # fmt: skip
+    reasons = audit.justified((REPO / "docs" / "install.md").read_text())
+    # Kept beside the report: the cluster's state goes with the session.
+    kept = out / "audit.log"
+    shutil.copyfile(cluster.audit_log, kept)
+    result = audit.coverage(audit.read_requests(kept), grants, reasons)
+    report = out / "least-privilege.txt"
+    report.write_text(result.report())
+    print(f"\nleast-privilege report: {report}")
+    if result.denied:
+        denied = "\n".join(f"  {r.user} {r.verb} {r.resource} {r.namespace}/{r.name}" for r in result.denied)
+        pytest.fail(f"the API server refused the operator's identity (report: {report}):\n{denied}")
+    modules = {Path(str(item.path)).name for item in session.items}
+    whole_suite = {p.name for p in Path(__file__).parent.glob("test_*.py")} <= modules
+    enforce = (whole_suite and not session.testsfailed) or os.environ.get("KUSTOS_AUDIT_COVERAGE") == "1"
+    if enforce and result.unjustified:
+        unused = "\n".join(f"  {g}" for g in result.unjustified)
+        pytest.fail(
+            f"the chart grants permissions no request used and docs/install.md does not justify "
+            f"(under '{audit.JUSTIFIED_HEADING}'; report: {report}):\n{unused}"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,14 @@ from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
 from kustos.runtime.crd import render_crds
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess, start_operator
+from tests.integration.operator import (
+    CHART_ENV,
+    CHART_NAMESPACE,
+    CHART_RELEASE,
+    OperatorProcess,
+    chart_identity,
+    start_operator,
+)
 
 
 def build_missing_etcd_binaries() -> None:
@@ -49,12 +56,19 @@ def running_operator(
     kubectl: Kubectl, log_dir: Path, env: dict[str, str] | None = None, resolv_conf: Path | None = None
 ) -> Iterator[OperatorProcess]:
     """``kustos run`` with every kustos controller, scoped to the test's namespace (resolving
-    through the cluster DNS unless ``resolv_conf`` names another resolver)."""
+    through the cluster DNS unless ``resolv_conf`` names another resolver).
+
+    It is the chart's ServiceAccount and nothing more (``chart_identity``): its leader election
+    Lease and webhook configurations are the chart's, in kustos-system. The API server's audit
+    log is checked at the end of the session: nothing it asked was refused.
+    """
     process = start_operator(
-        kubectl.cluster, log_dir, "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
+        kubectl.cluster, log_dir, "--namespace", kubectl.namespace,
+        "--lease-name", CHART_RELEASE, "--lease-namespace", CHART_NAMESPACE,
         "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
-        "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
-        controllers=None, env=env, resolv_conf=resolv_conf,
+        "--webhook-configuration-name", CHART_RELEASE,
+        controllers=None, env={**CHART_ENV, **(env or {})}, resolv_conf=resolv_conf,
+        kubeconfig=chart_identity(kubectl.cluster),
     )  # fmt: skip
     try:
         yield process

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -89,13 +90,16 @@ def start_operator(
     controllers: str | None = "tests.example.controller:register",
     env: dict[str, str] | None = None,
     resolv_conf: Path | None = None,
+    kubeconfig: Path | None = None,
 ) -> OperatorProcess:
+    """``kustos run`` as a process: as the cluster's administrator unless ``kubeconfig`` names
+    another identity (``chart_identity``: the chart's ServiceAccount)."""
     metrics_port, webhook_port = free_port(), free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"operator-{metrics_port}.log"
     args = [
         sys.executable, "-m", "kustos.cli", "run",
-        "--kubeconfig", str(cluster.kubeconfig),
+        "--kubeconfig", str(kubeconfig or cluster.kubeconfig),
         "--metrics-address", f"127.0.0.1:{metrics_port}",
         "--webhook-address", f"127.0.0.1:{webhook_port}",
         "--webhook-url", f"https://127.0.0.1:{webhook_port}",
@@ -120,3 +124,62 @@ def start_operator(
         except httpx.HTTPError:
             time.sleep(0.1)
     raise AssertionError(f"operator did not serve /healthz within 30s:\n{operator.log()[-3000:]}")
+
+
+# The session's chart install (``chart_identity``): replicas 0, the operators are the tests'
+# processes, with the token of its ServiceAccount and nothing else.
+CHART_RELEASE = "kustos"
+CHART_NAMESPACE = "kustos-system"
+# webhook.url: the tests' operators serve webhooks on the host, each test at its own port; the
+# operator rewrites the URL in the chart's configurations (patch, by name) when it starts.
+SESSION_VALUES = ("replicas=0", "crds.install=false", "webhook.url=https://127.0.0.1:9443")
+# What the chart's Deployment tells the operator (its storage roles, storage-roles.yaml).
+CHART_ENV = {
+    "KUSTOS_STORAGE_NODE_ROLE": f"{CHART_RELEASE}-storage-node",
+    "KUSTOS_STORAGE_CSI_HELPER_ROLE": f"{CHART_RELEASE}-storage-csi-helper",
+}
+_identities: dict[Path, Path] = {}
+
+
+def chart_identity(cluster: DevCluster) -> Path:
+    """A kubeconfig that is the chart's ServiceAccount (system:serviceaccount:kustos-system:
+    kustos): the chart installed once per session (helm), a token from the TokenRequest API."""
+    if cluster.state_dir in _identities:
+        return _identities[cluster.state_dir]
+    from kustos.devcluster import operator as dev_operator
+
+    dev_operator.install(cluster, SESSION_VALUES, CHART_RELEASE, CHART_NAMESPACE)
+    path = cluster.state_dir / "chart-identity.kubeconfig"
+    _identities[cluster.state_dir] = service_account_kubeconfig(cluster, CHART_NAMESPACE, CHART_RELEASE, path)
+    return path
+
+
+def reset_chart_identity(cluster: DevCluster) -> None:
+    """Uninstall the session's release; the next ``chart_identity`` installs it afresh (a new
+    ServiceAccount, a new token). For tests that install the chart otherwise: switching a
+    release between webhook.url and the Service in place fails, since the operators' own
+    writes of the other field stay in the webhook configurations."""
+    from kustos.devcluster import operator as dev_operator
+
+    dev_operator.uninstall(cluster, CHART_RELEASE, CHART_NAMESPACE)
+    _identities.pop(cluster.state_dir, None)
+
+
+def service_account_kubeconfig(cluster: DevCluster, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig that is ``account``: a token from the TokenRequest API, checked with whoami."""
+    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration", "3h").strip()
+    view = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json"))
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": view["clusters"][0]["cluster"]}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": namespace}}],
+    }  # fmt: skip
+    path.write_text(json.dumps(config))
+    whoami = subprocess.run(
+        [str(cluster.kubectl_path), "--kubeconfig", str(path), "auth", "whoami",
+         "-o", "jsonpath={.status.userInfo.username}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert whoami.stdout.strip() == f"system:serviceaccount:{namespace}:{account}", whoami.stdout
+    return path

@@ -23,7 +23,7 @@ from kustos.devcluster.cluster import DevCluster
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import etcd_cluster, wait_healthy
 from tests.integration.kube import wait_until
-from tests.integration.operator import free_port
+from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, chart_identity, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "kustos"
@@ -108,10 +108,16 @@ def service_account_kubeconfig(cluster: DevCluster, namespace: str, account: str
     return path
 
 
-def start_operator_as(kubeconfig: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+def start_operator_as(kubeconfig: Path, log: Path, *args: str, release: str = "") -> subprocess.Popen[bytes]:
+    """``kustos run`` with only ``kubeconfig``'s identity; with a cluster-mode ``release``, told
+    its chart's storage roles as the chart's Deployment does."""
+    env = {**os.environ}
+    if release:
+        env |= {"KUSTOS_STORAGE_NODE_ROLE": f"{release}-storage-node",
+                "KUSTOS_STORAGE_CSI_HELPER_ROLE": f"{release}-storage-csi-helper"}  # fmt: skip
     with log.open("wb") as sink:
         command = [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(kubeconfig), *args]
-        return subprocess.Popen(command, stdout=sink, stderr=sink, cwd=REPO)
+        return subprocess.Popen(command, stdout=sink, stderr=sink, cwd=REPO, env=env)
 
 
 @pytest.mark.parametrize("mode", ["cluster", "namespaced"])
@@ -183,7 +189,7 @@ async def test_the_operator_runs_a_storage_cluster_with_only_the_charts_permissi
         process = start_operator_as(
             kubeconfig, log, "--namespace", namespace, "--lease-name", release,
             "--lease-namespace", namespace, "--metrics-address", f"127.0.0.1:{free_port()}",
-            "--controllers", "storagecluster",
+            "--controllers", "storagecluster", release=release,
         )  # fmt: skip
 
         async def running() -> bool:
@@ -195,6 +201,20 @@ async def test_the_operator_runs_a_storage_cluster_with_only_the_charts_permissi
                          cluster=dev_cluster, namespace=manifest["spec"]["namespace"])  # fmt: skip
         bindings = dev_cluster.kubectl("get", "clusterrolebindings", "-o", "name")
         assert "kube-scheduler" in bindings and "volume-scheduler" in bindings
+        # The node and CSI helper pods are bound to the chart's roles; none is generated.
+        roles = {
+            b["roleRef"]["name"]
+            for b in json.loads(
+                dev_cluster.kubectl(
+                    "get", "clusterrolebindings", "-l", "app.kubernetes.io/managed-by=kustos", "-o", "json"
+                )
+            )["items"]
+        }
+        assert {f"{release}-storage-node", f"{release}-storage-csi-helper"} <= roles, roles
+        generated = dev_cluster.kubectl(
+            "get", "clusterroles", "-l", "app.kubernetes.io/managed-by=kustos", "-o", "name"
+        )
+        assert not generated.strip(), generated
         kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=90s")
     finally:
         if process is not None:
@@ -205,3 +225,22 @@ async def test_the_operator_runs_a_storage_cluster_with_only_the_charts_permissi
         helm(dev_cluster, "uninstall", release, "--namespace", namespace)
     text = log.read_text(errors="replace")
     assert not re.search(r"\b403\b", text) and "forbidden" not in text.lower(), text[-3000:]
+
+
+CAN_I_GOLDEN = REPO / "tests" / "unit" / "golden" / "chart" / "can-i-list.txt"
+
+
+def test_what_the_charts_service_account_may_do_is_the_golden(dev_cluster: DevCluster) -> None:
+    """``kubectl auth can-i --list`` as the chart's ServiceAccount (the session's release in
+    kustos-system), cluster-wide rules and its own namespace's. A change in the chart's RBAC
+    shows here as a diff to review; KUSTOS_UPDATE_GOLDEN=1 rewrites it."""
+    chart_identity(dev_cluster)
+    identity = f"system:serviceaccount:{CHART_NAMESPACE}:{CHART_RELEASE}"
+    listing = dev_cluster.kubectl("auth", "can-i", "--list", "--as", identity, "-n", CHART_NAMESPACE)
+    # Columns are padded to the widest entry: compare the rows, not the padding.
+    rows = "\n".join(" ".join(line.split()) for line in listing.splitlines()) + "\n"
+    if os.environ.get("KUSTOS_UPDATE_GOLDEN") == "1":
+        CAN_I_GOLDEN.write_text(rows)
+    assert CAN_I_GOLDEN.read_text() == rows, (
+        f"{CAN_I_GOLDEN} is stale; regenerate with KUSTOS_UPDATE_GOLDEN=1"
+    )

@@ -23,11 +23,11 @@ from kustos.api.storage import StorageCluster
 from kustos.devcluster.cluster import DevCluster
 from kustos.storage import names
 from kustos.storage.images import parse_kube_version
-from kustos.storage.manifests import Inputs, desired, listing
+from kustos.storage.manifests import Inputs, desired, listing, shipped_roles
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_rejected, etcd_cluster, running_operator, wait_healthy
 from tests.integration.kube import claim, wait_until
-from tests.integration.operator import REPO, OperatorProcess, free_port
+from tests.integration.operator import CHART_ENV, CHART_RELEASE, REPO, OperatorProcess, free_port
 
 KINDS = (
     "namespaces,serviceaccounts,clusterroles,clusterrolebindings,secrets,configmaps,csidrivers,"
@@ -89,7 +89,9 @@ def expected_listing(
     model = StorageCluster.model_validate(
         {**manifest, "metadata": {**manifest["metadata"], "namespace": kubectl.namespace, "uid": "x"}}
     )
-    return sorted(listing(desired(Inputs(model, version, secret_data=secret))))
+    # The tests' operators are told the chart's storage roles (CHART_ENV): bound, not generated.
+    inputs = Inputs(model, version, secret_data=secret, shipped_roles=shipped_roles(CHART_ENV))
+    return sorted(listing(desired(inputs)))
 
 
 def node_env(kubectl: Kubectl, manifest: dict[str, Any]) -> dict[str, str]:
@@ -441,11 +443,14 @@ def pod(name: str, claim_name: str) -> dict[str, Any]:
 async def test_scheduler_webhook_sets_the_scheduler_on_pods_using_the_storage_class(
     kubectl: Kubectl, running: dict[str, Any]
 ) -> None:
-    configuration = f"kustos-{kubectl.namespace}"
-
     async def configured() -> bool:
-        return bool(
-            kubectl.cluster.kubectl("get", "mutatingwebhookconfiguration", configuration, check=False)
+        # The chart's configuration, once this test's operator has pointed it at itself (its
+        # URL, and this namespace only).
+        found = kubectl.cluster.kubectl("get", "mutatingwebhookconfiguration", CHART_RELEASE, "-o", "json")
+        selectors = [w.get("namespaceSelector") or {} for w in json.loads(found)["webhooks"]]
+        return bool(selectors) and all(
+            s.get("matchLabels", {}).get("kubernetes.io/metadata.name") == kubectl.namespace
+            for s in selectors
         )
 
     await wait_until(configured, "the mutating webhook configuration", timeout=30)

@@ -22,6 +22,8 @@ from kustos.devcluster import binaries
 from kustos.etcd.webhook import webhooks as etcd_webhooks
 from kustos.install import chart as chart_files
 from kustos.install.values import ChartValues, defaults
+from kustos.maintenance.image_overrides_webhook import webhooks as image_override_webhooks
+from kustos.storage.manifests import CSI_HELPER_RULES, NODE_RULES
 from kustos.storage.webhook import scheduler_webhook
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,6 +136,8 @@ def _operator_entries(namespaced: bool) -> dict[str, dict[str, Any]]:
     served = etcd_webhooks()
     if not namespaced:
         served.append(scheduler_webhook(cast(Any, None), cast(Any, None)))
+        # The pod image override webhook has its own configuration, made by the leader.
+        served += [w for w in image_override_webhooks(cast(Any, None)) if w.configuration is None]
     entries = {}
     for webhook in served:
         if namespaced:
@@ -188,13 +192,47 @@ def test_namespaced_mode_reads_nothing_cluster_wide_but_nodes(helm: Path) -> Non
     assert "--controllers=etcdcluster,etcdbackup,etcdmaintenance,nodejob" in args["args"]
 
 
-def test_scheduler_roles_are_bound_not_held(helm: Path) -> None:
-    role = next(d for d in documents(template(helm)) if d["kind"] == "ClusterRole")
+def test_scheduler_and_storage_roles_are_bound_not_held(helm: Path) -> None:
+    docs = documents(template(helm))
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "kustos")
     bind = [r for r in role["rules"] if "bind" in r["verbs"]]
     assert bind == [{
         "apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"], "verbs": ["bind"],
-        "resourceNames": ["system:kube-scheduler", "system:volume-scheduler"],
+        "resourceNames": ["system:kube-scheduler", "system:volume-scheduler", "kustos-storage-node",
+                          "kustos-storage-csi-helper"],
     }]  # fmt: skip
     assert not [
         r for r in role["rules"] if "*" in r["verbs"] or "*" in r["resources"] or "escalate" in r["verbs"]
     ]
+    # The shipped roles hold what a StorageCluster's pods need; the operator holds none of it.
+    shipped = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
+    assert shipped["kustos-storage-node"] == NODE_RULES
+    assert shipped["kustos-storage-csi-helper"] == CSI_HELPER_RULES
+    held = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert not held & {("", "persistentvolumes"), ("storage.k8s.io", "volumeattachments"),
+                       ("storage.k8s.io", "csinodes"), ("coordination.k8s.io", "leases")}  # fmt: skip
+    env = {e["name"]: e.get("value") for d in docs if d["kind"] == "Deployment"
+           for e in d["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert env["KUSTOS_STORAGE_NODE_ROLE"] == "kustos-storage-node"
+    assert env["KUSTOS_STORAGE_CSI_HELPER_ROLE"] == "kustos-storage-csi-helper"
+
+
+def test_the_cloud_provider_and_its_options_reach_the_operator(helm: Path) -> None:
+    def args(*sets: str) -> list[str]:
+        rendered = documents(template(helm, *sets))
+        deployment = next(d for d in rendered if d["kind"] == "Deployment")
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert not [a for a in args() if a.startswith("--cloud")]
+    aws = args(
+        "--set", "cloudProvider.name=aws", "--set", "cloudProvider.options.region=eu-west-1",
+        "--set", "cloudProvider.options.cluster=prod",
+        "--set", "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/kustos",
+    )  # fmt: skip
+    assert aws[aws.index("--cloud-provider=aws") :][:3] == [
+        "--cloud-provider=aws",
+        "--cloud-option=cluster=prod",
+        "--cloud-option=region=eu-west-1",
+    ]
+    refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", "cloudProvider.name=gce", check=False)
+    assert refused.returncode != 0 and "cloudProvider" in refused.stderr

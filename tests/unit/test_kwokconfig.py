@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from kustos.devcluster.binaries import KUBERNETES_VERSION, bin_dir, binary_path
 from kustos.devcluster.kwokconfig import (
+    AUDIT_POLICY,
     MANAGED_LABEL,
     RUNNER_POD,
     Timings,
@@ -462,6 +463,23 @@ def test_controllers_run_without_leader_election(cache: Path, fake_source: Path)
 
     for component in ("kube-controller-manager", "kube-scheduler"):
         assert {"key": "leader-elect", "value": "false"} in _patch_args(config, component)
+
+
+def test_an_audit_policy_turns_on_the_api_servers_audit_log(cache: Path, fake_source: Path) -> None:
+    policy = cache / "audit-policy.yaml"
+
+    assert "kubeAuditPolicy" not in _options(kwokctl_config(Timings(), fake_source, slot=1))
+    assert _options(kwokctl_config(Timings(), fake_source, slot=1, audit_policy=policy))[
+        "kubeAuditPolicy"
+    ] == str(policy)
+
+
+def test_the_audit_policy_records_service_accounts_only_without_bodies() -> None:
+    rules = AUDIT_POLICY["rules"]
+
+    assert rules[0] == {"level": "Metadata", "userGroups": ["system:serviceaccounts"]}
+    assert rules[-1] == {"level": "None"}
+    assert "ResponseStarted" not in AUDIT_POLICY["omitStages"]  # open watches are recorded
 
 
 def test_kwok_own_cidr_is_in_the_clusters_slot(cache: Path, fake_source: Path) -> None:

@@ -21,6 +21,8 @@ NOT_ON_THE_OPERATOR_PATH = {
     "cryptography": "only when an EtcdCluster uses TLS (webhook certificates: a child process)",
     "httpx": "the API client's httpx2 serves the etcd client too",
     "obstore": "backup agent pods only",
+    "boto3": "only with --cloud-provider aws (botocore alone is ~20 MiB)",
+    "botocore": "only with --cloud-provider aws",
 }
 
 
@@ -73,3 +75,10 @@ def test_cli_default_cluster_name_is_the_dev_clusters() -> None:
     from kustos.devcluster.cluster import DEFAULT_NAME
 
     assert cli.DEFAULT_NAME == DEFAULT_NAME
+
+
+def test_cli_operator_namespace_is_the_dev_installs() -> None:
+    from kustos import cli
+    from kustos.devcluster.operator import NAMESPACE
+
+    assert cli.OPERATOR_NAMESPACE == NAMESPACE

@@ -322,7 +322,7 @@ def test_configurations_with_a_url() -> None:
     assert vobj["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert vobj["kind"] == "ValidatingWebhookConfiguration"
     assert mobj["kind"] == "MutatingWebhookConfiguration"
-    assert vobj["metadata"] == {"name": "kustos", "labels": {"app.kubernetes.io/managed-by": "kustos"}}
+    assert vobj["metadata"] == {"name": "kustos"}  # no labels: helm owns managed-by
     assert vobj["webhooks"] == [
         {
             "name": "vetcd.kustos.dev",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kustos.api.storage import StorageCluster
 from kustos.storage import names
 from kustos.storage.images import TABLE, csi_images, parse_kube_version
-from kustos.storage.manifests import HASH_ANNOTATION, Inputs, desired, listing, refusals
+from kustos.storage.manifests import HASH_ANNOTATION, Inputs, desired, listing, refusals, shipped_roles
 
 GOLDEN = Path(__file__).parent / "golden"
 KUBE = (1, 36)
@@ -95,6 +95,26 @@ def test_golden(combination: str) -> None:
         path.write_text(text)
     assert path.is_file(), f"{path} is missing; run with KUSTOS_UPDATE_GOLDEN=1 and review it"
     assert path.read_text() == text, f"{path} differs; regenerate with KUSTOS_UPDATE_GOLDEN=1 and review"
+
+
+def test_shipped_roles_are_bound_not_generated() -> None:
+    roles = {"node": "kustos-storage-node", "csi-helper": "kustos-storage-csi-helper"}
+    objects = render({"csi": {"enable": True}}, shipped_roles=roles)
+
+    assert not [o for o in objects if o["kind"] == "ClusterRole"]
+    for component, role in roles.items():
+        binding = find(objects, "ClusterRoleBinding", f"kustos-storage-default.stor-{component}")
+        assert binding["roleRef"]["name"] == role
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": f"stor-{component}", "namespace": "storageos"}
+        ]
+
+
+def test_shipped_roles_come_from_the_environment_the_chart_sets() -> None:
+    environ = {"KUSTOS_STORAGE_NODE_ROLE": "r-node", "KUSTOS_STORAGE_CSI_HELPER_ROLE": "", "OTHER": "x"}
+
+    assert shipped_roles(environ) == {"node": "r-node"}
+    assert shipped_roles({}) == {}
 
 
 def test_defaults_listing() -> None:

@@ -29,6 +29,7 @@ import yaml
 
 from kustos.devcluster import binaries
 from kustos.devcluster.kwokconfig import (
+    AUDIT_POLICY,
     MANAGED_LABEL,
     PORT_OPTIONS,
     Timings,
@@ -141,6 +142,11 @@ class DevCluster:
             )
         pid_file.write_text(str(process.pid))
 
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: every request by a service account (``AUDIT_POLICY``)."""
+        return self.cluster_dir / "logs" / "audit.log"
+
     def component_log(self, component: str) -> Path:
         return self.cluster_dir / "logs" / f"{component}.log"
 
@@ -179,12 +185,12 @@ class DevCluster:
         # Where pods' service account tokens are bind-mounted in their mount namespaces.
         SERVICE_ACCOUNT_DIR.mkdir(parents=True, exist_ok=True)
         config_file = self.state_dir / "kwokctl.yaml"
-        config_file.write_text(
-            yaml.safe_dump_all(
-                kwokctl_config(self.config.timings, kwok_source_dir(), slot, _free_ports(), network),
-                sort_keys=False,
-            )
+        audit_policy = self.state_dir / "audit-policy.yaml"
+        audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+        config = kwokctl_config(
+            self.config.timings, kwok_source_dir(), slot, _free_ports(), network, audit_policy
         )
+        config_file.write_text(yaml.safe_dump_all(config, sort_keys=False))
         log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
         self._kwokctl(
             "-c", str(config_file), "create", "cluster", "--runtime", "binary",

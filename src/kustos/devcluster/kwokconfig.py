@@ -205,13 +205,16 @@ def kwokctl_config(
     slot: int,
     ports: dict[str, int] | None = None,
     network: ClusterNetwork | None = None,
+    audit_policy: Path | None = None,
 ) -> list[dict[str, Any]]:
     """The multi-document config handed to ``kwokctl create cluster -c``.
 
     ``ports`` pins the components' ports; kwokctl's own choice races when two clusters
     start at the same moment (a test session beside ``dev up``). With a ``network`` the
     API server also answers on its gateway (pods reach it there, and it advertises that
-    address for the ``kubernetes`` Service) and kwok hands out addresses of its range.
+    address for the ``kubernetes`` Service), calls webhook Services at their endpoints'
+    pod IPs, and kwok hands out addresses of its range. With an ``audit_policy`` the API
+    server writes its audit log to ``logs/audit.log`` in the cluster's kwok directory.
     """
     options: dict[str, Any] = {
         "runtime": "binary",
@@ -247,9 +250,14 @@ def kwokctl_config(
         apiserver_args += [
             {"key": "bind-address", "value": "0.0.0.0", "override": True},
             {"key": "advertise-address", "value": network.gateway},
+            # Webhook and aggregated API Services are called at an endpoint (a pod IP,
+            # reachable through the bridge), not at the ClusterIP: there is no kube-proxy.
+            {"key": "enable-aggregator-routing", "value": "true"},
         ]
         options["kubeApiserverCertSANs"] = [network.gateway]
         kwok_cidr = network.node_cidr(255)
+    if audit_policy is not None:
+        options["kubeAuditPolicy"] = str(audit_policy)
     if timings.toleration_seconds is not None:
         for kind in ("not-ready", "unreachable"):
             apiserver_args.append(
@@ -302,6 +310,21 @@ def kwokctl_config(
         },
         *stages(source),
     ]
+
+
+# Who the audit log records: service accounts only (the operator runs as one; the control
+# plane and the tests use certificates), at Metadata level (verb, resource, name, user, the
+# response code and the authorizer's decision; never a request or response body).
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    # ResponseStarted stays: a watch still open when the log is read shows there.
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
 
 
 def node_manifest(

@@ -64,6 +64,7 @@ from kustos.runtime.controller import Controller, Result, label_keys
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError, as_reconcile_error
 from kustos.runtime.events import NORMAL, WARNING
+from kustos.runtime.expectations import Expectations
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.record import record
@@ -96,15 +97,19 @@ class EtcdClusterReconciler:
         self.claims = manager.informer(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
         self.certs = operator_certificates(manager)  # its client files: a temp dir removed at exit
         self.observer = Observer(self.pods, self.nodes, self.claims, self.certs)
+        # Pods created by a pass and not yet in the pods cache: no pass plans without them.
+        self.expected = Expectations(self.clock)
         self.rebuilder = Rebuilder(
-            self.api, self.observer, self.backups, self.event, agent_image or configured_agent_image()
-        )
+            self.api, self.observer, self.backups, self.event, agent_image or configured_agent_image(),
+            self.expected,
+        )  # fmt: skip
 
     # ---- reconcile ---------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> Result | None:
         raw = self.clusters.get(key)
         if raw is None or objects.deleting(raw):
+            self.expected.forget(key)
             return None  # owner references take everything it owned along
         now = self.clock.now()
         try:
@@ -113,6 +118,10 @@ class EtcdClusterReconciler:
             seen = Seen(dict(raw.get("status") or {}), objects.generation(raw))
             await self._record(raw, seen, InvalidSpec(f"invalid spec: {err}"), now, None)
             return None
+        unseen = self.expected.unseen(key, (objects.name(p) for p in self.observer.pods_of(cluster)))
+        if unseen:  # the pod's own watch event wakes this cluster again
+            log.debug("waiting for the pods cache to show %s", ", ".join(unseen))
+            return Result(requeue_after=1.0)
         try:
             await self._ensure_services(cluster)
             seen, step = await self.plan(raw, cluster, now)
@@ -411,6 +420,7 @@ class EtcdClusterReconciler:
             if fingerprint is not None:
                 manifest["metadata"]["annotations"][FINGERPRINT_ANNOTATION] = fingerprint
         await submit_pod(self.api, cluster, manifest)
+        self.expected.expect(objects.key(cluster), manifest["metadata"]["name"])
 
     async def _user_tls_fingerprint(self, cluster: EtcdCluster) -> str | None:
         """Which contents of the user's TLS Secrets a new member starts with (None: not

@@ -35,6 +35,7 @@ from kustos.etcd.status import Rebuild
 from kustos.etcd.versions import target_version
 from kustos.runtime import objects
 from kustos.runtime.api import Api
+from kustos.runtime.expectations import Expectations
 from kustos.runtime.informer import Informer
 from kustos.runtime.resources import PODS
 from kustos.runtime.steps import Wait
@@ -52,13 +53,20 @@ def requested_recovery(raw: Obj) -> str | None:
 
 class Rebuilder:
     def __init__(
-        self, api: Api, observer: Observer, backups: Informer, event: Event, agent_image: str
+        self,
+        api: Api,
+        observer: Observer,
+        backups: Informer,
+        event: Event,
+        agent_image: str,
+        expected: Expectations,
     ) -> None:
         self.api = api
         self.observer = observer
         self.backups = backups
         self.event = event
         self.agent_image = agent_image
+        self.expected = expected  # the seed it creates, until the pods cache shows it
 
     # ---- observe -----------------------------------------------------------------------
 
@@ -193,6 +201,7 @@ class Rebuilder:
     async def _create_seed(self, cluster: EtcdCluster, index: int, epoch: int, where: SnapshotSource) -> None:
         manifest = restore_seed_pod(cluster, index, target_version(cluster), epoch, where, self.agent_image)
         await submit_pod(self.api, cluster, manifest)
+        self.expected.expect(objects.key(cluster), manifest["metadata"]["name"])
         await self.event(
             cluster, "RecoverySeedCreated",
             f"created seed {manifest['metadata']['name']} restoring from {where.description}",

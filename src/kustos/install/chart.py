@@ -13,6 +13,7 @@ import yaml
 from kustos.api import RESOURCES
 from kustos.install.values import render_schema
 from kustos.runtime.crd import crd_for
+from kustos.storage.manifests import COMPONENT_RULES
 
 CRDS_TEMPLATE = "templates/crds.yaml"
 SCHEMA = "values.schema.json"
@@ -36,9 +37,32 @@ def render_crds_template() -> str:
     return HEADER + "{{- if .Values.crds.install }}\n" + body + "{{- end }}\n"
 
 
+STORAGE_ROLES_TEMPLATE = "templates/storage-roles.yaml"
+
+
+def render_storage_roles_template() -> str:
+    """The ClusterRoles a StorageCluster's node and CSI helper pods are bound to
+    (``storage.manifests.COMPONENT_RULES``), shipped so that the operator binds them (``bind``
+    on these names) instead of holding every permission in them; cluster mode only."""
+    body = ""
+    for component, rules in COMPONENT_RULES.items():
+        body += (
+            "---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n"
+            f'  name: {{{{ include "kustos.fullname" . }}}}-storage-{component}\n'
+            '  labels:\n    {{- include "kustos.labels" . | nindent 4 }}\n'
+            + yaml.safe_dump({"rules": rules}, sort_keys=False, width=1_000_000)
+        )
+    header = "# Generated from kustos.storage.manifests by `kustos chart --write`: do not edit.\n"
+    return header + "{{- if not .Values.namespaces }}\n" + body + "{{- end }}\n"
+
+
 def generated() -> dict[str, str]:
     """Chart-relative path -> content."""
-    return {CRDS_TEMPLATE: render_crds_template(), SCHEMA: render_schema()}
+    return {
+        CRDS_TEMPLATE: render_crds_template(),
+        STORAGE_ROLES_TEMPLATE: render_storage_roles_template(),
+        SCHEMA: render_schema(),
+    }
 
 
 def write(chart: Path) -> list[Path]:

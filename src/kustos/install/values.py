@@ -71,6 +71,10 @@ class Webhook(Values):
     """Serve the admission webhooks (EtcdCluster validation, the StorageCluster scheduler)."""
     port: int = Field(default=9443, ge=1024, le=65535)
     cert_manager: CertManager = Field(default_factory=CertManager)
+    url: str = Field(default="", pattern=r"^(https://[^/?#]+)?$")
+    """Empty: the API server calls the webhooks through the chart's Service. An https base URL
+    (no path): the operator runs outside the cluster and serves them there (``kustos run
+    --webhook-url``, e.g. while developing it); its certificate is then self-signed."""
 
 
 class ServiceMonitor(Values):
@@ -99,6 +103,15 @@ class ServiceAccount(Values):
     name: str = ""
     """Empty: the release's full name."""
     annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class CloudProvider(Values):
+    name: Literal["none", "kwok", "aws"] = "none"
+    """The cloud provider NodeImage rollouts and node fencing use (`kustos run --cloud-provider`);
+    none: NodeImages wait. For aws, credentials come from boto3's chain: annotate the service
+    account for IAM roles for service accounts (docs/nodeimage-aws.md)."""
+    options: dict[str, str] = Field(default_factory=dict)
+    """`--cloud-option key=value` pairs, e.g. region and cluster for aws."""
 
 
 class ResourceList(Values):
@@ -142,6 +155,7 @@ class ChartValues(Values):
     metrics: Metrics = Field(default_factory=Metrics)
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
     service_account: ServiceAccount = Field(default_factory=ServiceAccount)
+    cloud_provider: CloudProvider = Field(default_factory=CloudProvider)
     resources: Resources = Field(default_factory=Resources)
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

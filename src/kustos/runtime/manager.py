@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kustos.runtime import objects
 from kustos.runtime.api import Api
 from kustos.runtime.controller import Controller, ControllerRunner
 from kustos.runtime.events import EventRecorder
@@ -102,8 +103,10 @@ class Manager:
         for watch in controller.watches:
 
             def enqueue_mapped(
-                _kind: str, obj: dict[str, Any], old: dict[str, Any] | None, mapper: Any = watch.map_keys
+                kind: str, obj: dict[str, Any], old: dict[str, Any] | None, mapper: Any = watch.map_keys
             ) -> None:
+                if kind == "MODIFIED" and old is not None and not objects.changed_beyond_heartbeat(old, obj):
+                    return  # a heartbeat changes nothing a controller decides on
                 keys = set(mapper(obj))
                 if old is not None:
                     keys |= set(mapper(old))  # e.g. a label moved from one owner to another
@@ -220,8 +223,7 @@ class Manager:
                 # The webhooks read the caches: point the API server at them once those synced (or
                 # the sync timeout passed, so an absent CRD does not keep every webhook away).
                 await self._wait_synced(list(self._informers.values()), self.options.cache_sync_timeout)
-                if not self._stop.is_set():
-                    await self._apply_webhook_configurations()
+                await self._apply_webhook_configurations_until_done()
             await self._stop.wait()
         except asyncio.CancelledError:
             # Leadership lost: another leader may act soon, so in-flight work is abandoned now.
@@ -288,6 +290,23 @@ class Manager:
         server = self.webhook_server
         self.probes.add_readiness_check("webhooks", lambda: (server.serving, "webhook server not serving"))
 
+    async def _apply_webhook_configurations_until_done(self) -> None:
+        """Apply the webhook configurations, retrying with capped backoff: a refusal (RBAC, an
+        invalid configuration) is logged and shown in /readyz, never taken for a lost lease."""
+        delay, failure = 1.0, ""
+        self.probes.add_readiness_check("webhook-configurations", lambda: (not failure, failure))
+        while not self._stop.is_set():
+            try:
+                await self._apply_webhook_configurations()
+                failure = ""
+                return
+            except Exception as err:  # an API refusal or blip: the controllers keep running
+                failure = f"applying the webhook configurations failed: {err}"
+                log.error("%s; retrying in %.0fs", failure, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            delay = min(delay * 2, 60.0)
+
     async def _apply_webhook_configurations(self) -> None:
         """Point the API server at our webhooks, with the CA that signed our certificate."""
         assert self.webhook_server is not None
@@ -296,15 +315,34 @@ class Manager:
             selector = {"matchLabels": {"kubernetes.io/metadata.name": self.options.namespace}}
             for webhook in self._webhooks:
                 webhook.namespace_selector = webhook.namespace_selector or selector
+        shared = [w for w in self._webhooks if w.configuration is None]
         configurations = webhook_configurations(
             self.options.webhook_configuration_name,
-            self._webhooks,
+            shared,
             self.webhook_server.certificate.ca_bundle,
             base_url=self.options.webhook_url,
             service=self.options.webhook_service,
         )
         for ref, obj in configurations:
             await self.api.apply(ref, obj)
+
+    def own_webhook_configurations(self, configuration: str) -> list[tuple[ResourceRef, dict[str, Any]]]:
+        """The configurations of the webhooks that belong to ``configuration`` (their family
+        applies and removes them), with the current CA bundle; empty until the server serves."""
+        chosen = [w for w in self._webhooks if w.configuration == configuration]
+        if self.webhook_server is None or not chosen:
+            return []
+        if self.options.namespace:
+            selector = {"matchLabels": {"kubernetes.io/metadata.name": self.options.namespace}}
+            for webhook in chosen:
+                webhook.namespace_selector = webhook.namespace_selector or selector
+        return webhook_configurations(
+            configuration,
+            chosen,
+            self.webhook_server.certificate.ca_bundle,
+            base_url=self.options.webhook_url,
+            service=self.options.webhook_service,
+        )
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -161,3 +161,21 @@ __all__ = [
     "node_lost", "node_ready", "node_unschedulable", "owner_of", "pod_node", "pod_ready", "pod_running",
     "resource_version", "running_since", "split_key", "uid",
 ]  # fmt: skip
+
+
+def _without_heartbeat(obj: Mapping[str, Any]) -> dict[str, Any]:
+    ignored = ("resourceVersion", "managedFields")
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ignored}
+    status = dict(obj.get("status") or {})
+    if "conditions" in status:
+        status["conditions"] = [
+            {k: v for k, v in c.items() if k != "lastHeartbeatTime"} for c in status["conditions"] or []
+        ]
+    return {**obj, "metadata": meta, "status": status}
+
+
+def changed_beyond_heartbeat(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """False for an update that only renewed heartbeats (a Node's condition lastHeartbeatTime) or the
+    resourceVersion: with many nodes those arrive several times a second, and waking every
+    controller that watches nodes for them turns a failing reconcile's backoff into a hot loop."""
+    return _without_heartbeat(old) != _without_heartbeat(new)

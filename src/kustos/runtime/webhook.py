@@ -76,6 +76,10 @@ class Webhook:
     namespace_selector: Obj | None = None
     object_selector: Obj | None = None
     timeout_seconds: int = 10
+    configuration: str | None = None
+    """The name of a configuration of its own, applied and removed by its family as its spec
+    says (the pod image overrides: only while there are overrides); None: in the manager's
+    shared configuration, applied once by the leader."""
 
     def configuration_entry(self, client_config: Obj) -> Obj:
         entry: Obj = {
@@ -149,6 +153,10 @@ def webhook_configurations(
 
     Either ``base_url`` (the operator outside the cluster, as in the dev cluster) or
     ``service`` ({namespace, name, port}) says where the API server reaches us.
+
+    No labels: the chart owns these objects and their ``app.kubernetes.io/managed-by: Helm``;
+    a label of ours would make every later ``helm upgrade`` fail on a server-side apply
+    conflict.
     """
     result: list[tuple[ResourceRef, Obj]] = []
     for kind, ref in (("validating", VALIDATING), ("mutating", MUTATING)):
@@ -166,7 +174,7 @@ def webhook_configurations(
         obj = {
             "apiVersion": ref.api_version,
             "kind": ref.kind,
-            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "kustos"}},
+            "metadata": {"name": name},
             "webhooks": entries,
         }
         result.append((ref, obj))

@@ -11,6 +11,7 @@ until everything labelled with it is gone.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from pydantic import ValidationError
@@ -92,6 +93,9 @@ class StorageClusterReconciler:
         self.manager = manager
         self.api = manager.api
         self.clock = clock
+        # The chart's node and CSI helper ClusterRoles (its Deployment names them): bound, not
+        # generated. Unset (kustos run outside the chart): generated per StorageCluster.
+        self.shipped_roles = manifests.shipped_roles(os.environ)
         self.clusters = manager.informer(STORAGECLUSTERS)
         # Every StorageCluster in the Kubernetes cluster: only one may be active.
         self.all_clusters = manager.informer(STORAGECLUSTERS, InformerOptions(namespace=""))
@@ -252,6 +256,7 @@ class StorageClusterReconciler:
         inputs = manifests.Inputs(
             cluster=cluster, kube_version=await self.kube_version(), kv_endpoints=endpoints,
             secret_data=secret_data, etcd_tls_data=etcd_tls, foreign_namespace=foreign,
+            shipped_roles=self.shipped_roles,
         )  # fmt: skip
         refusals = tuple(manifests.refusals(inputs))
         desired = tuple(manifests.desired(inputs)) if not refusals else ()

@@ -13,7 +13,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kustos.api.storage import StorageCluster, StorageClusterSpec, StorageImages
@@ -59,6 +60,9 @@ class Inputs:
     foreign_namespace: bool = False
     """spec.namespace exists and was not created by this StorageCluster: use it, never own it
     (owning it would delete it, and everything else in it, with the StorageCluster)."""
+    shipped_roles: Mapping[str, str] = field(default_factory=dict)
+    """Component ("node", "csi-helper") -> a ClusterRole installed with the operator (the
+    chart's) to bind instead of generating one (``shipped_roles``)."""
 
 
 # ---- small helpers -------------------------------------------------------------------
@@ -551,6 +555,17 @@ CSI_HELPER_RULES: list[Obj] = [
      "verbs": ["get", "list", "watch", "create", "update", "patch"]},
 ]  # fmt: skip
 SCHEDULER_CLUSTER_ROLES = ("system:kube-scheduler", "system:volume-scheduler")
+# The chart ships ClusterRoles with NODE_RULES and CSI_HELPER_RULES and names them to the
+# operator here: a StorageCluster's bindings then refer to them, and the operator needs only
+# `bind` on those names (RBAC lets it create a role, or bind one without `bind`, only when it
+# holds every permission in it).
+SHIPPED_ROLE_ENV = {"node": "KUSTOS_STORAGE_NODE_ROLE", "csi-helper": "KUSTOS_STORAGE_CSI_HELPER_ROLE"}
+COMPONENT_RULES = {"node": NODE_RULES, "csi-helper": CSI_HELPER_RULES}
+
+
+def shipped_roles(environ: Mapping[str, str]) -> dict[str, str]:
+    """The shipped ClusterRoles named in ``environ`` (``SHIPPED_ROLE_ENV``), by component."""
+    return {component: environ[var] for component, var in SHIPPED_ROLE_ENV.items() if environ.get(var)}
 
 
 def rbac(inputs: Inputs) -> list[Obj]:
@@ -561,16 +576,22 @@ def rbac(inputs: Inputs) -> list[Obj]:
     objects: list[Obj] = []
     for component, rules in components:
         account = service_account_name(cluster, component)
-        role = cluster_scoped_name(cluster, component)
-        objects += [
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cluster, account, component)},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-             "metadata": _meta(cluster, role, component, namespaced=False), "rules": rules},
+        binding = cluster_scoped_name(cluster, component)
+        role = inputs.shipped_roles.get(component)
+        objects.append(
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(cluster, account, component)}
+        )
+        if role is None:
+            role = binding
+            metadata = _meta(cluster, role, component, namespaced=False)
+            objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                            "metadata": metadata, "rules": rules})  # fmt: skip
+        objects.append(
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-             "metadata": _meta(cluster, role, component, namespaced=False),
+             "metadata": _meta(cluster, binding, component, namespaced=False),
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": spec.namespace}]},
-        ]  # fmt: skip
+             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": spec.namespace}]}
+        )  # fmt: skip
     if not spec.disable_scheduler:
         account = service_account_name(cluster, "scheduler")
         objects.append(

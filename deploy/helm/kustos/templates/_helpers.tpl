@@ -55,11 +55,15 @@ all
 
 {{/* Where the API server sends a webhook's reviews (the operator's webhook Service). */}}
 {{- define "kustos.clientConfig" -}}
+{{- if .root.Values.webhook.url -}}
+url: {{ printf "%s%s" .root.Values.webhook.url .path | quote }}
+{{- else -}}
 service:
   name: {{ include "kustos.webhookService" .root }}
   namespace: {{ .root.Release.Namespace }}
   path: {{ .path }}
   port: 443
+{{- end }}
 {{- end -}}
 
 {{/* Namespaced mode: admit only what the operator manages (as the operator's own copy does). */}}

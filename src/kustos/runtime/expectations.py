@@ -1,0 +1,50 @@
+"""Objects a controller created that its informer cache has not shown yet.
+
+An informer sees a controller's own writes a moment later. A pass planned from a cache that
+does not yet hold the pod the previous pass created would create another one (a second seed
+of a rebuild, an extra member). client-go's ReplicaSet controller guards with
+"expectations"; this is the same idea, by name: remember what was created, and skip
+planning for that owner until the cache shows it (or a deadline passes, in case the
+creation was lost with its watch event).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from kustos.runtime.clock import Clock
+
+DEFAULT_TTL = timedelta(minutes=5)  # client-go's ExpectationsTimeout
+
+
+class Expectations:
+    def __init__(self, clock: Clock, ttl: timedelta = DEFAULT_TTL) -> None:
+        self._clock = clock
+        self._ttl = ttl
+        self._pending: dict[str, dict[str, datetime]] = {}
+
+    def expect(self, owner: str, name: str) -> None:
+        """``owner`` (a cache key) just created ``name``."""
+        self._pending.setdefault(owner, {})[name] = self._clock.now() + self._ttl
+
+    def unseen(self, owner: str, present: Iterable[str]) -> list[str]:
+        """What ``owner`` created that is not in ``present`` yet; seen and expired ones are forgotten."""
+        pending = self._pending.get(owner)
+        if not pending:
+            return []
+        now = self._clock.now()
+        shown = set(present)
+        for name in [n for n, deadline in pending.items() if n in shown or deadline <= now]:
+            del pending[name]
+        if not pending:
+            del self._pending[owner]
+            return []
+        return sorted(pending)
+
+    def forget(self, owner: str) -> None:
+        """The owner is gone: nothing more to wait for."""
+        self._pending.pop(owner, None)
+
+
+__all__ = ["DEFAULT_TTL", "Expectations"]
