@@ -137,9 +137,18 @@ async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permission
         operator_args += ["--controllers", "etcdcluster,etcdbackup,etcdmaintenance,nodejob"]
     helm(dev_cluster, "install", release, str(CHART), "--namespace", namespace, *values)
     identity = f"system:serviceaccount:{namespace}:{release}"
-    # Deleting Nodes is node maintenance's purge (cluster-wide only); namespaced, never.
-    can_delete_nodes = dev_cluster.kubectl("auth", "can-i", "delete", "nodes", "--as", identity, check=False)
-    assert can_delete_nodes.strip() == ("no" if mode == "namespaced" else "yes")
+    # Deleting Nodes: node image rollouts (a donor replaced by its heir) and node maintenance's
+    # purge need it, and only a cluster-wide install runs them; a namespaced install can never delete a Node. Node status
+    # is the kubelet's: no install writes it.
+    can_delete_nodes = "no" if mode == "namespaced" else "yes"
+    assert (
+        dev_cluster.kubectl("auth", "can-i", "delete", "nodes", "--as", identity, check=False).strip()
+        == can_delete_nodes
+    )
+    assert (
+        dev_cluster.kubectl("auth", "can-i", "update", "nodes/status", "--as", identity, check=False).strip()
+        == "no"
+    )
     assert dev_cluster.kubectl("auth", "can-i", "escalate", "clusterroles", "--as", identity,
                                check=False).strip() == "no"  # fmt: skip
     process = None
