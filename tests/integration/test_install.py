@@ -138,8 +138,8 @@ async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permission
     helm(dev_cluster, "install", release, str(CHART), "--namespace", namespace, *values)
     identity = f"system:serviceaccount:{namespace}:{release}"
     # Deleting Nodes: node image rollouts (a donor replaced by its heir) and node maintenance's
-    # purge need it, and only a cluster-wide install runs them; a namespaced install can never delete a Node. Node status
-    # is the kubelet's: no install writes it.
+    # purge need it, and only a cluster-wide install runs them; a namespaced install can never
+    # delete a Node. Node status is the kubelet's: no install writes it.
     can_delete_nodes = "no" if mode == "namespaced" else "yes"
     assert (
         dev_cluster.kubectl("auth", "can-i", "delete", "nodes", "--as", identity, check=False).strip()
