@@ -22,14 +22,7 @@ from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
 from kustos.runtime.crd import render_crds
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import (
-    CHART_ENV,
-    CHART_NAMESPACE,
-    CHART_RELEASE,
-    OperatorProcess,
-    chart_identity,
-    start_operator,
-)
+from tests.integration.operator import OperatorProcess, start_chart_operator
 
 
 def build_missing_etcd_binaries() -> None:
@@ -62,14 +55,9 @@ def running_operator(
     Lease and webhook configurations are the chart's, in kustos-system. The API server's audit
     log is checked at the end of the session: nothing it asked was refused.
     """
-    process = start_operator(
-        kubectl.cluster, log_dir, "--namespace", kubectl.namespace,
-        "--lease-name", CHART_RELEASE, "--lease-namespace", CHART_NAMESPACE,
-        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
-        "--webhook-configuration-name", CHART_RELEASE,
-        controllers=None, env={**CHART_ENV, **(env or {})}, resolv_conf=resolv_conf,
-        kubeconfig=chart_identity(kubectl.cluster),
-    )  # fmt: skip
+    process = start_chart_operator(
+        kubectl.cluster, log_dir, "--namespace", kubectl.namespace, env=env, resolv_conf=resolv_conf
+    )
     try:
         yield process
     finally:

@@ -157,6 +157,26 @@ def chart_identity(cluster: DevCluster) -> Path:
     return path
 
 
+def start_chart_operator(
+    cluster: DevCluster,
+    log_dir: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    resolv_conf: Path | None = None,
+) -> OperatorProcess:
+    """``kustos run`` with every controller as the chart installs it: the chart's ServiceAccount
+    and nothing more, its leader election Lease and webhook configurations (in kustos-system),
+    fast lease timings. What it is refused shows in the audit log check at the session's end."""
+    return start_operator(
+        cluster, log_dir,
+        "--lease-name", CHART_RELEASE, "--lease-namespace", CHART_NAMESPACE,
+        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
+        "--webhook-configuration-name", CHART_RELEASE, *extra,
+        controllers=None, env={**CHART_ENV, **(env or {})}, resolv_conf=resolv_conf,
+        kubeconfig=chart_identity(cluster),
+    )  # fmt: skip
+
+
 def reset_chart_identity(cluster: DevCluster) -> None:
     """Uninstall the session's release; the next ``chart_identity`` installs it afresh (a new
     ServiceAccount, a new token). For tests that install the chart otherwise: switching a

@@ -31,7 +31,7 @@ from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
 from tests.integration.kube import is_ready, wait_until
-from tests.integration.operator import OperatorProcess, start_operator
+from tests.integration.operator import OperatorProcess, start_chart_operator
 
 FENCED = "kustos.dev/fenced"
 
@@ -288,11 +288,9 @@ async def test_fencing_by_the_provider_waits_out_a_partition_and_clears_once_the
     """``kustos run --cloud-provider kwok``, the annotation not accepted: the provider says a
     partitioned node's instance runs (nothing moves), and once it is stopped, that it is."""
     kubectl.cluster.kubectl("apply", "-f", "-", input_text=json.dumps(policy(fencing={"annotation": False})))
-    process = start_operator(
-        kubectl.cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
-        "--lease-namespace", kubectl.namespace, "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
-        "--cloud-provider", "kwok", controllers=None,
-    )  # fmt: skip
+    process = start_chart_operator(
+        kubectl.cluster, tmp_path / "operator", "--namespace", kubectl.namespace, "--cloud-provider", "kwok"
+    )
     try:
         kubectl.apply(statefulset("prov"))
         first = await running(kubectl, "prov-0")

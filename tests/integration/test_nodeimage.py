@@ -37,7 +37,7 @@ from kustos.runtime.resources import CONFIGMAPS, NODES, PODS
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
 from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess, start_operator
+from tests.integration.operator import OperatorProcess, start_chart_operator
 
 OLD, NEW = "kwok-os:v1", "kwok-os:v2"
 ETCDCLUSTERS = EtcdCluster.crd.ref
@@ -159,11 +159,9 @@ async def start_fleet(fleet: Fleet, cp: int, workers: int, ready_after: float = 
 def run_operator(
     kubectl: Kubectl, fleet: Fleet, log_dir: Path, env: dict[str, str] | None = None
 ) -> OperatorProcess:
-    return start_operator(
-        kubectl.cluster, log_dir, "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
-        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
-        "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
-        "--cloud-provider", "kwok", *fleet.options(), controllers=None, env=env,
+    return start_chart_operator(
+        kubectl.cluster, log_dir, "--namespace", kubectl.namespace,
+        "--cloud-provider", "kwok", *fleet.options(), env=env,
     )  # fmt: skip
 
 

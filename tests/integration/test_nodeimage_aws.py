@@ -41,7 +41,7 @@ from tests.aws_support import (
 )
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import REPO, OperatorProcess, start_operator
+from tests.integration.operator import REPO, OperatorProcess, start_chart_operator
 
 pytestmark = pytest.mark.integration
 
@@ -167,13 +167,11 @@ SIZE = 3
 def aws_operator(kubectl: Kubectl, aws: MotoServer, log_dir: Path) -> Iterator[OperatorProcess]:
     """``kustos run --cloud-provider aws`` against moto, with boto3's credential chain fed
     from the environment, as on a real cluster with IRSA or an instance profile."""
-    process = start_operator(
-        kubectl.cluster, log_dir, "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
-        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
-        "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
+    process = start_chart_operator(
+        kubectl.cluster, log_dir, "--namespace", kubectl.namespace,
         "--cloud-provider", "aws", "--cloud-option", "region=us-east-1",
         "--cloud-option", f"endpoint-url={aws.endpoint}",
-        controllers=None, env=aws_environment(),
+        env=aws_environment(),
     )  # fmt: skip
     try:
         yield process
@@ -432,13 +430,11 @@ async def test_the_operator_killed_after_each_aws_step_asks_aws_for_nothing_twic
         for step in AWS_STEPS:
             marker = tmp_path / f"fault-{step}"
             env = {"KUSTOS_FAULT_EXIT_AFTER": step, "KUSTOS_FAULT_MARKER": str(marker)}
-            process = start_operator(
+            process = start_chart_operator(
                 kubectl.cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
-                "--lease-namespace", kubectl.namespace, "--lease-duration", "4", "--renew-deadline", "3",
-                "--retry-period", "0.5", "--webhook-configuration-name", f"kustos-{kubectl.namespace}",
                 "--cloud-provider", "aws", "--cloud-option", "region=us-east-1",
                 "--cloud-option", f"endpoint-url={aws.endpoint}",
-                controllers=None, env={**aws_environment(), **env},
+                env={**aws_environment(), **env},
             )  # fmt: skip
 
             async def exited(p: OperatorProcess = process) -> bool:
