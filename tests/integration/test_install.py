@@ -22,7 +22,14 @@ from kustos.devcluster.cluster import DevCluster
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import etcd_cluster, wait_healthy
 from tests.integration.kube import wait_until
-from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, REFUSED, chart_identity, free_port
+from tests.integration.operator import (
+    CHART_NAMESPACE,
+    CHART_RELEASE,
+    REFUSED,
+    chart_identity,
+    free_port,
+    service_account_kubeconfig,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "kustos"
@@ -85,26 +92,6 @@ def adopt_crds(cluster: DevCluster, release: str, namespace: str) -> None:
             cluster.kubectl("annotate", "--overwrite", "crd", crd, f"meta.helm.sh/release-name={release}",
                             f"meta.helm.sh/release-namespace={namespace}")  # fmt: skip
             cluster.kubectl("label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
-
-
-def service_account_kubeconfig(cluster: DevCluster, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig that is the chart's ServiceAccount: a token from the TokenRequest API."""
-    token = cluster.kubectl("create", "token", account, "-n", namespace, "--duration", "1h").strip()
-    view = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json"))
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "c", "cluster": view["clusters"][0]["cluster"]}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa", "namespace": namespace}}],
-    }  # fmt: skip
-    path.write_text(json.dumps(config))
-    whoami = subprocess.run(
-        [str(cluster.kubectl_path), "--kubeconfig", str(path), "auth", "whoami",
-         "-o", "jsonpath={.status.userInfo.username}"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    assert whoami.stdout.strip() == f"system:serviceaccount:{namespace}:{account}"
-    return path
 
 
 def start_operator_as(kubeconfig: Path, log: Path, *args: str, release: str = "") -> subprocess.Popen[bytes]:

@@ -97,12 +97,18 @@ class EtcdClusterReconciler:
         self.claims = manager.informer(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
         self.certs = operator_certificates(manager)  # its client files: a temp dir removed at exit
         self.observer = Observer(self.pods, self.nodes, self.claims, self.certs)
-        # Pods created by a pass and not yet in the pods cache: no pass plans without them.
+        # Pods created by a pass and not yet delivered by the pods informer: no pass plans without them.
         self.expected = Expectations(self.clock)
+        self.pods.add_handler(self._saw_pod)
         self.rebuilder = Rebuilder(
             self.api, self.observer, self.backups, self.event, agent_image or configured_agent_image(),
             self.expected,
         )  # fmt: skip
+
+    def _saw_pod(self, _kind: str, pod: dict[str, Any], _old: dict[str, Any] | None) -> None:
+        cluster = objects.labels(pod).get(CLUSTER_LABEL)
+        if cluster is not None:
+            self.expected.seen(f"{objects.namespace(pod)}/{cluster}", objects.name(pod))
 
     # ---- reconcile ---------------------------------------------------------------------
 
@@ -118,7 +124,7 @@ class EtcdClusterReconciler:
             seen = Seen(dict(raw.get("status") or {}), objects.generation(raw))
             await self._record(raw, seen, InvalidSpec(f"invalid spec: {err}"), now, None)
             return None
-        unseen = self.expected.unseen(key, (objects.name(p) for p in self.observer.pods_of(cluster)))
+        unseen = self.expected.unseen(key)
         if unseen:  # the pod's own watch event wakes this cluster again
             log.debug("waiting for the pods cache to show %s", ", ".join(unseen))
             return Result(requeue_after=1.0)
@@ -419,8 +425,7 @@ class EtcdClusterReconciler:
             fingerprint = await self._user_tls_fingerprint(cluster)
             if fingerprint is not None:
                 manifest["metadata"]["annotations"][FINGERPRINT_ANNOTATION] = fingerprint
-        await submit_pod(self.api, cluster, manifest)
-        self.expected.expect(objects.key(cluster), manifest["metadata"]["name"])
+        await submit_pod(self.api, cluster, manifest, self.expected)
 
     async def _user_tls_fingerprint(self, cluster: EtcdCluster) -> str | None:
         """Which contents of the user's TLS Secrets a new member starts with (None: not

@@ -8,7 +8,9 @@ from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import secure_member_pod
 from kustos.etcd.maintenance import compaction_args
 from kustos.etcd.planner import dns_name, peer_service, pod_name
+from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.expectations import Expectations
 from kustos.runtime.resources import CLAIMS, PODS
 
 Obj = dict[str, Any]
@@ -238,13 +240,20 @@ def services(cluster: EtcdCluster) -> list[Obj]:
     return [client, peer]
 
 
-async def submit_pod(api: Api, cluster: EtcdCluster, manifest: Obj) -> None:
-    """Create a member pod (and its claim first, with PVC storage); one that exists is fine."""
+async def submit_pod(api: Api, cluster: EtcdCluster, manifest: Obj, expected: Expectations) -> None:
+    """Create a member pod (and its claim first, with PVC storage); one that exists is fine.
+
+    The creation is expected BEFORE it is made: the informer may deliver the pod before the
+    create call returns. A failed create, or a pod that already existed, is expected no more.
+    """
     if cluster.spec.storage.type == "pvc":
         claim = member_claim(cluster, manifest["metadata"]["name"], pod_epoch(manifest))
         await api.apply(CLAIMS, claim)
+    owner, name = objects.key(cluster), manifest["metadata"]["name"]
+    expected.expect(owner, name)
     try:
         await api.create(PODS, manifest)
-    except ApiStatusError as err:
-        if not err.conflict:
+    except BaseException as err:
+        expected.seen(owner, name)
+        if not (isinstance(err, ApiStatusError) and err.conflict):
             raise

@@ -200,8 +200,7 @@ class Rebuilder:
 
     async def _create_seed(self, cluster: EtcdCluster, index: int, epoch: int, where: SnapshotSource) -> None:
         manifest = restore_seed_pod(cluster, index, target_version(cluster), epoch, where, self.agent_image)
-        await submit_pod(self.api, cluster, manifest)
-        self.expected.expect(objects.key(cluster), manifest["metadata"]["name"])
+        await submit_pod(self.api, cluster, manifest, self.expected)
         await self.event(
             cluster, "RecoverySeedCreated",
             f"created seed {manifest['metadata']['name']} restoring from {where.description}",

@@ -1,16 +1,16 @@
-"""Objects a controller created that its informer cache has not shown yet.
+"""Objects a controller created that its informer has not delivered yet.
 
 An informer sees a controller's own writes a moment later. A pass planned from a cache that
 does not yet hold the pod the previous pass created would create another one (a second seed
 of a rebuild, an extra member). client-go's ReplicaSet controller guards with
-"expectations"; this is the same idea, by name: remember what was created, and skip
-planning for that owner until the cache shows it (or a deadline passes, in case the
-creation was lost with its watch event).
+"expectations"; this is the same idea, by name: remember what was created, lower the
+expectation when the informer delivers any event for it (a pod created and deleted at once
+still counts as seen), and skip planning for that owner until then (or a deadline passes,
+in case the event was lost with its watch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from kustos.runtime.clock import Clock
@@ -28,14 +28,21 @@ class Expectations:
         """``owner`` (a cache key) just created ``name``."""
         self._pending.setdefault(owner, {})[name] = self._clock.now() + self._ttl
 
-    def unseen(self, owner: str, present: Iterable[str]) -> list[str]:
-        """What ``owner`` created that is not in ``present`` yet; seen and expired ones are forgotten."""
+    def seen(self, owner: str, name: str) -> None:
+        """The informer delivered an event for ``name`` (call from its handler)."""
+        pending = self._pending.get(owner)
+        if pending is not None:
+            pending.pop(name, None)
+            if not pending:
+                del self._pending[owner]
+
+    def unseen(self, owner: str) -> list[str]:
+        """What ``owner`` created that the informer has not delivered yet (expired ones forgotten)."""
         pending = self._pending.get(owner)
         if not pending:
             return []
         now = self._clock.now()
-        shown = set(present)
-        for name in [n for n, deadline in pending.items() if n in shown or deadline <= now]:
+        for name in [n for n, deadline in pending.items() if deadline <= now]:
             del pending[name]
         if not pending:
             del self._pending[owner]
