@@ -31,7 +31,7 @@ from kustos.runtime.metrics import Metrics
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import running_operator
 from tests.integration.kube import wait_until
-from tests.integration.operator import ROOK_NAMESPACE
+from tests.integration.operator import ROOK_NAMESPACE, chart_identity
 
 CRD = Path(__file__).parent / "rook" / "cephclusters.ceph.rook.io.yaml"
 
@@ -193,6 +193,7 @@ async def test_the_operators_purge_runs_the_ceph_commands_in_the_toolbox_pod(
     """shouldEnablePurgeNodes with Rook's storage nodes maintained: a dead worker with two
     OSDs is purged, and ``ceph osd down/purge/crush rm`` run in the toolbox pod through the
     API server's exec, as the chart's ServiceAccount (pods/exec in Rook's namespace only)."""
+    chart_identity(dev_cluster)  # the session's release, with Rook's namespace
     dev_cluster.kubectl("apply", "--server-side", "-f", str(CRD))
     dev_cluster.wait_established("cephclusters.ceph.rook.io")
     ceph_log = tmp_path / "ceph.log"

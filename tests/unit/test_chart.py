@@ -247,7 +247,7 @@ def test_rook_exec_is_a_role_in_rooks_namespace_only(helm: Path) -> None:
     rendered = documents(template(helm, "--set", "rook.enabled=true", "--set", "rook.namespace=storage"))
     role = next(d for d in rendered if d["kind"] == "Role" and d["metadata"]["name"].endswith("-rook"))
     assert role["metadata"]["namespace"] == "storage"
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]}]
     binding = next(
         d for d in rendered if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-rook")
     )
