@@ -152,10 +152,10 @@ async def exec_in_pod(
     """Run ``argv`` in ``namespace/pod`` (its first container unless ``container``) and wait
     for it, at most ``timeout`` seconds in all."""
     where = f"exec in pod {namespace}/{pod}"
+    streams = Streams()
     try:
         url = exec_url(config.cluster.server, namespace, pod, argv, container)
         headers = await _auth_headers(config, url)
-        streams = Streams()
         async with asyncio.timeout(timeout):
             async with connect(
                 url,
@@ -183,7 +183,9 @@ async def exec_in_pod(
     except TimeoutError as err:
         raise ReconcileError(f"{where}: no answer within {timeout:g}s", "ExecTimeout") from err
     except ValueError as err:
-        raise ReconcileError(f"{where}: {err}", "ExecFailed") from err
+        said = streams.stderr.decode(errors="replace").strip()
+        tail = f" (stderr: {said[-300:]})" if said else ""
+        raise ReconcileError(f"{where}: {err}{tail}", "ExecFailed") from err
     except (OSError, websockets.WebSocketException) as err:
         raise ReconcileError(f"{where}: {type(err).__name__}: {err}", "ExecFailed") from err
 
