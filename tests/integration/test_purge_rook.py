@@ -28,6 +28,7 @@ from kustos.maintenance.purge import OSDS_ANNOTATION, PurgeOptions, Purger
 from kustos.runtime.api import Api
 from kustos.runtime.kube import connect, load_config
 from kustos.runtime.metrics import Metrics
+from kustos.runtime.podexec import exec_in_pod
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import running_operator
 from tests.integration.kube import wait_until
@@ -279,6 +280,28 @@ async def test_the_operators_purge_runs_the_ceph_commands_in_the_toolbox_pod(
         # kwok reports a non-zero exit as an internal error, not NonZeroExitCode: failed either way.
         assert "ceph osd down osd.3: failed" in said[-1], said
         assert "no Ceph toolbox" not in said[-1], said
+        # The chart's identity execs there directly: output and exit status come back.
+        identity = load_config(chart_identity(dev_cluster))
+        result = await exec_in_pod(identity, namespace, "rook-ceph-tools", ["ceph", "osd", "tree"])
+        assert (result.code, result.stdout, result.stderr) == (0, "done: osd tree\n", "")
+        # Nowhere else: the chart grants exec in Rook's namespace only (asked, not tried: the
+        # session's audit refuses any refused request of the operator's identity).
+        account = "system:serviceaccount:kustos-system:kustos"
+        for where, allowed in ((namespace, "yes"), ("kube-system", "no"), ("default", "no")):
+            for verb in ("get", "create"):
+                said_can = dev_cluster.kubectl(
+                    "auth",
+                    "can-i",
+                    verb,
+                    "pods",
+                    "--subresource=exec",
+                    "-n",
+                    where,
+                    "--as",
+                    account,
+                    check=False,
+                )
+                assert said_can.strip() == allowed, (verb, where, said_can)
         found = json.loads(
             dev_cluster.kubectl("get", "cephcluster", "rook-ceph", "-n", namespace, "-o", "json")
         )
