@@ -166,8 +166,13 @@ async def exec_in_pod(
                 compression=None,
                 max_size=None,
             ) as socket:
-                async for message in socket:
-                    streams.feed(message)
+                try:
+                    async for message in socket:
+                        streams.feed(message)
+                except websockets.ConnectionClosedError:
+                    # Closed without a close frame: the status, once it came, is the answer.
+                    if not streams.error:
+                        raise
         return streams.result()
     except websockets.InvalidStatus as err:
         response = err.response
