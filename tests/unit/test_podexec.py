@@ -186,3 +186,24 @@ async def test_no_status_and_no_answer_are_errors() -> None:
         with pytest.raises(ReconcileError, match=r"no answer within 0\.2s") as hung:
             await exec_in_pod(config, "n", "hang", ["ls"], timeout=0.2)
         assert hung.value.reason == "ExecTimeout"
+
+
+async def test_a_server_that_speaks_only_v4_is_used_with_v4() -> None:
+    from lightkube.config.kubeconfig import KubeConfig
+    from websockets.asyncio.server import ServerConnection, serve
+    from websockets.typing import Subprotocol
+
+    from kustos.runtime.podexec import exec_in_pod
+
+    chosen: list[str | None] = []
+
+    async def handler(socket: ServerConnection) -> None:
+        chosen.append(socket.subprotocol)
+        await socket.send(b"\x01v4 out")
+        await socket.send(b"\x03" + status(status="Success"))
+
+    async with serve(handler, "127.0.0.1", 0, subprotocols=[Subprotocol("v4.channel.k8s.io")]) as server:
+        port = server.sockets[0].getsockname()[1]
+        config = KubeConfig.from_server(f"http://127.0.0.1:{port}").get()
+        result = await exec_in_pod(config, "n", "p", ["ls"], timeout=10)
+    assert (result.code, result.stdout, chosen) == (0, "v4 out", ["v4.channel.k8s.io"])
