@@ -8,7 +8,7 @@ As EKCO does (pkg/cluster/rook_ceph.go): the node leaves every CephCluster's
 
 The toolbox is an interface (``CephToolbox``): running a command in the toolbox pod is an
 exec through the API server; ``ApiToolbox`` does it itself (runtime.podexec: the operator's
-purge, RBAC ``pods/exec`` create in the Rook namespace), ``KubectlToolbox`` with kubectl (the
+purge, RBAC ``pods/exec`` get+create in Rook's namespace), ``KubectlToolbox`` with kubectl (the
 CLI's purge). A failed Ceph command, or one that could not be run, is reported and the purge
 goes on, as in EKCO (the OSD is most likely down already); with no toolbox pod the commands
 are reported for a person to run.
