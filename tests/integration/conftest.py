@@ -116,8 +116,10 @@ def check_least_privilege(cluster: DevCluster, session: pytest.Session, out: Pat
     from tests.integration import audit
 
     chart = str(dev_operator.chart_dir())
+    # As the session's release (operator.SESSION_VALUES): with exec in Rook's namespace.
     grants = audit.chart_grants(audit.rendered(dev_operator.helm(cluster, "template", "kustos", chart,
-                                "--namespace", "kustos-system")), "cluster mode")  # fmt: skip
+                                "--namespace", "kustos-system", "--set", "rook.enabled=true",
+                                "--set", "rook.namespace=kustos-rook")), "cluster mode")  # fmt: skip
     grants += audit.chart_grants(audit.rendered(dev_operator.helm(cluster, "template", "kustos", chart,
                                  "--namespace", "kustos-system", "--set", "namespaces={team-a}")),
                                  "namespaced mode")  # fmt: skip

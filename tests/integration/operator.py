@@ -135,7 +135,13 @@ CHART_RELEASE = "kustos"
 CHART_NAMESPACE = "kustos-system"
 # webhook.url: the tests' operators serve webhooks on the host, each test at its own port; the
 # operator rewrites the URL in the chart's configurations (patch, by name) when it starts.
-SESSION_VALUES = ("replicas=0", "crds.install=false", "webhook.url=https://127.0.0.1:9443")
+# Rook's namespace of the session's release: the chart grants exec in pods there (the Ceph
+# toolbox of a purge, test_purge_rook.py); it must exist before the chart is installed.
+ROOK_NAMESPACE = "kustos-rook"
+SESSION_VALUES = (
+    "replicas=0", "crds.install=false", "webhook.url=https://127.0.0.1:9443",
+    "rook.enabled=true", f"rook.namespace={ROOK_NAMESPACE}",
+)  # fmt: skip
 # What the chart's Deployment tells the operator (its storage roles, storage-roles.yaml).
 CHART_ENV = {
     "KUSTOS_STORAGE_NODE_ROLE": f"{CHART_RELEASE}-storage-node",
@@ -151,6 +157,8 @@ def chart_identity(cluster: DevCluster) -> Path:
         return _identities[cluster.state_dir]
     from kustos.devcluster import operator as dev_operator
 
+    if not cluster.kubectl("get", "namespace", ROOK_NAMESPACE, "-o", "name", check=False).strip():
+        cluster.kubectl("create", "namespace", ROOK_NAMESPACE)
     dev_operator.install(cluster, SESSION_VALUES, CHART_RELEASE, CHART_NAMESPACE)
     path = cluster.state_dir / "chart-identity.kubeconfig"
     _identities[cluster.state_dir] = service_account_kubeconfig(cluster, CHART_NAMESPACE, CHART_RELEASE, path)

@@ -239,3 +239,21 @@ def test_the_cloud_provider_and_its_options_reach_the_operator(helm: Path) -> No
     ]
     refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", "cloudProvider.name=gce", check=False)
     assert refused.returncode != 0 and "cloudProvider" in refused.stderr
+
+
+def test_rook_exec_is_a_role_in_rooks_namespace_only(helm: Path) -> None:
+    """pods/exec is granted in Rook's namespace (rook.enabled), never cluster-wide."""
+    assert not [d for d in documents(template(helm)) if d["metadata"]["name"].endswith("-rook")]
+    rendered = documents(template(helm, "--set", "rook.enabled=true", "--set", "rook.namespace=storage"))
+    role = next(d for d in rendered if d["kind"] == "Role" and d["metadata"]["name"].endswith("-rook"))
+    assert role["metadata"]["namespace"] == "storage"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]}]
+    binding = next(
+        d for d in rendered if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-rook")
+    )
+    assert binding["metadata"]["namespace"] == "storage"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    for cluster_role in (d for d in rendered if d["kind"] == "ClusterRole"):
+        assert not [r for r in cluster_role["rules"] if "pods/exec" in r.get("resources", [])]
+    refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", "rook.namespace=Bad_NS", check=False)
+    assert refused.returncode != 0 and "rook" in refused.stderr

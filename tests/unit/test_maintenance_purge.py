@@ -205,3 +205,45 @@ def test_a_volume_is_pinned_only_by_one_required_hostname() -> None:
     assert pinned_node(volume(one, one)) is None  # either of two terms: not one node
     assert pinned_node({"spec": {}}) is None
     assert pinned_node(None) is None
+
+
+async def test_a_ceph_command_that_could_not_run_is_reported_and_the_purge_goes_on() -> None:
+    """An exec refused (403) or timed out is a ReconcileError: said per command, not raised."""
+    from kustos.runtime.errors import ReconcileError
+
+    ran: list[list[str]] = []
+
+    class Refusing:
+        async def run(self, argv: list[str]) -> tuple[int, str, str]:
+            ran.append(list(argv))
+            if argv[2] == "down":
+                raise ReconcileError("exec in pod rook-ceph/tools: HTTP 403: forbidden", "Forbidden")
+            return 0, "", ""
+
+    message = await rook.purge_osds(Refusing(), ["4"], "a")
+    assert len(ran) == 3
+    assert "ceph osd down osd.4: failed (-1: exec in pod rook-ceph/tools: HTTP 403: forbidden)" in message
+    assert "ceph osd purge 4 --yes-i-really-mean-it: ok" in message
+    assert message.endswith("ceph osd crush rm a: ok")
+
+
+async def test_the_api_toolbox_finds_no_running_toolbox_pod() -> None:
+    import httpx2
+    from lightkube.config.kubeconfig import KubeConfig
+
+    from kustos.runtime.api import Api
+
+    pods = {"items": [
+        {"metadata": {"name": "tools-old", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+         "status": {"containerStatuses": [{"state": {"running": {}}}]}},
+    ]}  # fmt: skip
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        assert request.url.params["labelSelector"] == rook.TOOLBOX_SELECTOR
+        return httpx2.Response(200, json=pods)
+
+    api = Api(httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://k8s"))
+    config = KubeConfig.from_server("https://k8s").get()
+    assert await rook.toolbox_pod(api, "rook-ceph") is None
+    code, _, err = await rook.ApiToolbox(api, config, "rook-ceph").run(["ceph", "status"])
+    assert code == 127 and "no running pod labelled app=rook-ceph-tools in rook-ceph" in err

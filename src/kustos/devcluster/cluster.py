@@ -92,6 +92,13 @@ class DevCluster:
         return self.state_dir / "kwok"
 
     @property
+    def exec_path(self) -> Path:
+        """A directory on kwok's PATH: the programs a kwok ``Exec``/``ClusterExec`` (local)
+        runs when something execs in a simulated pod (e.g. a fake ``ceph`` for Rook's toolbox).
+        Created empty; tests put their programs here."""
+        return self.state_dir / "exec-path"
+
+    @property
     def cluster_dir(self) -> Path:
         return self.kwok_workdir / "clusters" / self.config.name
 
@@ -341,11 +348,13 @@ class DevCluster:
     # ---- internals -----------------------------------------------------------------
 
     def _kwokctl(self, *args: str) -> str:
+        self.exec_path.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             "KWOK_WORKDIR": str(self.kwok_workdir),
             # kwokctl looks for kubectl on PATH first: make it ours, not whatever is installed.
-            "PATH": f"{_shim_dir()}:{os.environ.get('PATH', '')}",
+            # kwok inherits the PATH: exec in a simulated pod finds exec_path's programs.
+            "PATH": f"{_shim_dir()}:{self.exec_path}:{os.environ.get('PATH', '')}",
         }
         result = subprocess.run(
             [str(binaries.binary_path("kwokctl")), "--name", self.config.name, *args],

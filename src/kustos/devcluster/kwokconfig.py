@@ -229,7 +229,8 @@ def kwokctl_config(
         "kubectlBinary": str(binary_path("kubectl")),
         "bindAddress": "127.0.0.1",
         "heartbeatFactor": 1,
-        "enableCRDs": ["Logs", "ClusterLogs"],
+        # Logs: what `kubectl logs` of a simulated pod prints; Exec: what exec in one runs.
+        "enableCRDs": ["Logs", "ClusterLogs", "Exec", "ClusterExec"],
         **(ports or {}),
     }
     if timings.node_lease_seconds is not None:

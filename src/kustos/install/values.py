@@ -114,6 +114,17 @@ class CloudProvider(Values):
     """`--cloud-option key=value` pairs, e.g. region and cluster for aws."""
 
 
+class Rook(Values):
+    enabled: bool = False
+    """A Role in Rook's namespace letting the operator exec there (the namespace must exist:
+    off by default, so that the chart installs where Rook does not run). Off: a purge prints
+    the Ceph commands for a person to run in the toolbox pod."""
+    namespace: str = Field(default="rook-ceph", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    """Rook's namespace: the operator may exec in pods there (pods/exec, a Role), to run the
+    Ceph commands of a node purge in Rook's toolbox pod. The MaintenancePolicy's rookNamespace
+    must name the same namespace."""
+
+
 class ResourceList(Values):
     model_config = ConfigDict(extra="allow")
     cpu: str | None = None
@@ -156,6 +167,7 @@ class ChartValues(Values):
     network_policy: NetworkPolicy = Field(default_factory=NetworkPolicy)
     service_account: ServiceAccount = Field(default_factory=ServiceAccount)
     cloud_provider: CloudProvider = Field(default_factory=CloudProvider)
+    rook: Rook = Field(default_factory=Rook)
     resources: Resources = Field(default_factory=Resources)
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -23,7 +23,7 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
-from kustos.maintenance import planner
+from kustos.maintenance import planner, rook
 from kustos.maintenance.nodes import node_view, taints
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
@@ -242,9 +242,20 @@ class MaintenanceReconciler:
                 log.info("step: ReleaseClaim %s/%s pinned to %s for %s", namespace, name, node, pod)
                 await self.api.delete(CLAIMS, namespace, name, uid=uid)
             case planner.Purge(node):
-                outcome = await Purger(self.api, PurgeOptions.from_spec(spec), self._announce).next(node)
+                options = PurgeOptions.from_spec(spec)
+                purger = Purger(self.api, options, self._announce, await self._toolbox(options))
+                outcome = await purger.next(node)
                 return f"refused: {outcome.message}" if outcome.refused else outcome.message
         return None
+
+    async def _toolbox(self, options: PurgeOptions) -> rook.CephToolbox | None:
+        """Exec in Rook's toolbox pod through the API server; None (the Ceph commands are
+        printed for a person to run) when Rook is not maintained or there is no toolbox pod."""
+        if not options.maintain_rook:
+            return None
+        if await rook.toolbox_pod(self.api, options.rook_namespace) is None:
+            return None
+        return rook.ApiToolbox(self.api, self.manager.clients.config, options.rook_namespace)
 
     async def _set_out_of_service(self, name: str, wanted: bool) -> None:
         """Add or remove the out-of-service taint (and our mark), guarded by resourceVersion:

@@ -7,10 +7,11 @@ As EKCO does (pkg/cluster/rook_ceph.go): the node leaves every CephCluster's
 --yes-i-really-mean-it``, then ``ceph osd crush rm <node>`` run in the Ceph toolbox.
 
 The toolbox is an interface (``CephToolbox``): running a command in the toolbox pod is an
-exec through the API server; ``KubectlToolbox`` does it with kubectl (the CLI's purge), the
-operator has no exec of its own yet. A failed Ceph command is reported and the purge goes on, as
-in EKCO (the OSD is most likely down already); with no toolbox the commands are reported
-for a person to run.
+exec through the API server; ``ApiToolbox`` does it itself (runtime.podexec: the operator's
+purge, RBAC ``pods/exec`` get+create in Rook's namespace), ``KubectlToolbox`` with kubectl (the
+CLI's purge). A failed Ceph command, or one that could not be run, is reported and the purge
+goes on, as in EKCO (the OSD is most likely down already); with no toolbox pod the commands
+are reported for a person to run.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from kustos.runtime import objects
+from lightkube.config.kubeconfig import SingleConfig
+
+from kustos.runtime import objects, podexec
 from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.refs import ResourceRef
 from kustos.runtime.resources import DEPLOYMENTS, PODS
 
@@ -107,7 +111,10 @@ async def purge_osds(toolbox: CephToolbox | None, ids: Sequence[str], node: str)
         return "no Ceph toolbox: run by hand in the toolbox pod: " + "; ".join(" ".join(c) for c in todo)
     said = []
     for argv in todo:
-        code, _, err = await toolbox.run(argv)
+        try:
+            code, _, err = await toolbox.run(argv)
+        except ReconcileError as failure:  # not run at all: said, and the purge goes on
+            code, err = -1, failure.message
         # `ceph osd down` of an OSD that is down already fails: expected on a dead node.
         outcome = "ok" if code == 0 else f"failed ({code}: {err.strip()[:200]})"
         said.append(f"{' '.join(argv)}: {outcome}")
@@ -116,6 +123,7 @@ async def purge_osds(toolbox: CephToolbox | None, ids: Sequence[str], node: str)
 
 __all__ = [
     "CEPH_CLUSTERS",
+    "ApiToolbox",
     "CephToolbox",
     "KubectlToolbox",
     "commands",
@@ -124,10 +132,36 @@ __all__ = [
     "purge_osds",
     "remove_storage_node",
     "storage_nodes_without",
+    "toolbox_pod",
 ]
 
 
 TOOLBOX_SELECTOR = "app=rook-ceph-tools"
+
+
+async def toolbox_pod(api: Api, namespace: str) -> str | None:
+    """The name of a Running, not deleting, toolbox pod in ``namespace`` (None: there is none)."""
+    pods = await api.list_objects(PODS, namespace, label_selector=TOOLBOX_SELECTOR)
+    running = sorted(objects.name(p) for p in pods if objects.pod_running(p) and not objects.deleting(p))
+    return running[0] if running else None
+
+
+class ApiToolbox:
+    """Runs ``ceph`` in Rook's toolbox pod through the API server's exec subresource (the
+    operator's purge): the pod is looked up for every command, so a restarted toolbox is found."""
+
+    def __init__(self, api: Api, config: SingleConfig, namespace: str, timeout: float = 60.0) -> None:
+        self.api = api
+        self.config = config
+        self.namespace = namespace
+        self.timeout = timeout
+
+    async def run(self, argv: Sequence[str]) -> tuple[int, str, str]:
+        pod = await toolbox_pod(self.api, self.namespace)
+        if pod is None:
+            return 127, "", f"no running pod labelled {TOOLBOX_SELECTOR} in {self.namespace}"
+        result = await podexec.exec_in_pod(self.config, self.namespace, pod, list(argv), timeout=self.timeout)
+        return result.code, result.stdout, result.stderr
 
 
 class KubectlToolbox:
