@@ -130,6 +130,17 @@ def test_the_schema_refuses_typos_and_wrong_types(helm: Path) -> None:
     assert typo.returncode != 0 and "replcas" in typo.stderr
     wrong = run_helm(helm, "template", RELEASE, str(CHART), "--set", "replicas=two", check=False)
     assert wrong.returncode != 0 and "replicas" in wrong.stderr
+    for bad in ("namespaces={team-a,team-a}", "namespaces={Team_A}"):
+        refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad, check=False)
+        assert refused.returncode != 0 and "namespaces" in refused.stderr, bad
+
+
+def test_the_values_model_refuses_a_repeated_or_invalid_namespace() -> None:
+    assert ChartValues.model_validate({"namespaces": ["a", "b"]}).namespaces == ["a", "b"]
+    with pytest.raises(ValueError, match="namespaces listed twice: \\['a'\\]"):
+        ChartValues.model_validate({"namespaces": ["a", "b", "a"]})
+    with pytest.raises(ValueError, match="not namespace names"):
+        ChartValues.model_validate({"namespaces": ["A_b"]})
 
 
 def _operator_entries(namespaced: bool) -> dict[str, dict[str, Any]]:
