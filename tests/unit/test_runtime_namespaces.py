@@ -172,3 +172,24 @@ def test_webhook_selector_names_every_watched_namespace() -> None:
     assert namespace_selector(("a", "b", "a")) == {
         "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]}]
     }
+
+
+def test_kustos_run_namespace_is_repeatable_and_one_stays_one() -> None:
+    from unittest import mock
+
+    from typer.testing import CliRunner
+
+    from kustos import cli
+    from kustos.runtime import manager as manager_module
+
+    seen: list[tuple[str, ...]] = []
+
+    def captured(**options: Any) -> None:
+        seen.append(options["namespaces"])
+        raise SystemExit(0)  # stop before connecting to anything
+
+    for args in (["--namespace", "a", "--namespace", "b", "--namespace", "a"], ["--namespace", "a"], []):
+        with mock.patch.object(manager_module, "ManagerOptions", captured):
+            result = CliRunner().invoke(cli.app, ["run", *args])
+        assert result.exit_code == 0, result.output
+    assert seen == [("a", "b"), ("a",), ()]
