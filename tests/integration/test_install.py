@@ -58,30 +58,44 @@ def test_the_plain_manifest_is_accepted_by_the_api_server(dev_cluster: DevCluste
         assert kind in out, out
 
 
-def test_helm_installs_in_namespaced_mode_and_uninstall_keeps_the_crds(
+async def test_helm_installs_in_namespaced_mode_and_uninstall_keeps_the_crds(
     dev_cluster: DevCluster, kubectl: Kubectl
 ) -> None:
     release = f"kustos-{kubectl.namespace}"
     adopt_crds(dev_cluster, release, kubectl.namespace)
-    helm(
-        dev_cluster, "install", release, str(CHART), "--namespace", kubectl.namespace,
-        "--set", f"namespaces={{{kubectl.namespace}}}", "--set", "replicas=0",
-    )  # fmt: skip
+    second = await extra_namespace(dev_cluster, f"{kubectl.namespace}-b")
     try:
-        role = kubectl.get("role", release)
-        assert {"etcdclusters"} <= {r for rule in role["rules"] for r in rule["resources"]}
-        config = json.loads(
-            dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "-o", "json")
-        )
-        selectors = {json.dumps(w["namespaceSelector"]) for w in config["webhooks"]}
-        expected = {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [kubectl.namespace]}
-        assert selectors == {json.dumps({"matchExpressions": [expected]})}
-        assert kubectl.get("deployment", release)["spec"]["replicas"] == 0
-        assert "kustos" in helm(dev_cluster, "list", "--namespace", kubectl.namespace)
+        helm(
+            dev_cluster, "install", release, str(CHART), "--namespace", kubectl.namespace,
+            "--set", f"namespaces={{{kubectl.namespace},{second.namespace}}}", "--set", "replicas=0",
+        )  # fmt: skip
+        try:
+            for each in (kubectl, second):
+                role = each.get("role", release)
+                assert {"etcdclusters"} <= {r for rule in role["rules"] for r in rule["resources"]}
+                assert each.get("rolebinding", release)["roleRef"]["name"] == release
+            config = json.loads(
+                dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "-o", "json")
+            )
+            selectors = {json.dumps(w["namespaceSelector"]) for w in config["webhooks"]}
+            expected = {"key": "kubernetes.io/metadata.name", "operator": "In",
+                        "values": [kubectl.namespace, second.namespace]}  # fmt: skip
+            assert selectors == {json.dumps({"matchExpressions": [expected]})}
+            deployment = kubectl.get("deployment", release)
+            assert deployment["spec"]["replicas"] == 0
+            args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            assert [a for a in args if a.startswith("--namespace=")] == [
+                f"--namespace={kubectl.namespace}",
+                f"--namespace={second.namespace}",
+            ]
+            assert "kustos" in helm(dev_cluster, "list", "--namespace", kubectl.namespace)
+        finally:
+            helm(dev_cluster, "uninstall", release, "--namespace", kubectl.namespace)
+        assert not dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "--ignore-not-found")
+        assert not kubectl("get", "role", release, "--ignore-not-found")
+        assert not second("get", "role", release, "--ignore-not-found")
     finally:
-        helm(dev_cluster, "uninstall", release, "--namespace", kubectl.namespace)
-    assert not dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "--ignore-not-found")
-    assert not kubectl("get", "role", release, "--ignore-not-found")
+        dev_cluster.kubectl("delete", "namespace", second.namespace, "--wait=false", check=False)
     # The CRDs stay (helm.sh/resource-policy: keep): deleting them would delete every cluster.
     assert dev_cluster.kubectl("get", "crd", "etcdclusters.kustos.dev", "-o", "name").strip()
 

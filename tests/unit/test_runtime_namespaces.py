@@ -147,6 +147,8 @@ async def test_the_facade_lists_each_namespace_and_reads_as_one_cache() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+    # Every namespace's list/watch ended with the facade: none runs on behind it.
+    assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
 
 
 async def test_one_failing_namespace_is_reported_and_keeps_the_facade_unsynced() -> None:

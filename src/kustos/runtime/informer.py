@@ -473,8 +473,11 @@ class NamespacesInformer(Informer):
     # ---- running -------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Every namespace's list/watch at once; cancelling this cancels them all."""
-        await asyncio.gather(*(part.run() for part in self.parts.values()))
+        """Every namespace's list/watch at once; cancelling this cancels them all (a TaskGroup:
+        none is left running behind the facade, whatever ends it)."""
+        async with asyncio.TaskGroup() as group:
+            for part in self.parts.values():
+                group.create_task(part.run())
 
 
 # Whether this process has said the API server is unreachable (once per outage, for all informers).
