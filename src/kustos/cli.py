@@ -329,7 +329,10 @@ def crds(
 def run(
     kubeconfig: Annotated[Path | None, typer.Option(help="Default: in-cluster, else $KUBECONFIG.")] = None,
     context: Annotated[str | None, typer.Option(help="Kubeconfig context.")] = None,
-    namespace: Annotated[str | None, typer.Option(help="Watch one namespace only (default: all).")] = None,
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option(help="Watch only this namespace (repeatable: several; default: all)."),
+    ] = None,
     leader_elect: Annotated[bool, typer.Option(help="Run only while holding the Lease.")] = True,
     lease_name: Annotated[str, typer.Option()] = "kustos-operator",
     lease_namespace: Annotated[str, typer.Option()] = "default",
@@ -391,7 +394,7 @@ def run(
     if webhook_cert and webhook_key:
         certificate = ServingCertificate.from_files(webhook_cert, webhook_key, webhook_ca)
     options = ManagerOptions(
-        namespace=namespace,
+        namespaces=tuple(dict.fromkeys(namespace or [])),
         leader_election=leader_elect,
         lease_name=lease_name,
         lease_namespace=lease_namespace,

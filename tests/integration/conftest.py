@@ -121,7 +121,7 @@ def check_least_privilege(cluster: DevCluster, session: pytest.Session, out: Pat
                                 "--namespace", "kustos-system", "--set", "rook.enabled=true",
                                 "--set", "rook.namespace=kustos-rook")), "cluster mode")  # fmt: skip
     grants += audit.chart_grants(audit.rendered(dev_operator.helm(cluster, "template", "kustos", chart,
-                                 "--namespace", "kustos-system", "--set", "namespaces={team-a}")),
+                                 "--namespace", "kustos-system", "--set", "namespaces={team-a,team-b}")),
                                  "namespaced mode")  # fmt: skip
     reasons = audit.justified((REPO / "docs" / "install.md").read_text())
     # Kept beside the report: the cluster's state goes with the session.

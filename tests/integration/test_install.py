@@ -58,29 +58,44 @@ def test_the_plain_manifest_is_accepted_by_the_api_server(dev_cluster: DevCluste
         assert kind in out, out
 
 
-def test_helm_installs_in_namespaced_mode_and_uninstall_keeps_the_crds(
+async def test_helm_installs_in_namespaced_mode_and_uninstall_keeps_the_crds(
     dev_cluster: DevCluster, kubectl: Kubectl
 ) -> None:
     release = f"kustos-{kubectl.namespace}"
     adopt_crds(dev_cluster, release, kubectl.namespace)
-    helm(
-        dev_cluster, "install", release, str(CHART), "--namespace", kubectl.namespace,
-        "--set", f"namespaces={{{kubectl.namespace}}}", "--set", "replicas=0",
-    )  # fmt: skip
+    second = await extra_namespace(dev_cluster, f"{kubectl.namespace}-b")
     try:
-        role = kubectl.get("role", release)
-        assert {"etcdclusters"} <= {r for rule in role["rules"] for r in rule["resources"]}
-        config = json.loads(
-            dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "-o", "json")
-        )
-        selectors = {json.dumps(w["namespaceSelector"]) for w in config["webhooks"]}
-        assert selectors == {json.dumps({"matchLabels": {"kubernetes.io/metadata.name": kubectl.namespace}})}
-        assert kubectl.get("deployment", release)["spec"]["replicas"] == 0
-        assert "kustos" in helm(dev_cluster, "list", "--namespace", kubectl.namespace)
+        helm(
+            dev_cluster, "install", release, str(CHART), "--namespace", kubectl.namespace,
+            "--set", f"namespaces={{{kubectl.namespace},{second.namespace}}}", "--set", "replicas=0",
+        )  # fmt: skip
+        try:
+            for each in (kubectl, second):
+                role = each.get("role", release)
+                assert {"etcdclusters"} <= {r for rule in role["rules"] for r in rule["resources"]}
+                assert each.get("rolebinding", release)["roleRef"]["name"] == release
+            config = json.loads(
+                dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "-o", "json")
+            )
+            selectors = {json.dumps(w["namespaceSelector"]) for w in config["webhooks"]}
+            expected = {"key": "kubernetes.io/metadata.name", "operator": "In",
+                        "values": [kubectl.namespace, second.namespace]}  # fmt: skip
+            assert selectors == {json.dumps({"matchExpressions": [expected]})}
+            deployment = kubectl.get("deployment", release)
+            assert deployment["spec"]["replicas"] == 0
+            args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            assert [a for a in args if a.startswith("--namespace=")] == [
+                f"--namespace={kubectl.namespace}",
+                f"--namespace={second.namespace}",
+            ]
+            assert "kustos" in helm(dev_cluster, "list", "--namespace", kubectl.namespace)
+        finally:
+            helm(dev_cluster, "uninstall", release, "--namespace", kubectl.namespace)
+        assert not dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "--ignore-not-found")
+        assert not kubectl("get", "role", release, "--ignore-not-found")
+        assert not second("get", "role", release, "--ignore-not-found")
     finally:
-        helm(dev_cluster, "uninstall", release, "--namespace", kubectl.namespace)
-    assert not dev_cluster.kubectl("get", "validatingwebhookconfiguration", release, "--ignore-not-found")
-    assert not kubectl("get", "role", release, "--ignore-not-found")
+        dev_cluster.kubectl("delete", "namespace", second.namespace, "--wait=false", check=False)
     # The CRDs stay (helm.sh/resource-policy: keep): deleting them would delete every cluster.
     assert dev_cluster.kubectl("get", "crd", "etcdclusters.kustos.dev", "-o", "name").strip()
 
@@ -106,12 +121,27 @@ def start_operator_as(kubeconfig: Path, log: Path, *args: str, release: str = ""
         return subprocess.Popen(command, stdout=sink, stderr=sink, cwd=REPO, env=env)
 
 
+async def extra_namespace(dev_cluster: DevCluster, name: str) -> Kubectl:
+    """Another namespace for this test (the ``namespace`` fixture gives one), with the default
+    ServiceAccount pods need; removed by the caller."""
+    dev_cluster.kubectl("create", "namespace", name)
+
+    async def default_service_account() -> bool:
+        found = dev_cluster.kubectl("-n", name, "get", "serviceaccount", "default", "--ignore-not-found")
+        return bool(found.strip())
+
+    await wait_until(default_service_account, f"the default service account of {name}", timeout=60)
+    return Kubectl(dev_cluster, name)
+
+
 @pytest.mark.parametrize("mode", ["cluster", "namespaced"])
 async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permissions(
     mode: str, dev_cluster: DevCluster, kubectl: Kubectl, tmp_path: Path
 ) -> None:
     """Not an administrator: the chart's ServiceAccount, with the roles the chart ships,
-    creates an EtcdCluster until it is healthy, and the API server refuses it nothing."""
+    creates an EtcdCluster until it is healthy, and the API server refuses it nothing. In
+    namespaced mode the chart is given TWO namespaces: a cluster in each becomes healthy (one
+    list/watch per namespace, the same name in both), and a third namespace stays unread."""
     release, namespace = f"kustos-{kubectl.namespace}", kubectl.namespace
     adopt_crds(dev_cluster, release, namespace)
     # No webhooks: their Service has no endpoint in the dev cluster yet (the operator runs
@@ -119,9 +149,14 @@ async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permission
     values = ["--set", "replicas=0", "--set", "webhook.enabled=false"]
     operator_args = ["--namespace", namespace, "--lease-name", release, "--lease-namespace", namespace,
                      "--metrics-address", f"127.0.0.1:{free_port()}"]  # fmt: skip
+    watched, unwatched = [kubectl], None
     if mode == "namespaced":
-        values += ["--set", f"namespaces={{{namespace}}}"]
-        operator_args += ["--controllers", "etcdcluster,etcdbackup,etcdmaintenance,nodejob"]
+        second = await extra_namespace(dev_cluster, f"{namespace}-b")
+        unwatched = await extra_namespace(dev_cluster, f"{namespace}-c")
+        watched.append(second)
+        values += ["--set", f"namespaces={{{namespace},{second.namespace}}}"]
+        operator_args += ["--namespace", second.namespace,
+                          "--controllers", "etcdcluster,etcdbackup,etcdmaintenance,nodejob"]  # fmt: skip
     helm(dev_cluster, "install", release, str(CHART), "--namespace", namespace, *values)
     identity = f"system:serviceaccount:{namespace}:{release}"
     # Deleting Nodes: node image rollouts (a donor replaced by its heir) and node maintenance's
@@ -143,13 +178,27 @@ async def test_the_operator_runs_an_etcd_cluster_with_only_the_charts_permission
     try:
         kubeconfig = service_account_kubeconfig(dev_cluster, namespace, release, tmp_path / "sa.json")
         process = start_operator_as(kubeconfig, log, *operator_args)
-        kubectl.apply(etcd_cluster("least", 1))
-        await wait_healthy(kubectl, "least", 1, timeout=120)
+        if unwatched is not None:
+            for resource in ("etcdclusters.kustos.dev", "pods", "secrets"):
+                answer = dev_cluster.kubectl("auth", "can-i", "list", resource, "-n", unwatched.namespace,
+                                             "--as", identity, check=False)  # fmt: skip
+                assert answer.strip() == "no", resource
+            unwatched.apply(etcd_cluster("least", 1))
+        for each in watched:
+            each.apply(etcd_cluster("least", 1))
+        for each in watched:
+            await wait_healthy(each, "least", 1, timeout=120)
+        if unwatched is not None:
+            # Out of the operator's reach: never reconciled, no pod made for it.
+            assert not unwatched.get("etcdcluster", "least").get("status")
+            assert not unwatched.get("pods")["items"]
     finally:
         if process is not None:
             process.terminate()
             process.wait(30)
         helm(dev_cluster, "uninstall", release, "--namespace", namespace)
+        for each in [*watched[1:], *([unwatched] if unwatched else [])]:
+            dev_cluster.kubectl("delete", "namespace", each.namespace, "--wait=false", check=False)
     text = log.read_text(errors="replace")
     assert "controller etcdcluster started" in text, text[-3000:]
     assert not REFUSED.search(text), text[-3000:]

@@ -21,6 +21,7 @@ import pytest
 
 from kustos.api.storage import StorageCluster
 from kustos.devcluster.cluster import DevCluster
+from kustos.runtime.manager import namespace_selector
 from kustos.storage import names
 from kustos.storage.images import parse_kube_version
 from kustos.storage.manifests import Inputs, desired, listing, shipped_roles
@@ -448,10 +449,8 @@ async def test_scheduler_webhook_sets_the_scheduler_on_pods_using_the_storage_cl
         # URL, and this namespace only).
         found = kubectl.cluster.kubectl("get", "mutatingwebhookconfiguration", CHART_RELEASE, "-o", "json")
         selectors = [w.get("namespaceSelector") or {} for w in json.loads(found)["webhooks"]]
-        return bool(selectors) and all(
-            s.get("matchLabels", {}).get("kubernetes.io/metadata.name") == kubectl.namespace
-            for s in selectors
-        )
+        this_namespace = namespace_selector((kubectl.namespace,))
+        return bool(selectors) and all(s == this_namespace for s in selectors)
 
     await wait_until(configured, "the mutating webhook configuration", timeout=30)
     storage_class = running["spec"]["storageClassName"]

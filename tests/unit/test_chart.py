@@ -23,6 +23,7 @@ from kustos.etcd.webhook import webhooks as etcd_webhooks
 from kustos.install import chart as chart_files
 from kustos.install.values import ChartValues, defaults
 from kustos.maintenance.image_overrides_webhook import webhooks as image_override_webhooks
+from kustos.runtime.manager import namespace_selector
 from kustos.storage.manifests import CSI_HELPER_RULES, NODE_RULES
 from kustos.storage.webhook import scheduler_webhook
 
@@ -35,7 +36,7 @@ UPDATE = os.environ.get("KUSTOS_UPDATE_GOLDEN") == "1"
 
 MODES: dict[str, list[str]] = {
     "default": [],
-    "namespaced": ["--set", "namespaces={team-a}"],
+    "namespaced": ["--set", "namespaces={team-a,team-b}"],
     "cert-manager": ["--set", "webhook.certManager.enabled=true",
                      "--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true"],
 }  # fmt: skip
@@ -129,6 +130,17 @@ def test_the_schema_refuses_typos_and_wrong_types(helm: Path) -> None:
     assert typo.returncode != 0 and "replcas" in typo.stderr
     wrong = run_helm(helm, "template", RELEASE, str(CHART), "--set", "replicas=two", check=False)
     assert wrong.returncode != 0 and "replicas" in wrong.stderr
+    for bad in ("namespaces={team-a,team-a}", "namespaces={Team_A}"):
+        refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", bad, check=False)
+        assert refused.returncode != 0 and "namespaces" in refused.stderr, bad
+
+
+def test_the_values_model_refuses_a_repeated_or_invalid_namespace() -> None:
+    assert ChartValues.model_validate({"namespaces": ["a", "b"]}).namespaces == ["a", "b"]
+    with pytest.raises(ValueError, match="namespaces listed twice: \\['a'\\]"):
+        ChartValues.model_validate({"namespaces": ["a", "b", "a"]})
+    with pytest.raises(ValueError, match="not namespace names"):
+        ChartValues.model_validate({"namespaces": ["A_b"]})
 
 
 def _operator_entries(namespaced: bool) -> dict[str, dict[str, Any]]:
@@ -141,7 +153,7 @@ def _operator_entries(namespaced: bool) -> dict[str, dict[str, Any]]:
     entries = {}
     for webhook in served:
         if namespaced:
-            webhook.namespace_selector = {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+            webhook.namespace_selector = namespace_selector(("team-a", "team-b"))
         service = {"namespace": NAMESPACE, "name": f"{RELEASE}-webhook", "port": 443, "path": webhook.path}
         entries[webhook.name] = webhook.configuration_entry({"service": service})
     return entries
@@ -186,9 +198,16 @@ def test_namespaced_mode_reads_nothing_cluster_wide_but_nodes(helm: Path) -> Non
         assert not reads or rule["resources"] == ["nodes"], rule
         assert rule["resources"] == ["nodes"] or rule.get("resourceNames") == [RELEASE], rule
     roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in rendered if d["kind"] == "Role"}
-    assert roles == {("team-a", RELEASE), (NAMESPACE, f"{RELEASE}-operator")}
+    assert roles == {("team-a", RELEASE), ("team-b", RELEASE), (NAMESPACE, f"{RELEASE}-operator")}
+    bindings = {
+        (d["metadata"]["namespace"], d["roleRef"]["name"]) for d in rendered if d["kind"] == "RoleBinding"
+    }
+    assert {("team-a", RELEASE), ("team-b", RELEASE)} <= bindings
     args = next(d for d in rendered if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
-    assert "--namespace=team-a" in args["args"]
+    assert [a for a in args["args"] if a.startswith("--namespace=")] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+    ]
     assert "--controllers=etcdcluster,etcdbackup,etcdmaintenance,nodejob" in args["args"]
 
 

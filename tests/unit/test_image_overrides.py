@@ -245,7 +245,9 @@ async def test_manager_applies_shared_configurations_without_the_own_one() -> No
 
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
     clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
-    options = ManagerOptions(leader_election=False, webhook_url="https://10.0.0.1:9443", namespace="team-a")
+    options = ManagerOptions(
+        leader_election=False, webhook_url="https://10.0.0.1:9443", namespaces=("team-a",)
+    )
     manager = Manager(clients, options)
     for webhook in webhooks(cast(Any, FakePolicies(None)), "kustos"):
         manager.add_webhook(webhook)
@@ -264,5 +266,7 @@ async def test_manager_applies_shared_configurations_without_the_own_one() -> No
     [entry] = own["webhooks"]
     assert entry["name"] == MUTATE_NAME and entry["clientConfig"]["caBundle"] == "Q0E="
     assert entry["clientConfig"]["url"] == "https://10.0.0.1:9443/mutate-v1-pod-image-overrides"
-    assert entry["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+    assert entry["namespaceSelector"] == {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]
+    }
     await raw.aclose()

@@ -156,11 +156,14 @@ class ChartValues(Values):
     """Two: a standby with warm caches takes over within the lease duration (F-OPS-3). Zero
     stops the operator and keeps everything else."""
     crds: Crds = Field(default_factory=Crds)
-    namespaces: list[str] = Field(default_factory=list, max_length=1)
-    """Namespaced mode: watch only these namespaces, with Roles there and no cluster-wide
-    access beyond reading Nodes. The StorageCluster and StorageUpgrade controllers, which
-    generate cluster-scoped objects, are off in this mode. Empty: the whole cluster. The
-    operator watches one namespace today (`kustos run --namespace`)."""
+    namespaces: list[str] = Field(
+        default_factory=list,
+        json_schema_extra={"uniqueItems": True, "items": {"type": "string", "pattern": DNS_LABEL}},
+    )
+    """Namespaced mode: watch only these namespaces (one `kustos run --namespace` each, one
+    list/watch per namespace), with Roles there and no cluster-wide access beyond reading
+    Nodes. The StorageCluster and StorageUpgrade controllers, which generate cluster-scoped
+    objects, are off in this mode. Empty: the whole cluster."""
     leader_election: LeaderElection = Field(default_factory=LeaderElection)
     webhook: Webhook = Field(default_factory=Webhook)
     metrics: Metrics = Field(default_factory=Metrics)
@@ -185,6 +188,9 @@ class ChartValues(Values):
         bad = [n for n in value if not re.match(DNS_LABEL, n)]
         if bad:
             raise ValueError(f"not namespace names: {bad}")
+        repeated = sorted({n for n in value if value.count(n) > 1})
+        if repeated:
+            raise ValueError(f"namespaces listed twice: {repeated}")
         return value
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import itertools
 import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx2
@@ -116,6 +117,8 @@ class Informer:
         self._indexers: dict[str, IndexFunc] = {}
         # index name -> value -> keys (a dict as an ordered set)
         self._indexes: dict[str, dict[str, dict[str, None]]] = {}
+        self._count: Callable[[], int] = self.__len__
+        """What the cached-objects gauge reports: this cache, or its facade's whole (namespaces)."""
 
     # ---- reading -------------------------------------------------------------------
 
@@ -367,7 +370,7 @@ class Informer:
 
     def _update_gauge(self) -> None:
         if self._metrics is not None:
-            self._metrics.cached_objects.labels(str(self.resource)).set(len(self._store))
+            self._metrics.cached_objects.labels(str(self.resource)).set(self._count())
 
     async def _notify(self, kind: str, obj: Obj, previous: Obj | None) -> None:
         for handler in self._handlers:
@@ -377,6 +380,104 @@ class Informer:
                     await result
             except Exception:
                 log.exception("handler of %s failed on %s", self.resource, object_key(obj))
+
+
+class NamespacesInformer(Informer):
+    """One resource watched in several namespaces: one list/watch per namespace (an operator
+    granted Roles in a list of namespaces may not list across all of them), read as one cache.
+
+    Keys are ``namespace/name``, so the namespaces never collide; ``get`` asks the namespace's
+    own informer. Handlers and indexes are shared by every part; synced once every part is.
+    """
+
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        resource: ResourceRef,
+        namespaces: Iterable[str],
+        options: InformerOptions | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        # No Informer state of its own: every reading method is answered by the parts.
+        self.resource = resource
+        self.options = options or InformerOptions()
+        self.namespaces = tuple(dict.fromkeys(namespaces))
+        if len(self.namespaces) < 2 or not all(self.namespaces):
+            raise ValueError(f"NamespacesInformer needs two or more namespaces, got {self.namespaces}")
+        self.parts: dict[str, Informer] = {
+            ns: Informer(http, resource, replace(self.options, namespace=ns), metrics)
+            for ns in self.namespaces
+        }
+        for part in self.parts.values():
+            part._count = self.__len__
+
+    # ---- reading -------------------------------------------------------------------
+
+    def get(self, key: str) -> Obj | None:
+        namespace, slash, _ = key.partition("/")
+        part = self.parts.get(namespace) if slash else None
+        return part.get(key) if part is not None else None
+
+    def list(self) -> Iterable[Obj]:
+        return [obj for part in self.parts.values() for obj in part.list()]
+
+    def keys(self) -> Iterable[str]:
+        return list(itertools.chain.from_iterable(part.keys() for part in self.parts.values()))
+
+    def __len__(self) -> int:
+        return sum(len(part) for part in self.parts.values())
+
+    # ---- indexes ---------------------------------------------------------------------
+
+    def add_index(self, name: str, fn: IndexFunc) -> None:
+        for part in self.parts.values():
+            part.add_index(name, fn)
+
+    def by_index(self, name: str, value: str) -> builtins.list[Obj]:
+        return [obj for part in self.parts.values() for obj in part.by_index(name, value)]
+
+    def index_values(self, name: str) -> builtins.list[str]:
+        return list(dict.fromkeys(v for part in self.parts.values() for v in part.index_values(name)))
+
+    @property
+    def has_synced(self) -> bool:
+        return all(part.has_synced for part in self.parts.values())
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(part.wait_synced() for part in self.parts.values()))
+
+    def add_handler(self, handler: Handler) -> None:
+        for part in self.parts.values():
+            part.add_handler(handler)
+
+    @property
+    def absent(self) -> bool:
+        """Not served (its CRD absent): the API server says so for every namespace alike."""
+        return any(part.absent for part in self.parts.values())
+
+    @absent.setter
+    def absent(self, value: bool) -> None:
+        for part in self.parts.values():
+            part.absent = value
+
+    @property
+    def last_error(self) -> str | None:
+        errors = [f"{ns}: {part.last_error}" for ns, part in self.parts.items() if part.last_error]
+        return "; ".join(errors) or None
+
+    @last_error.setter
+    def last_error(self, value: str | None) -> None:
+        for part in self.parts.values():
+            part.last_error = value
+
+    # ---- running -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Every namespace's list/watch at once; cancelling this cancels them all (a TaskGroup:
+        none is left running behind the facade, whatever ends it)."""
+        async with asyncio.TaskGroup() as group:
+            for part in self.parts.values():
+                group.create_task(part.run())
 
 
 # Whether this process has said the API server is unreachable (once per outage, for all informers).

@@ -28,7 +28,7 @@ from kustos.runtime import objects
 from kustos.runtime.api import Api
 from kustos.runtime.controller import Controller, ControllerRunner
 from kustos.runtime.events import EventRecorder
-from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
+from kustos.runtime.informer import Informer, InformerOptions, NamespacesInformer, ResourceRef
 from kustos.runtime.kube import KubeClients, connect, object_key
 from kustos.runtime.leader import LeaderElectionConfig, LeaderElector
 from kustos.runtime.metrics import Metrics
@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ManagerOptions:
-    namespace: str | None = None  # None: every namespace
+    namespaces: tuple[str, ...] = ()
+    """The namespaces watched (and admitted by the webhooks); empty: every namespace."""
     leader_election: bool = True
     lease_name: str = "kustos-operator"
     lease_namespace: str = "default"
@@ -88,11 +89,20 @@ class Manager:
     def informer(self, resource: ResourceRef, options: InformerOptions | None = None) -> Informer:
         """The shared informer for a resource (and selector); created on first use."""
         options = options or InformerOptions()
-        if options.namespace is None and resource.namespaced:
-            options.namespace = self.options.namespace
-        key = (resource, options.namespace, options.label_selector, options.field_selector)
+        namespaces = self.options.namespaces
+        several = options.namespace is None and resource.namespaced and len(namespaces) > 1
+        if options.namespace is None and resource.namespaced and len(namespaces) == 1:
+            options.namespace = namespaces[0]
+        watched = ",".join(namespaces) if several else options.namespace
+        key = (resource, watched, options.label_selector, options.field_selector)
         if key not in self._informers:
-            self._informers[key] = Informer(self.clients.raw, resource, options, self.metrics)
+            if several:
+                # One list/watch per namespace: Roles there grant no list across namespaces.
+                self._informers[key] = NamespacesInformer(
+                    self.clients.raw, resource, namespaces, options, self.metrics
+                )
+            else:
+                self._informers[key] = Informer(self.clients.raw, resource, options, self.metrics)
         return self._informers[key]
 
     def add_controller(self, controller: Controller) -> ControllerRunner:
@@ -310,9 +320,9 @@ class Manager:
     async def _apply_webhook_configurations(self) -> None:
         """Point the API server at our webhooks, with the CA that signed our certificate."""
         assert self.webhook_server is not None
-        if self.options.namespace:
+        selector = namespace_selector(self.options.namespaces)
+        if selector:
             # A namespace-scoped operator admits only what it manages.
-            selector = {"matchLabels": {"kubernetes.io/metadata.name": self.options.namespace}}
             for webhook in self._webhooks:
                 webhook.namespace_selector = webhook.namespace_selector or selector
         shared = [w for w in self._webhooks if w.configuration is None]
@@ -332,8 +342,8 @@ class Manager:
         chosen = [w for w in self._webhooks if w.configuration == configuration]
         if self.webhook_server is None or not chosen:
             return []
-        if self.options.namespace:
-            selector = {"matchLabels": {"kubernetes.io/metadata.name": self.options.namespace}}
+        selector = namespace_selector(self.options.namespaces)
+        if selector:
             for webhook in chosen:
                 webhook.namespace_selector = webhook.namespace_selector or selector
         return webhook_configurations(
@@ -343,6 +353,14 @@ class Manager:
             base_url=self.options.webhook_url,
             service=self.options.webhook_service,
         )
+
+
+def namespace_selector(namespaces: tuple[str, ...]) -> dict[str, Any] | None:
+    """The webhooks' namespaceSelector of an operator watching ``namespaces`` (None: every one)."""
+    if not namespaces:
+        return None
+    values = list(dict.fromkeys(namespaces))
+    return {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": values}]}
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -76,6 +76,11 @@ class StorageUpgradeReconciler:
         """Straight from the API: workloads, claims and classes are read only while upgrading."""
         return await self.api.list_objects(ref, namespace if ref.namespaced else None, selector)
 
+    async def _list_watched(self, ref: ResourceRef) -> list[dict[str, Any]]:
+        """Every namespace the operator watches (each of a list, one call each), or all of them."""
+        scopes: tuple[str | None, ...] = self.manager.options.namespaces or (None,)
+        return [obj for scope in scopes for obj in await self._list(ref, scope)]
+
     # ---- observe ---------------------------------------------------------------------------
 
     def _cluster_of(self, upgrade: StorageUpgrade) -> tuple[StorageCluster | None, str]:
@@ -133,7 +138,6 @@ class StorageUpgradeReconciler:
         )
 
     async def _workloads(self, cluster: StorageCluster, count_pods: bool) -> tuple[WorkloadView, ...]:
-        scope = self.manager.options.namespace
         classes = await self._list(STORAGE_CLASSES, None)
         defaults = [
             objects.name(c) for c in classes if objects.annotations(c).get(DEFAULT_CLASS_ANNOTATION) == "true"
@@ -146,11 +150,11 @@ class StorageUpgradeReconciler:
             provisioner_of_class={objects.name(c): c.get("provisioner", "") for c in classes},
         )
         claims: dict[str, dict[str, ClaimView]] = defaultdict(dict)
-        for claim in await self._list(CLAIMS, scope):
+        for claim in await self._list_watched(CLAIMS):
             claims[str(objects.namespace(claim))][objects.name(claim)] = up.claim_view(claim)
         views = []
         for kind, ref in WORKLOAD_KINDS.items():
-            for w in await self._list(ref, scope):
+            for w in await self._list_watched(ref):
                 namespace = str(objects.namespace(w))
                 annotations = objects.annotations(w)
                 remembered = annotations.get(up.REPLICAS_ANNOTATION)

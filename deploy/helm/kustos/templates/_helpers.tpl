@@ -70,8 +70,13 @@ service:
 {{- define "kustos.namespaceSelector" -}}
 {{- if .Values.namespaces }}
 namespaceSelector:
-  matchLabels:
-    kubernetes.io/metadata.name: {{ first .Values.namespaces }}
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values:
+        {{- range .Values.namespaces | uniq }}
+        - {{ . }}
+        {{- end }}
 {{- end }}
 {{- end -}}
 
