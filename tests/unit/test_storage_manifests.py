@@ -103,7 +103,7 @@ def test_shipped_roles_are_bound_not_generated() -> None:
 
     assert not [o for o in objects if o["kind"] == "ClusterRole"]
     for component, role in roles.items():
-        binding = find(objects, "ClusterRoleBinding", f"kustos-storage-default.stor-{component}")
+        binding = find(objects, "ClusterRoleBinding", f"kustos-storage-default.stor-{component}.shipped")
         assert binding["roleRef"]["name"] == role
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": f"stor-{component}", "namespace": "storageos"}

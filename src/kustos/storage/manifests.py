@@ -586,6 +586,11 @@ def rbac(inputs: Inputs) -> list[Obj]:
             metadata = _meta(cluster, role, component, namespaced=False)
             objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
                             "metadata": metadata, "rules": rules})  # fmt: skip
+        else:
+            # A binding's roleRef is immutable: a binding to a shipped role has a name of its own,
+            # so a cluster whose binding referred to a generated role gets a new one and the old
+            # binding and role are pruned (applying a changed roleRef would fail every pass).
+            binding = f"{binding}.shipped"
         objects.append(
             {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
              "metadata": _meta(cluster, binding, component, namespaced=False),
