@@ -263,8 +263,9 @@ async def test_purge_of_a_stacked_etcd_control_plane_node_keeps_quorum(
 async def test_the_controller_purges_a_dead_control_plane_node_and_resumes_after_a_crash(
     dev_cluster: DevCluster, stacked: tuple[list[Member], Path], kubectl: Kubectl, crds: None, tmp_path: Path
 ) -> None:
-    """shouldEnablePurgeNodes: past the toleration, the operator purges on its own; killed right
-    after removing the etcd member (before recording it), a restarted operator goes on."""
+    """shouldEnablePurgeNodes with fencing.afterToleration: past the toleration, the operator
+    purges on its own; killed right after removing the etcd member (before recording it), a
+    restarted operator goes on."""
     members, pki = stacked
     a, b, c = members
 
@@ -284,6 +285,7 @@ async def test_the_controller_purges_a_dead_control_plane_node_and_resumes_after
         "spec": {
             "shouldEnablePurgeNodes": True,
             "nodeUnreachableToleration": "5s",
+            "fencing": {"afterToleration": True},  # EKCO's: past the toleration is fenced
             "certificatesDir": str(pki),
         },
     }

@@ -189,14 +189,55 @@ def purge_policy(**changes: object) -> MaintenancePolicySpec:
     return spec(should_enable_purge_nodes=True, node_unreachable_toleration="1m", **changes)
 
 
+def dead(name: str, seconds: float = 61, **fields: object) -> NodeView:
+    """Unreachable, fenced by a fencing agent, and cleared already (nothing left but the purge)."""
+    return down(name, seconds, fenced_at=ago(1), out_of_service=True, **fields)
+
+
+def test_an_unfenced_node_past_its_toleration_is_not_purged() -> None:
+    """A Node deleted while merely partitioned would let its pods run twice."""
+    nodes = (ready("c1", True), ready("c2", True), ready("w1"))
+    step = plan_of(observed(*nodes, down("w2", 61), policy=purge_policy()))
+    assert isinstance(step, Refuse) and step.node == "w2" and step.action == "Purge"
+    assert step.message.startswith("not fenced: node w2")
+    status = planner.status(observed(*nodes, down("w2", 61), policy=purge_policy()), step)
+    assert status.last_refusal is not None and "not fenced" in status.last_refusal.message
+    # afterToleration keeps EKCO's behaviour: past the toleration is fenced, and purged.
+    policy = purge_policy(fencing=FencingPolicy(after_toleration=True))
+    assert plan_of(observed(*nodes, down("w2", 61), policy=policy)) == Purge("w2", False)
+    # So do the provider and the annotation.
+    assert plan_of(observed(*nodes, dead("w2"), policy=purge_policy())) == Purge("w2", False)
+    stopped = down("w2", 61, instance=InstanceState.STOPPED)
+    assert plan_of(observed(*nodes, stopped, policy=purge_policy())) == Purge("w2", False)
+
+
+def test_a_node_back_ready_mid_purge_is_shown_in_the_status_until_its_purge_is_gone() -> None:
+    back = NodeView("w2", ready=True, purge_done=("RookStorageNode", "RookOSDDeployment"))
+    o = observed(ready("c1", True), back, policy=purge_policy())
+    assert plan_of(o) == Done()  # a Ready node is not purged further
+    status = planner.status(o, plan_of(o))
+    condition = next(c for c in status.conditions if c.type == "PurgeInterrupted")
+    assert condition.status == "True" and condition.reason == "NodeReturned"
+    assert "node w2 is Ready with its purge unfinished (done: RookStorageNode, RookOSDDeployment)" in (
+        condition.message
+    )
+    cleaned = Observed(o.spec, (ready("c1", True), ready("w2")), now=NOW, previous=status)
+    after = planner.status(cleaned, Done())
+    condition = next(c for c in after.conditions if c.type == "PurgeInterrupted")
+    assert condition.status == "False"
+    # An unreachable node mid-purge is a purge under way, not an interrupted one.
+    going = planner.status(observed(ready("c1", True), dead("w2", purge_done=("Node",))), Done())
+    assert not [c for c in going.conditions if c.type == "PurgeInterrupted"]
+
+
 def test_purge_comes_after_the_toleration_only() -> None:
     nodes = (ready("c1", True), ready("c2", True), ready("w1"))
-    assert isinstance(plan_of(observed(*nodes, down("w2", 59), policy=purge_policy())), Wait)
-    assert plan_of(observed(*nodes, down("w2", 61), policy=purge_policy())) == Purge("w2", False)
+    assert isinstance(plan_of(observed(*nodes, dead("w2", 59), policy=purge_policy())), Wait)
+    assert plan_of(observed(*nodes, dead("w2"), policy=purge_policy())) == Purge("w2", False)
 
 
 def test_guards_count_ready_nodes_of_the_dead_nodes_own_role_without_it() -> None:
-    dead_cp = down("c3", 61, control_plane=True)
+    dead_cp = dead("c3", control_plane=True)
     # Two ready control-plane nodes remain: purge allowed at the default minimum of 2.
     o = observed(ready("c1", True), ready("c2", True), dead_cp, policy=purge_policy())
     assert plan_of(o) == Purge("c3", True)
@@ -212,10 +253,10 @@ def test_guards_count_ready_nodes_of_the_dead_nodes_own_role_without_it() -> Non
     assert plan_of(o) == Purge("c3", True)
     # And the control-plane minimum does not apply to a worker.
     o = observed(
-        ready("c1", True), ready("w1"), down("w2", 61), policy=purge_policy(min_ready_worker_node_count=1)
+        ready("c1", True), ready("w1"), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1)
     )
     assert plan_of(o) == Purge("w2", False)
-    o = observed(ready("c1", True), down("w2", 61), policy=purge_policy(min_ready_worker_node_count=1))
+    o = observed(ready("c1", True), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1))
     assert isinstance(plan_of(o), Refuse)
 
 
@@ -233,9 +274,9 @@ def test_purge_never_leaves_fewer_ready_nodes_of_a_role_than_its_minimum(
     masters: int, workers: int, dead_cp: bool, min_m: int, min_w: int
 ) -> None:
     nodes = [ready(f"c{i}", True) for i in range(masters)] + [ready(f"w{i}") for i in range(workers)]
-    dead = down("dead", 61, control_plane=dead_cp)
+    victim = dead("dead", control_plane=dead_cp)
     policy = purge_policy(min_ready_master_node_count=min_m, min_ready_worker_node_count=min_w)
-    step = plan_of(observed(*nodes, dead, policy=policy))
+    step = plan_of(observed(*nodes, victim, policy=policy))
     if isinstance(step, Purge):
         if dead_cp:
             assert masters >= min_m
@@ -258,7 +299,7 @@ def test_only_the_policy_named_default_is_acted_on() -> None:
 
 
 def test_status_records_the_action_and_the_refusal_until_that_node_succeeds() -> None:
-    o = observed(ready("c1", True), down("w2", 61), policy=purge_policy(min_ready_worker_node_count=1))
+    o = observed(ready("c1", True), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1))
     refused = planner.status(o, plan_of(o))
     assert refused.last_action is not None and refused.last_action.outcome == "Refused"
     assert refused.last_refusal is not None and refused.last_refusal.node == "w2"
@@ -271,9 +312,7 @@ def test_status_records_the_action_and_the_refusal_until_that_node_succeeds() ->
 
 
 def test_a_purge_step_refused_by_etcd_is_a_refusal() -> None:
-    o = observed(
-        ready("c1", True), ready("c2", True), down("c3", 61, control_plane=True), policy=purge_policy()
-    )
+    o = observed(ready("c1", True), ready("c2", True), dead("c3", control_plane=True), policy=purge_policy())
     status = planner.status(o, Purge("c3", True), done="refused: removing member would leave 1 healthy")
     assert status.last_refusal is not None and "would leave 1 healthy" in status.last_refusal.message
 
@@ -287,7 +326,7 @@ def test_a_failed_step_is_degraded_with_its_reason() -> None:
 
 
 def test_a_repeated_refusal_keeps_its_first_time() -> None:
-    o = observed(ready("c1", True), down("w2", 61), policy=purge_policy(min_ready_worker_node_count=1))
+    o = observed(ready("c1", True), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1))
     first = planner.status(o, plan_of(o))
     again = planner.status(
         Observed(o.spec, o.nodes, now=NOW + timedelta(seconds=30), previous=first), plan_of(o)
@@ -366,15 +405,16 @@ node_views = st.builds(
 
 @given(
     nodes=st.lists(node_views, max_size=5, unique_by=lambda n: n.name),
-    after_toleration=st.booleans(), legacy=st.booleans(),
+    after_toleration=st.booleans(), legacy=st.booleans(), purge=st.booleans(),
     pods=st.lists(st.tuples(st.integers(0, 4), st.one_of(st.none(), st.integers(0, 600))), max_size=6),
     claims=st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=4),
 )  # fmt: skip
 def test_nothing_is_moved_off_a_node_that_is_not_fenced_except_by_legacy_clear(
-    nodes: list[NodeView], after_toleration: bool, legacy: bool,
+    nodes: list[NodeView], after_toleration: bool, legacy: bool, purge: bool,
     pods: list[tuple[int, int | None]], claims: list[tuple[int, bool]],
 ) -> None:  # fmt: skip
-    policy = spec(fencing=FencingPolicy(after_toleration=after_toleration), legacy_clear=legacy)
+    policy = spec(fencing=FencingPolicy(after_toleration=after_toleration), legacy_clear=legacy,
+                  should_enable_purge_nodes=purge, node_unreachable_toleration="1m")  # fmt: skip
     pod_views = tuple(
         PodView("ns", f"p{k}", f"u{k}", f"n{i}", None if s is None else ago(s))
         for k, (i, s) in enumerate(pods)
@@ -394,5 +434,7 @@ def test_nothing_is_moved_off_a_node_that_is_not_fenced_except_by_legacy_clear(
         node = by_name.get(step.node)
         assert node is None or planner.fenced_by(policy, node, NOW) is not None
         assert next(c for c in claim_views if c.name == step.name).opted_in
+    if isinstance(step, Purge):  # a Node deleted is its pods started elsewhere
+        assert planner.fenced_by(policy, by_name[step.node], NOW) is not None
     if isinstance(step, RemoveOutOfService):
         assert by_name[step.node].ready

@@ -165,13 +165,13 @@ async def test_the_kubectl_toolbox_execs_ceph_in_the_running_toolbox_pod(tmp_pat
     kubectl = tmp_path / "kubectl"
     kubectl.write_text(f'#!/bin/sh\necho "$@" >> {record}\necho ok\n')
     kubectl.chmod(0o755)
-    pods = {"items": [
-        {"metadata": {"name": "tools-old", "deletionTimestamp": "2026-01-01T00:00:00Z"},
-         "status": {"containerStatuses": [{"state": {"running": {}}}]}},
-        {"metadata": {"name": "tools-1"}, "status": {"containerStatuses": [{"state": {"running": {}}}]}},
-    ]}  # fmt: skip
+    old = _pod("tools-old", "n")
+    old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # type: ignore[index]
+    pods = {"items": [old, _pod("tools-1", "n")]}
 
     def answer(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path == "/api/v1/nodes/n":
+            return httpx2.Response(200, json=_node("n"))
         assert request.url.params["labelSelector"] == rook.TOOLBOX_SELECTOR
         return httpx2.Response(200, json=pods)
 
@@ -185,7 +185,7 @@ async def test_the_kubectl_toolbox_execs_ceph_in_the_running_toolbox_pod(tmp_pat
     ]  # fmt: skip
     pods["items"] = []
     code, _, err = await toolbox.run(["ceph", "status"])
-    assert code == 127 and "no running pod labelled app=rook-ceph-tools" in err
+    assert code == 127 and "no Ready pod labelled app=rook-ceph-tools on a Ready node" in err
 
 
 def test_a_volume_is_pinned_only_by_one_required_hostname() -> None:
@@ -246,4 +246,110 @@ async def test_the_api_toolbox_finds_no_running_toolbox_pod() -> None:
     config = KubeConfig.from_server("https://k8s").get()
     assert await rook.toolbox_pod(api, "rook-ceph") is None
     code, _, err = await rook.ApiToolbox(api, config, "rook-ceph").run(["ceph", "status"])
-    assert code == 127 and "no running pod labelled app=rook-ceph-tools in rook-ceph" in err
+    assert code == 127 and "no Ready pod labelled app=rook-ceph-tools on a Ready node in rook-ceph" in err
+
+
+def _pod(name: str, node: str, ready: bool = True, running: bool = True) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "labels": {"app": "rook-ceph-tools"}},
+        "spec": {"nodeName": node},
+        "status": {
+            "phase": "Running" if running else "Pending",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"ready": ready, "state": {"running": {}} if running else {"waiting": {}}}],
+        },
+    }
+
+
+def _node(name: str, ready: bool = True, annotations: dict[str, str] | None = None) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "annotations": dict(annotations or {})},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "Unknown"}]},
+    }
+
+
+def _fake_api(pods: list[dict[str, object]], nodes: dict[str, dict[str, object]]) -> object:
+    """The API server at its HTTP boundary: pods listed, Nodes got, annotations merge-patched."""
+    import json as jsonlib
+
+    import httpx2
+
+    from kustos.runtime.api import Api
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        path = request.url.path
+        if path.endswith("/pods"):
+            return httpx2.Response(200, json={"items": pods})
+        name = path.rsplit("/", 1)[-1]
+        if path.startswith("/api/v1/nodes/"):
+            node = nodes.get(name)
+            if node is None:
+                return httpx2.Response(404, json={"kind": "Status", "code": 404, "reason": "NotFound"})
+            if request.method == "PATCH":
+                patch = jsonlib.loads(request.content)
+                annotations = node["metadata"]["annotations"]  # type: ignore[index]
+                for key, value in patch["metadata"]["annotations"].items():
+                    if value is None:
+                        annotations.pop(key, None)
+                    else:
+                        annotations[key] = value
+            if request.method == "DELETE":
+                nodes.pop(name)
+            return httpx2.Response(200, json=node)
+        raise AssertionError(f"unexpected {request.method} {path}")
+
+    return Api(httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://k8s"))
+
+
+async def test_the_toolbox_chosen_is_ready_on_a_ready_node() -> None:
+    """The toolbox pod on the node being purged still says Running: it is never chosen."""
+    from kustos.runtime.api import Api
+
+    nodes = {"dead": _node("dead", ready=False), "live": _node("live")}
+    pods = [_pod("a-on-dead", "dead"), _pod("b-not-ready", "live", ready=False), _pod("c-good", "live")]
+    api = _fake_api(pods, nodes)
+    assert isinstance(api, Api)
+    assert await rook.toolbox_pod(api, "rook-ceph") == "c-good"
+    pods.pop()
+    assert await rook.toolbox_pod(api, "rook-ceph") is None
+    assert rook.usable_toolboxes([_pod("x", "gone")], []) == []
+
+
+async def test_the_ceph_purge_runs_one_command_per_pass_its_progress_on_the_node() -> None:
+    """Each pass runs at most one Ceph command (each bounded by the exec timeout), so a pass stays
+    well under the controller's timeout; a restarted purge goes on from the recorded count."""
+    from kustos.maintenance.purge import CEPH_ANNOTATION, OSDS_ANNOTATION, Purger
+    from kustos.runtime.api import Api
+
+    done = {"kustos.dev/purge": "RookStorageNode,RookOSDDeployment", OSDS_ANNOTATION: "3,7"}
+    nodes = {"w": _node("w", ready=False, annotations=done)}
+    api = _fake_api([], nodes)
+    assert isinstance(api, Api)
+    ran: list[list[str]] = []
+
+    class Toolbox:
+        async def run(self, argv: list[str]) -> tuple[int, str, str]:
+            ran.append(list(argv))
+            return 0, "", ""
+
+    purger = Purger(api, PurgeOptions(maintain_rook=True), toolbox=Toolbox())
+    first = await purger.next("w")
+    assert ran == [["ceph", "osd", "down", "osd.3"]]
+    assert first.step == "CephOSDPurge" and first.message == "ceph osd down osd.3: ok (1/5)"
+    assert nodes["w"]["metadata"]["annotations"][CEPH_ANNOTATION] == "1"  # type: ignore[index]
+    # A new Purger (a restarted operator) goes on from the Node's record.
+    purger = Purger(api, PurgeOptions(maintain_rook=True), toolbox=Toolbox())
+    for _ in range(4):
+        before = len(ran)
+        outcome = await purger.next("w")
+        assert len(ran) == before + 1 and outcome.step == "CephOSDPurge"
+    assert ran[1:] == [
+        ["ceph", "osd", "purge", "3", "--yes-i-really-mean-it"],
+        ["ceph", "osd", "down", "osd.7"],
+        ["ceph", "osd", "purge", "7", "--yes-i-really-mean-it"],
+        ["ceph", "osd", "crush", "rm", "w"],
+    ]
+    annotations = nodes["w"]["metadata"]["annotations"]  # type: ignore[index]
+    assert CEPH_ANNOTATION not in annotations and annotations["kustos.dev/purge"].endswith(",CephOSDPurge")
+    last = await purger.next("w")
+    assert last.finished and len(ran) == 5

@@ -39,12 +39,13 @@ from kustos.maintenance.purge import PurgeOptions, Purger
 from kustos.runtime import faults, objects
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.cloud import CloudProvider, InstanceState, NotFound, ProviderError
+from kustos.runtime.conditions import Condition as RawCondition
 from kustos.runtime.controller import Controller, Result
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import Note, record
+from kustos.runtime.record import Note, record, warning
 from kustos.runtime.resources import CLAIMS, NODES, PODS, STATEFULSETS, VOLUMES
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_rfc3339, rfc3339
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 
 POLICIES = MaintenancePolicy.crd.ref
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-ANNOUNCED = frozenset({"Degraded", "Ready", "FencingAnnotationsValid"})
+ANNOUNCED = frozenset({"Degraded", "Ready", "FencingAnnotationsValid", "PurgeInterrupted"})
 UNSCHEDULED_INDEX = "maintenance-unscheduled"
 
 
@@ -147,7 +148,7 @@ class MaintenanceReconciler:
         status = planner.status(observed, step, failure, done)
         notes = self._notes(observed, step, status, failure)
         await record(self.api, POLICIES, raw, status.model_dump(by_alias=True), self.manager.events,
-                     notes=notes, announce=ANNOUNCED)  # fmt: skip
+                     notes=notes, announce=ANNOUNCED, is_warning=_warning)  # fmt: skip
 
     # ---- observe -----------------------------------------------------------------------
 
@@ -305,6 +306,13 @@ class MaintenanceReconciler:
         refused = last.outcome == "Refused"
         reason = last.action + ("Refused" if refused else "")
         return [Note(reason, f"{last.node}: {last.message}", WARNING if refused else NORMAL)]
+
+
+def _warning(condition: RawCondition) -> bool:
+    """A node back Ready mid-purge warns as Degraded does (an Event when it turns True)."""
+    if condition.get("type") == "PurgeInterrupted":
+        return condition.get("status") == "True"
+    return warning(condition)
 
 
 def _policy(_: dict[str, Any]) -> list[str]:

@@ -259,6 +259,20 @@ def purge_refusal(spec: MaintenancePolicySpec, nodes: Sequence[NodeView], node: 
     return None
 
 
+def not_fenced(node: NodeView) -> str:
+    """Why a node past its toleration is not purged: nothing proves it down."""
+    return (
+        f"not fenced: node {node.name} is past nodeUnreachableToleration but nothing proves it down "
+        "(the provider, a kustos.dev/fenced annotation written after it became unreachable, or "
+        "fencing.afterToleration); purging it could leave its pods running twice"
+    )
+
+
+def unfinished_purges(nodes: Sequence[NodeView]) -> list[NodeView]:
+    """Ready nodes with a purge begun (kustos.dev/purge): they came back mid-purge."""
+    return sorted((n for n in nodes if n.ready and n.purge_done), key=lambda n: n.name)
+
+
 def dead_nodes(o: Observed) -> list[NodeView]:
     """Unreachable nodes that are fenced or past their toleration, oldest outage first."""
     dead = [
@@ -289,9 +303,10 @@ def plan(o: Observed) -> Step:
         if source is not None:
             fenced_names.add(node.name)
             fenced_hosts.update({node.name, node.hostname} - {""})
-        # 2. Purge first (EKCO's order): a purged node needs no clearing.
+        # 2. Purge first (EKCO's order): a purged node needs no clearing. Only a fenced node:
+        # deleting a Node that is merely partitioned lets its pods run twice.
         if spec.should_enable_purge_nodes and past_toleration(spec, node, o.now):
-            refusal = purge_refusal(spec, o.nodes, node)
+            refusal = purge_refusal(spec, o.nodes, node) if source is not None else not_fenced(node)
             if refusal is None:
                 return Purge(node.name, node.control_plane)
             refusals.append(Refuse(node.name, "Purge", refusal))
@@ -382,6 +397,22 @@ def status(
         )
     elif any(c.type == "FencingAnnotationsValid" for c in result.conditions):
         result.conditions = conditions("FencingAnnotationsValid", True, "AsExpected", "")
+    returned = unfinished_purges(o.nodes)
+    if returned:
+        # A node that came back mid-purge may have lost its etcd member, API endpoint or OSDs:
+        # the purge does not go on (it is Ready), so a person must look.
+        result.conditions = conditions(
+            "PurgeInterrupted",
+            True,
+            "NodeReturned",
+            "; ".join(
+                f"node {n.name} is Ready with its purge unfinished (done: {', '.join(n.purge_done)}): "
+                f"check it, then finish with `kustos purge-node {n.name}` or remove {PURGE_ANNOTATION}"
+                for n in returned
+            )[:1000],
+        )
+    elif any(c.type == "PurgeInterrupted" for c in result.conditions):
+        result.conditions = conditions("PurgeInterrupted", False, "AsExpected", "")
     described = describe(step)
     if isinstance(step, Purge):
         described = (step.node, "Purge", done or "purge step")
@@ -432,9 +463,11 @@ __all__ = [
     "TaintOutOfService",
     "dead_nodes",
     "fenced_by",
+    "not_fenced",
     "past_toleration",
     "plan",
     "purge_refusal",
     "ready_counts",
     "status",
+    "unfinished_purges",
 ]

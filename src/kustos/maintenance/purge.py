@@ -4,7 +4,8 @@ The order (EKCO's, with a quorum check it lacks): with Rook storage nodes mainta
 (``rookShouldUseAllNodes: false``, EKCO's ``--maintain_rook_storage_nodes``), remove the node
 from each CephCluster's ``storage.nodes``, delete its OSD Deployments (their OSD IDs recorded
 on the Node first) and run ``ceph osd down/purge`` and ``ceph osd crush rm`` through the Ceph
-toolbox (``rook.CephToolbox``; as in EKCO, a failed Ceph command is a warning, not a stop);
+toolbox (``rook.CephToolbox``, one command per step, how many ran recorded on the Node; as in
+EKCO, a failed Ceph command is a warning, not a stop);
 then remember the node's control-plane
 address on the Node (so a crash after the endpoint is gone still finds its etcd member),
 remove its API endpoint from kubeadm's ClusterStatus, remove its stacked etcd member
@@ -45,6 +46,9 @@ ADDRESS_ANNOTATION = "kustos.dev/purge-address"
 
 OSDS_ANNOTATION = "kustos.dev/purge-osds"
 """The OSD IDs of the node's OSD Deployments, written before they are deleted."""
+
+CEPH_ANNOTATION = "kustos.dev/purge-ceph"
+"""How many of the CephOSDPurge step's Ceph commands have run (one command per pass)."""
 
 ROOK_NODES, ROOK_OSDS, CEPH_PURGE = "RookStorageNode", "RookOSDDeployment", "CephOSDPurge"
 ADDRESS, ENDPOINT, ETCD, NODE = "Address", "ControlPlaneEndpoint", "EtcdMember", "Node"
@@ -147,10 +151,7 @@ class Purger:
             names = ", ".join(d for d, _ in deployments) or "none"
             return await self._said(node, Outcome(ROOK_OSDS, f"deleted OSD Deployments: {names}"))
         if step == CEPH_PURGE:
-            ids = [i for i in objects.annotations(node).get(OSDS_ANNOTATION, "").split(",") if i]
-            message = await rook.purge_osds(self.toolbox, ids, name)
-            await self._mark(node, CEPH_PURGE)
-            return await self._said(node, Outcome(CEPH_PURGE, message))
+            return await self._ceph(node)
         if step == ADDRESS:
             where = await self._addresses(name)
             address = where.dead or ""
@@ -181,6 +182,28 @@ class Purger:
                 return outcome
 
     # ---- steps -------------------------------------------------------------------------
+
+    async def _ceph(self, node: dict[str, Any]) -> Outcome:
+        """One Ceph command per call, how many ran recorded on the Node: each command may take
+        up to its exec timeout, so a pass stays well under the controller's timeout however
+        many OSDs the node had, and a pass cut short repeats one command, not all."""
+        name = objects.name(node)
+        annotations = objects.annotations(node)
+        ids = [i for i in annotations.get(OSDS_ANNOTATION, "").split(",") if i]
+        todo = rook.commands(ids, name)
+        if self.toolbox is None:
+            await self._mark(node, CEPH_PURGE, {CEPH_ANNOTATION: None})
+            return await self._said(node, Outcome(CEPH_PURGE, rook.by_hand(todo)))
+        recorded = annotations.get(CEPH_ANNOTATION, "")
+        ran = min(int(recorded), len(todo) - 1) if recorded.isdigit() else 0
+        clause = await rook.run_one(self.toolbox, todo[ran])
+        message = f"{clause} ({ran + 1}/{len(todo)})"
+        if ran + 1 >= len(todo):
+            await self._mark(node, CEPH_PURGE, {CEPH_ANNOTATION: None})
+        else:
+            patch = {"metadata": {"annotations": {CEPH_ANNOTATION: str(ran + 1)}}}
+            await self.api.patch(NODES, None, name, patch)
+        return await self._said(node, Outcome(CEPH_PURGE, message))
 
     async def _said(self, node: dict[str, Any], outcome: Outcome) -> Outcome:
         log.info("purge %s: %s: %s", objects.name(node), outcome.step, outcome.message)
@@ -302,4 +325,13 @@ def _done(node: dict[str, Any]) -> list[str]:
     return [s for s in objects.annotations(node).get(PURGE_ANNOTATION, "").split(",") if s]
 
 
-__all__ = ["ADDRESS_ANNOTATION", "OSDS_ANNOTATION", "STEPS", "Outcome", "PurgeOptions", "Purger", "steps_for"]
+__all__ = [
+    "ADDRESS_ANNOTATION",
+    "CEPH_ANNOTATION",
+    "OSDS_ANNOTATION",
+    "STEPS",
+    "Outcome",
+    "PurgeOptions",
+    "Purger",
+    "steps_for",
+]

@@ -26,7 +26,7 @@ from kustos.runtime import objects, podexec
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.refs import ResourceRef
-from kustos.runtime.resources import DEPLOYMENTS, PODS
+from kustos.runtime.resources import DEPLOYMENTS, NODES, PODS
 
 CEPH_CLUSTERS = ResourceRef("ceph.rook.io", "v1", "cephclusters", "CephCluster")
 OSD_SELECTOR = "app=rook-ceph-osd"
@@ -104,21 +104,28 @@ def commands(ids: Sequence[str], node: str) -> list[list[str]]:
     return result
 
 
+async def run_one(toolbox: CephToolbox, argv: Sequence[str]) -> str:
+    """Run one Ceph command; what happened, as a clause (a failure is said, not raised)."""
+    try:
+        code, _, err = await toolbox.run(argv)
+    except ReconcileError as failure:  # not run at all: said, and the purge goes on
+        code, err = -1, failure.message
+    # `ceph osd down` of an OSD that is down already fails: expected on a dead node.
+    outcome = "ok" if code == 0 else f"failed ({code}: {err.strip()[:200]})"
+    return f"{' '.join(argv)}: {outcome}"
+
+
 async def purge_osds(toolbox: CephToolbox | None, ids: Sequence[str], node: str) -> str:
-    """Run the Ceph commands; what happened, one clause per command."""
+    """Run all the Ceph commands; what happened, one clause per command (the operator runs one
+    command per pass instead, see ``purge.Purger``)."""
     todo = commands(ids, node)
     if toolbox is None:
-        return "no Ceph toolbox: run by hand in the toolbox pod: " + "; ".join(" ".join(c) for c in todo)
-    said = []
-    for argv in todo:
-        try:
-            code, _, err = await toolbox.run(argv)
-        except ReconcileError as failure:  # not run at all: said, and the purge goes on
-            code, err = -1, failure.message
-        # `ceph osd down` of an OSD that is down already fails: expected on a dead node.
-        outcome = "ok" if code == 0 else f"failed ({code}: {err.strip()[:200]})"
-        said.append(f"{' '.join(argv)}: {outcome}")
-    return "; ".join(said)
+        return by_hand(todo)
+    return "; ".join([await run_one(toolbox, argv) for argv in todo])
+
+
+def by_hand(todo: Sequence[Sequence[str]]) -> str:
+    return "no Ceph toolbox: run by hand in the toolbox pod: " + "; ".join(" ".join(c) for c in todo)
 
 
 __all__ = [
@@ -126,24 +133,53 @@ __all__ = [
     "ApiToolbox",
     "CephToolbox",
     "KubectlToolbox",
+    "by_hand",
     "commands",
     "osd_deployments",
     "osd_of",
     "purge_osds",
     "remove_storage_node",
+    "run_one",
     "storage_nodes_without",
     "toolbox_pod",
+    "usable_toolboxes",
 ]
 
 
 TOOLBOX_SELECTOR = "app=rook-ceph-tools"
 
 
-async def toolbox_pod(api: Api, namespace: str) -> str | None:
-    """The name of a Running, not deleting, toolbox pod in ``namespace`` (None: there is none)."""
+def usable_toolboxes(pods: Sequence[dict[str, Any]], nodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Toolbox pods an exec can reach: Ready, not deleting, on a Ready node (the pod of a dead
+    node, the one being purged perhaps, still says Running), by name."""
+    ready_nodes = {objects.name(n) for n in nodes if objects.node_ready(n)}
+    usable = [
+        p
+        for p in pods
+        if objects.pod_running(p)
+        and objects.pod_ready(p, trust_containers=True)
+        and not objects.deleting(p)
+        and objects.pod_node(p) in ready_nodes
+    ]
+    return sorted(usable, key=objects.name)
+
+
+async def _toolboxes(api: Api, namespace: str) -> list[dict[str, Any]]:
     pods = await api.list_objects(PODS, namespace, label_selector=TOOLBOX_SELECTOR)
-    running = sorted(objects.name(p) for p in pods if objects.pod_running(p) and not objects.deleting(p))
-    return running[0] if running else None
+    if not pods:
+        return []
+    nodes = []
+    for name in sorted({n for n in map(objects.pod_node, pods) if n}):
+        node = await api.get(NODES, None, name)
+        if node is not None:
+            nodes.append(node)
+    return usable_toolboxes(pods, nodes)
+
+
+async def toolbox_pod(api: Api, namespace: str) -> str | None:
+    """The name of a Ready toolbox pod on a Ready node in ``namespace`` (None: there is none)."""
+    usable = await _toolboxes(api, namespace)
+    return objects.name(usable[0]) if usable else None
 
 
 class ApiToolbox:
@@ -159,7 +195,7 @@ class ApiToolbox:
     async def run(self, argv: Sequence[str]) -> tuple[int, str, str]:
         pod = await toolbox_pod(self.api, self.namespace)
         if pod is None:
-            return 127, "", f"no running pod labelled {TOOLBOX_SELECTOR} in {self.namespace}"
+            return 127, "", f"no Ready pod labelled {TOOLBOX_SELECTOR} on a Ready node in {self.namespace}"
         result = await podexec.exec_in_pod(self.config, self.namespace, pod, list(argv), timeout=self.timeout)
         return result.code, result.stdout, result.stderr
 
@@ -181,17 +217,16 @@ class KubectlToolbox:
         ]
 
     async def run(self, argv: Sequence[str]) -> tuple[int, str, str]:
-        pods = await self.api.list_objects(PODS, self.namespace, label_selector=TOOLBOX_SELECTOR)
-        running = [p for p in pods if objects.pod_running(p) and not objects.deleting(p)]
-        if not running:
-            return 127, "", f"no running pod labelled {TOOLBOX_SELECTOR} in {self.namespace}"
+        pod = await toolbox_pod(self.api, self.namespace)
+        if pod is None:
+            return 127, "", f"no Ready pod labelled {TOOLBOX_SELECTOR} on a Ready node in {self.namespace}"
         command = [
             self.kubectl,
             *self.flags,
             "exec",
             "-n",
             self.namespace,
-            objects.name(running[0]),
+            pod,
             "--",
             *argv,
         ]
