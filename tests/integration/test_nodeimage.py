@@ -177,7 +177,7 @@ def operator_running(kubectl: Kubectl, fleet: Fleet, log_dir: Path) -> Iterator[
 
 def node_image(name: str, image: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
-            "spec": {"image": image, "joinTimeout": "60s", **spec}}  # fmt: skip
+            "spec": {"image": image, "joinTimeout": "60s", "etcd": {"enabled": False}, **spec}}  # fmt: skip
 
 
 def apply_cluster(cluster: DevCluster, *documents: dict[str, Any]) -> None:
