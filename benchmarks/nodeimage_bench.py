@@ -41,7 +41,9 @@ def planning(count: int, repeat: int = 5) -> None:
     from kustos.nodes.nodeimage.planner import GroupView, NodeView, Observed, PendingView
     from kustos.runtime.cloud import Role
 
-    spec = NodeImageSpec.model_validate({"image": NEW, "workers": {"maxSurge": 10}})
+    spec = NodeImageSpec.model_validate(
+        {"image": NEW, "workers": {"maxSurge": 10}, "etcd": {"enabled": False}}
+    )
     nodes = []
     for i in range(count):
         group = "cp" if i < 3 else "w"
@@ -138,7 +140,8 @@ def rollout(workers: int, control_plane: int, surge: int, ready_after: float) ->
                                     env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
         time.sleep(5)
         image = {"apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": "os"},
-                 "spec": {"image": NEW, "workers": {"maxSurge": surge}, "joinTimeout": "5m"}}  # fmt: skip
+                 "spec": {"image": NEW, "workers": {"maxSurge": surge}, "joinTimeout": "5m",
+                          "etcd": {"enabled": False}}}  # fmt: skip
         cpu_before = cpu_seconds(operator.pid)
         started = time.monotonic()
         cluster.kubectl("apply", "-f", "-", input_text=json.dumps(image))

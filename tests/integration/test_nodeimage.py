@@ -177,7 +177,7 @@ def operator_running(kubectl: Kubectl, fleet: Fleet, log_dir: Path) -> Iterator[
 
 def node_image(name: str, image: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
-            "spec": {"image": image, "joinTimeout": "60s", **spec}}  # fmt: skip
+            "spec": {"image": image, "joinTimeout": "60s", "etcd": {"enabled": False}, **spec}}  # fmt: skip
 
 
 def apply_cluster(cluster: DevCluster, *documents: dict[str, Any]) -> None:
@@ -404,7 +404,6 @@ async def test_provider_refusals_are_reported_and_retried(
     await start_fleet(fleet, cp=1, workers=1)
     await fleet.set_group(fleet.cp, failCreate="capacity")
     with operator_running(kubectl, fleet, tmp_path / "operator"):
-        apply_cluster(kubectl.cluster, node_image(fleet.name, NEW))
 
         async def refused(reason: str) -> bool:
             status = get_image(kubectl.cluster, fleet.name).get("status") or {}
@@ -412,6 +411,16 @@ async def test_provider_refusals_are_reported_and_retried(
                 c["type"] == "Degraded" and c["reason"] == reason for c in status.get("conditions") or []
             )
 
+        # Without spec.etcd no control-plane node is touched: its etcd member could stay behind.
+        unset = node_image(fleet.name, NEW)
+        del unset["spec"]["etcd"]
+        apply_cluster(kubectl.cluster, unset)
+        await wait_until(lambda: refused("EtcdUnset"), "the unset spec.etcd in status", timeout=60)
+        conditions = get_image(kubectl.cluster, fleet.name)["status"]["conditions"]
+        degraded = next(c for c in conditions if c["type"] == "Degraded")
+        assert "set spec.etcd" in degraded["message"] and "enabled: false" in degraded["message"]
+        assert len(await fleet.nodes()) == 2  # no heir asked for
+        apply_cluster(kubectl.cluster, node_image(fleet.name, NEW))
         await wait_until(lambda: refused("ProviderCapacity"), "the capacity refusal in status", timeout=60)
         await fleet.set_group(fleet.cp, failCreate="throttled")
         await wait_until(lambda: refused("ProviderThrottled"), "the throttling in status", timeout=60)

@@ -286,7 +286,7 @@ async def test_a_new_image_replaces_every_node_of_both_groups(
                 input_text=yaml.safe_dump({
                     "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
                     "spec": {"image": NEW_IMAGE, "imageVersion": "2026.11", "joinTimeout": "120s",
-                             "drainTimeout": "2m"},
+                             "drainTimeout": "2m", "etcd": {"enabled": False}},
                 }),
             )  # fmt: skip
 
@@ -360,7 +360,7 @@ async def test_a_group_at_its_maximum_is_reported_and_the_rollout_resumes_once_i
                 "apply", "-f", "-",
                 input_text=yaml.safe_dump({
                     "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
-                    "spec": {"image": NEW_IMAGE, "joinTimeout": "120s"},
+                    "spec": {"image": NEW_IMAGE, "joinTimeout": "120s", "etcd": {"enabled": False}},
                 }),
             )  # fmt: skip
 
@@ -423,7 +423,7 @@ async def test_the_operator_killed_after_each_aws_step_asks_aws_for_nothing_twic
         "apply", "-f", "-",
         input_text=yaml.safe_dump({
             "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
-            "spec": {"image": NEW_IMAGE, "joinTimeout": "120s"},
+            "spec": {"image": NEW_IMAGE, "joinTimeout": "120s", "etcd": {"enabled": False}},
         }),
     )  # fmt: skip
     try:

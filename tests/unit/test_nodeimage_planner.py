@@ -39,7 +39,8 @@ OLD, NEW = "os-v1", "os-v2"
 
 
 def spec(**kw: object) -> NodeImageSpec:
-    return NodeImageSpec.model_validate({"image": NEW, **kw})
+    """spec.etcd defaults to an explicit "no stacked etcd" here (unset holds the control plane)."""
+    return NodeImageSpec.model_validate({"image": NEW, "etcd": {"enabled": False}, **kw})
 
 
 def node(name: str, group: str = "w", image: str = OLD, **kw: object) -> NodeView:
@@ -124,6 +125,21 @@ def test_heir_intent_names_the_known_instances() -> None:
     assert isinstance(step, CreateHeir)
     assert step.known == ("kwok://a", "kwok://b")
     assert step.pending_name == planner.pending_name("os", "w", step.known)
+
+
+def test_a_second_intent_before_the_first_instance_is_listed_has_a_name_of_its_own() -> None:
+    # maxSurge 2: the first Join is there, its instance not yet listed by the provider. The
+    # second intent must not take the first one's name (a 409 then asks the provider nothing).
+    nodes = [node(f"n{i}") for i in range(4)]
+    first = planner.plan(observed(nodes, spec=spec(workers={"maxSurge": 2})))
+    assert isinstance(first, CreateHeir)
+    joined = (PendingView(first.pending_name, "w", "Join", known=first.known),)
+    second = planner.plan(observed(nodes, joined, spec=spec(workers={"maxSurge": 2})))
+    assert isinstance(second, CreateHeir) and second.known == first.known
+    assert second.pending_name != first.pending_name
+    # A pass whose cache does not show the first Join yet names the very same intent.
+    again = planner.plan(observed(nodes, spec=spec(workers={"maxSurge": 2})))
+    assert isinstance(again, CreateHeir) and again.pending_name == first.pending_name
 
 
 def test_a_join_claims_the_instance_nobody_knows() -> None:
@@ -211,11 +227,82 @@ def test_control_plane_donor_loses_its_etcd_member_first() -> None:
     assert planner.plan(done) == DeleteDonor("c", "cp", "kwok://c", Role.CONTROL_PLANE, "h")
 
 
-def test_a_heir_with_no_outdated_node_left_is_retired() -> None:
-    o = observed(
-        [node("a", image=NEW), node("x", image=NEW)], (PendingView("p", "w", "Join", provider_id="kwok://x"),)
-    )
-    assert planner.plan(o) == RetireObsolete("x", "w", "kwok://x", Role.WORKER, "p")
+def test_a_heir_with_no_outdated_node_left_is_drained_then_retired() -> None:
+    join = (PendingView("p", "w", "Join", provider_id="kwok://x"),)
+    o = observed([node("a", image=NEW), node("x", image=NEW)], join)
+    assert planner.plan(o) == Drain("x")  # it is Ready and schedulable: pods may run there
+    draining = observed([node("a", image=NEW), node("x", image=NEW, unschedulable=True, drain_started=NOW)],
+                        join)  # fmt: skip
+    assert planner.plan(draining) == Drain("x", started=True)
+    drained = observed([node("a", image=NEW), node("x", image=NEW, unschedulable=True, drained=True)], join)
+    assert planner.plan(drained) == RetireObsolete("x", "w", "kwok://x", Role.WORKER, "p")
+
+
+def test_a_retired_control_plane_node_loses_its_etcd_member_first() -> None:
+    join = (PendingView("p", "cp", "Join", provider_id="kwok://x"),)
+    x = node("x", "cp", NEW, unschedulable=True, drained=True, internal_ip="127.0.0.7")
+    o = observed([node("c", "cp", NEW), x], join, spec=spec(etcd={}))
+    assert planner.plan(o) == RemoveEtcdMember("x", "127.0.0.7")
+    gone = observed([node("c", "cp", NEW), replace(x, etcd_member_removed=True)], join, spec=spec(etcd={}))
+    assert planner.plan(gone) == RetireObsolete("x", "cp", "kwok://x", Role.CONTROL_PLANE, "p")
+
+
+def test_a_heir_that_joined_on_another_image_is_retired_not_waited_for() -> None:
+    # The group created it from the old image: it will never be paired, and the rollout must
+    # not wait for it to "join" forever.
+    join = (PendingView("p", "w", "Join", provider_id="kwok://x"),)
+    o = observed([node("a"), node("x", image=OLD)], join)
+    assert planner.plan(o) == Drain("x")
+    drained = observed([node("a"), node("x", image=OLD, unschedulable=True, drained=True)], join)
+    assert planner.plan(drained) == RetireObsolete("x", "w", "kwok://x", Role.WORKER, "p")
+    # Once it is gone, the outdated node gets a new heir.
+    assert isinstance(planner.plan(observed([node("a")])), CreateHeir)
+
+
+def test_a_retiree_is_not_paired_when_an_outdated_node_shows_up() -> None:
+    join = (PendingView("p", "w", "Join", provider_id="kwok://x"),)
+    x = node("x", image=NEW, unschedulable=True, drain_started=NOW)
+    assert planner.plan(observed([node("a"), x], join)) == Drain("x", started=True)
+
+
+def test_control_plane_waits_for_spec_etcd_and_says_so_in_degraded() -> None:
+    o = observed([node("c", "cp"), node("a", image=NEW)], spec=NodeImageSpec(image=NEW))
+    step = planner.plan(o)
+    assert isinstance(step, planner.Held) and "set spec.etcd" in step.reason
+    degraded = next(c for c in planner.status(o, step).conditions if c.type == "Degraded")
+    assert degraded.status == "True" and degraded.reason == "EtcdUnset"
+    assert "enabled: false" in degraded.message
+
+
+def test_a_control_plane_donor_is_not_deleted_while_spec_etcd_is_unset() -> None:
+    nodes = [node("c", "cp", unschedulable=True, drained=True), node("h", "cp", NEW, donor="c")]
+    step = planner.plan(observed(nodes, spec=NodeImageSpec(image=NEW)))
+    assert isinstance(step, planner.Held) and "c" in step.reason
+    explicit = observed(nodes, spec=spec(etcd={"enabled": False}))
+    assert planner.plan(explicit) == DeleteDonor("c", "cp", "kwok://c", Role.CONTROL_PLANE, "h")
+
+
+def test_workers_roll_while_spec_etcd_is_unset_if_no_control_plane_node_is_outdated() -> None:
+    o = observed([node("c", "cp", NEW), node("a")], spec=NodeImageSpec(image=NEW))
+    assert isinstance(planner.plan(o), CreateHeir)
+
+
+def test_malformed_annotations_are_absent_and_reported_in_degraded() -> None:
+    from kustos.nodes.nodeimage.controller import annotation_time
+
+    malformed: list[str] = []
+    for value in ("yesterday", "2026-01-01T00:00:00"):  # not a time; no zone
+        raw = {"metadata": {"name": "a", "annotations": {"kustos.dev/drain-started": value}}}
+        assert annotation_time(raw, "kustos.dev/drain-started", malformed) is None
+    assert len(malformed) == 2 and "node a annotation kustos.dev/drain-started" in malformed[0]
+    good = {"metadata": {"name": "a", "annotations": {"kustos.dev/drain-started": "2026-01-01T00:00:00Z"}}}
+    assert annotation_time(good, "kustos.dev/drain-started") == NOW
+    # The donor's drain simply starts (again): the annotation is written anew.
+    o = observed([node("a", unschedulable=True), node("h", image=NEW, donor="a")], malformed=tuple(malformed))
+    step = planner.plan(o)
+    assert step == Drain("a")
+    degraded = next(c for c in planner.status(o, step).conditions if c.type == "Degraded")
+    assert degraded.reason == "MalformedAnnotation" and "node a" in degraded.message
 
 
 def test_paused_takes_no_step() -> None:

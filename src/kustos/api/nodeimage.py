@@ -117,7 +117,9 @@ class NodeImageSpec(KubeModel):
     health_gates: HealthGates = Field(default_factory=HealthGates)
     """What must hold before each next step."""
     etcd: StackedEtcd | None = None
-    """kubeadm stacked etcd on the control plane (unset: no stacked etcd)."""
+    """kubeadm stacked etcd on the control plane; {enabled: false} for an external etcd. Unset:
+    control-plane nodes are not replaced (Degraded, reason EtcdUnset), since a replaced node's
+    stacked etcd member would stay in the membership."""
     paused: bool = False
     """Take no new step (a step under way finishes)."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -83,6 +83,25 @@ def _internal_ip(node: dict[str, Any]) -> str:
         if address.get("type") == "InternalIP":
             return str(address.get("address", ""))
     return ""
+
+
+def annotation_time(node: dict[str, Any], key: str, malformed: list[str] | None = None) -> datetime | None:
+    """An RFC 3339 annotation of ``node``; one that is not (a hand edit, another tool) is taken as
+    absent, and said in ``malformed``, instead of failing every pass over every node."""
+    text = objects.annotations(node).get(key)
+    if not text:
+        return None
+    try:
+        moment = parse_rfc3339(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        problem = f"node {objects.name(node)} annotation {key}={text[:64]!r} is not an RFC 3339 time"
+        log.warning("%s", problem)
+        if malformed is not None:
+            malformed.append(problem)
+        return None
+    return moment
 
 
 def pending_name_for_leave(node: str) -> str:
@@ -179,6 +198,7 @@ class NodeImageReconciler:
                 )
             )
         nodes = []
+        malformed: list[str] = []
         for node in self.nodes.list():
             provider_id = (node.get("spec") or {}).get("providerID") or ""
             if not provider_id:
@@ -196,7 +216,7 @@ class NodeImageReconciler:
                     donor=annotations.get(marks.DONOR),
                     labels=objects.labels(node),
                     taints=_taints(node),
-                    drain_started=parse_rfc3339(annotations.get(marks.DRAIN_STARTED)),
+                    drain_started=annotation_time(node, marks.DRAIN_STARTED, malformed),
                     drained=marks.DRAINED in annotations,
                     etcd_member_removed=marks.ETCD_MEMBER_REMOVED in annotations,
                     internal_ip=_internal_ip(node),
@@ -222,6 +242,7 @@ class NodeImageReconciler:
         return Observed(
             name=name, spec=image.spec, nodes=tuple(nodes), groups=tuple(groups), pending=tuple(pending),
             gates=tuple(gates), now=now, generation=objects.generation(image), previous=status,
+            malformed=tuple(malformed),
         )  # fmt: skip
 
     async def _discover(self, name: str, provider_groups: Any) -> None:
@@ -291,7 +312,10 @@ class NodeImageReconciler:
         assert self.cloud is not None or isinstance(step, Wait | Done | Invalid)
         match step:
             case CreateHeir():
-                await self._create_heir(image, o, step)
+                if not await self._create_heir(image, o, step):
+                    # The intent is there already (this pass read a cache behind its own create):
+                    # its instance was asked for by the pass that wrote it.
+                    return Wait(f"heir intent {step.pending_name} exists; its instance is awaited", 2)
                 notes.append(
                     Note("HeirRequested", f"asked group {step.group} for a new node ({step.pending_name})")
                 )
@@ -329,7 +353,8 @@ class NodeImageReconciler:
                 notes.append(Note("NodeRetired", f"{step.node} was not needed as a heir"))
         return step
 
-    async def _create_heir(self, image: NodeImage, o: Observed, step: CreateHeir) -> None:
+    async def _create_heir(self, image: NodeImage, o: Observed, step: CreateHeir) -> bool:
+        """Write the intent, then ask the provider; False when the intent existed (no ask)."""
         assert self.cloud is not None
         deadline = o.now + parse_duration(image.spec.join_timeout)
         manifest = {
@@ -346,12 +371,14 @@ class NodeImageReconciler:
         except ApiStatusError as err:
             if not err.conflict:
                 raise
+            return False  # asking again would grow the group by one more for the same intent
         try:
             await self.cloud.create_instance(step.group)
         except ReconcileError:
             # Refused (capacity, throttled): nothing was created, so the intent goes too.
             await self.api.delete(PENDINGNODES, None, step.pending_name)
             raise
+        return True
 
     async def _pair(self, step: Pair) -> None:
         heir = self.nodes.get(step.heir)
@@ -407,7 +434,7 @@ class NodeImageReconciler:
                     )
                 return Wait(f"drain of {step.donor}: forced {len(forced)} pod(s) off", 1)
             node = self.nodes.get(step.donor)
-            started = parse_rfc3339(objects.annotations(node).get(marks.DRAIN_STARTED)) if node else None
+            started = annotation_time(node, marks.DRAIN_STARTED) if node else None
             timeout = parse_duration(image.spec.drain_timeout)
             if started is not None and now - started >= timeout:
                 raise ReconcileError(

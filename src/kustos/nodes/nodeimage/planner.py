@@ -20,6 +20,12 @@ A replacement, in the order the steps come:
    ``force`` deletes them.
 5. ``RemoveEtcdMember``: a control-plane donor's stacked etcd member, only if quorum stays.
 6. ``DeleteDonor``: a Leave PendingNode, the Node, the instance.
+
+A new node no outdated node needs (the rollout ended or changed its image, or the group
+created it from another image) is drained like a donor, loses its stacked etcd member if it
+is a control-plane node, and is deleted (``RetireObsolete``). No control-plane node is
+replaced or retired while ``spec.etcd`` is unset: whether its etcd member must be removed is
+the user's word (``Held``, Degraded names the field).
 """
 
 from __future__ import annotations
@@ -119,6 +125,9 @@ class Observed:
     previous: NodeImageStatus = field(default_factory=NodeImageStatus)
     provider: bool = True
     """False when kustos runs without a cloud provider: the rollout waits."""
+    malformed: tuple[str, ...] = ()
+    """Annotations kustos could not read (node, key, value), reported in Degraded; the planner
+    sees them as absent, and the next step on that node writes them anew."""
 
 
 # ---- steps ----------------------------------------------------------------------------------
@@ -200,9 +209,23 @@ class Invalid:
     message: str
 
 
+@dataclass(frozen=True)
+class Held(Wait):
+    """A wait only the user can end: Degraded (``condition``) says what to change."""
+
+    condition: str = "Held"
+
+
+ETCD_UNSET = (
+    "spec.etcd is unset: set spec.etcd (enabled: true for kubeadm's stacked etcd, enabled: false "
+    "for an external etcd) before control-plane nodes are replaced, so that no dead etcd member "
+    "is left behind"
+)
+
+
 Step = (
     CreateHeir | ClaimInstance | Pair | ForgetPending | Drain | RemoveEtcdMember | DeleteDonor
-    | RetireObsolete | Invalid | Wait | Done
+    | RetireObsolete | Invalid | Held | Wait | Done
 )  # fmt: skip
 
 
@@ -239,11 +262,15 @@ def user_taints(taints: Sequence[Taint]) -> tuple[Taint, ...]:
     return tuple(t for t in taints if user_key(t.key))
 
 
-def pending_name(image_name: str, group: str, known: Sequence[str]) -> str:
-    """A deterministic name: the same intent in a restarted pass is the same object."""
+def pending_name(image_name: str, group: str, known: Sequence[str], joins: Sequence[str] = ()) -> str:
+    """A deterministic name: the same intent in a restarted pass (or one reading a cache that
+    lags behind its own create) is the same object, so the create conflicts and the provider is
+    not asked twice. ``joins`` (the group's Join PendingNodes already there) tells a second
+    intent from the first while the provider has not listed the first one's instance yet."""
     import hashlib
 
-    digest = hashlib.sha256("\0".join([group, *sorted(known)]).encode()).hexdigest()[:10]
+    parts = [group, *sorted(known), "\0joins", *sorted(joins)]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
     return f"{image_name[:40]}-join-{digest}".lower()
 
 
@@ -371,6 +398,8 @@ def _advance_pair(o: Observed, view: View, donor: NodeView, heir: NodeView, invo
         heir.taints
     ):
         return Pair(heir.name, donor.name, wanted_labels, wanted_taints, None)
+    if role == Role.CONTROL_PLANE and o.spec.etcd is None:
+        return Held(f"before replacing {donor.name}: {ETCD_UNSET}", 30, "EtcdUnset")
     if not donor.drained:
         if not heir.ready:
             return Wait(f"heir {heir.name} of {donor.name} is not Ready", 5)
@@ -432,19 +461,22 @@ def plan(o: Observed) -> Step:
         if not isinstance(step, Wait):
             return step
         waits.append(step)
-    # 3. New nodes that joined: pair each with an outdated node of its group.
+    # 3. New nodes that joined: pair each with an outdated node of its group, or retire it.
     for p in view.joining:
         node = _node_of(o, p)
-        if node is None or not node.ready:
+        if node is None or not node.ready or node.image is None:
             continue
-        if node.image != o.spec.image:
-            continue  # the group still created it from the old image: PendingNode's deadline
+        retiring = node.drain_started is not None or node.drained or node.etcd_member_removed
         candidates = [view.by_name[n] for n in view.outdated if view.by_name[n].group == node.group]
-        if candidates:
+        if node.image == o.spec.image and candidates and not retiring:
             donor = candidates[0]
             return Pair(node.name, donor.name, user_labels(donor.labels), user_taints(donor.taints), p.name)
-        role = view.role(node) or Role.WORKER
-        return RetireObsolete(node.name, node.group or "", node.provider_id, role, p.name)
+        # Not needed, or joined on another image (the group created it from the old one, or
+        # spec.image changed since): it would never be paired, so it goes like a donor.
+        step = _retire(o, view, node, p)
+        if not isinstance(step, Wait):
+            return step
+        waits.append(step)
     # 4. More heirs, control plane first.
     for role in ROLES:
         step = _create_heir(o, view, role)
@@ -454,12 +486,34 @@ def plan(o: Observed) -> Step:
             waits.append(Wait("workers wait while the control plane is replaced", 5))
             break
     if waits:
-        return waits[0]
+        return next((w for w in waits if isinstance(w, Held)), waits[0])
     if view.joining:
         return Wait(f"waiting for {len(view.joining)} new node(s) to join", 5)
     if view.outdated:
         return Wait(f"{len(view.outdated)} outdated node(s) wait for a free slot", 5)
     return Done()
+
+
+def _retire(o: Observed, view: View, node: NodeView, p: PendingView) -> Step:
+    """A joined node no donor needs: drained (it may run pods by now), its stacked etcd member
+    removed, then deleted."""
+    role = view.role(node) or Role.WORKER
+    if role == Role.CONTROL_PLANE and o.spec.etcd is None:
+        return Held(f"before retiring {node.name}: {ETCD_UNSET}", 30, "EtcdUnset")
+    if not node.drained:
+        if node.drain_started is None and not node.unschedulable:
+            gate = _gate_failure(o, {node.name})
+            if gate is not None:
+                return Wait(f"before draining {node.name}: {gate}", 5)
+        force = _drain_deadline_passed(o, node) and o.spec.on_drain_timeout == "force"
+        return Drain(node.name, force=force, started=node.drain_started is not None)
+    stacked = role == Role.CONTROL_PLANE and o.spec.etcd is not None and o.spec.etcd.enabled
+    if stacked and not node.etcd_member_removed:
+        gate = _gate_failure(o, {node.name})
+        if gate is not None:
+            return Wait(f"before removing {node.name}'s etcd member: {gate}", 5)
+        return RemoveEtcdMember(node.name, node.internal_ip)
+    return RetireObsolete(node.name, node.group or "", node.provider_id, role, p.name)
 
 
 def _role_busy(o: Observed, view: View, role: Role) -> bool:
@@ -484,9 +538,13 @@ def _create_heir(o: Observed, view: View, role: Role) -> Step | None:
     if count <= 0:
         return None
     group = next(g for g in o.groups if g.group_id == group_id)
+    if role == Role.CONTROL_PLANE and o.spec.etcd is None:
+        return Held(f"{len(outdated)} outdated control-plane node(s) wait: {ETCD_UNSET}", 30, "EtcdUnset")
     if group.image != o.spec.image:
         return Wait(f"group {group_id} still creates nodes from {group.image} (ScalingGroup syncing)", 3)
-    return CreateHeir(group_id, role, group.instances, pending_name(o.name, group_id, group.instances))
+    joins = [p.name for p in o.pending if p.goal == "Join" and p.group == group_id]
+    name = pending_name(o.name, group_id, group.instances, joins)
+    return CreateHeir(group_id, role, group.instances, name)
 
 
 # ---- the status -------------------------------------------------------------------------------------
@@ -557,6 +615,11 @@ def status(o: Observed, step: Step, failure: ReconcileError | None = None) -> No
     conditions = _set(o, conditions, "Paused", o.spec.paused, "Paused" if o.spec.paused else "Running", "")
     if failure is not None:
         conditions = _set(o, conditions, "Degraded", True, failure.reason, failure.message)
+    elif isinstance(step, Held):
+        conditions = _set(o, conditions, "Degraded", True, step.condition, step.reason)
+    elif o.malformed:
+        message = "unreadable annotations (taken as absent): " + "; ".join(o.malformed)
+        conditions = _set(o, conditions, "Degraded", True, "MalformedAnnotation", message)
     elif any(c.type == "Degraded" and c.status == "True" for c in conditions):
         conditions = _set(o, conditions, "Degraded", False, "AsExpected", "")
     result.conditions = conditions
@@ -596,7 +659,7 @@ def since(moment: datetime | None, now: datetime) -> timedelta:
 
 
 __all__ = [
-    "ClaimInstance", "CreateHeir", "DeleteDonor", "Drain", "ForgetPending", "Gate", "GroupView", "Invalid",
-    "NodeView", "Observed", "Pair", "PendingView", "RemoveEtcdMember", "RetireObsolete", "Step", "Taint",
-    "classify", "plan", "requeue_after", "resolve", "status", "surge", "unavailable",
+    "ClaimInstance", "CreateHeir", "DeleteDonor", "Drain", "ForgetPending", "Gate", "GroupView", "Held",
+    "Invalid", "NodeView", "Observed", "Pair", "PendingView", "RemoveEtcdMember", "RetireObsolete", "Step",
+    "Taint", "classify", "plan", "requeue_after", "resolve", "status", "surge", "unavailable",
 ]  # fmt: skip
