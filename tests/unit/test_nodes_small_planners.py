@@ -88,6 +88,9 @@ def test_a_failed_lookup_is_recorded_and_the_rest_kept() -> None:
     [degraded] = status["conditions"]
     assert (degraded["reason"], degraded["status"]) == ("ProviderOtherRegion", "True")
     assert "looking up the instance failed" in degraded["message"]
+    # The provider answers again: the condition says so.
+    after = pending.status(status, join(), pending.plan(join()), 1, NOW)
+    assert [(c["status"], c["reason"]) for c in after["conditions"]] == [("False", "AsExpected")]
 
 
 def test_an_accepted_delete_is_deadline_exceeded_and_counted() -> None:

@@ -100,6 +100,11 @@ def status(
             )
         case Wait():
             result["phase"] = "Pending"
+    # A provider failure that has passed (DeadlineExceeded stays: the deadline did pass).
+    degraded = next((c for c in conditions or [] if c.get("type") == "Degraded"), None) or {}
+    passed = degraded.get("status") == "True" and degraded.get("reason") != "DeadlineExceeded"
+    if failure is None and passed and isinstance(step, Wait | MarkJoined):
+        conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", generation, now)
     if failure is not None:
         doing = "deleting the instance" if isinstance(step, DeleteInstance) else "looking up the instance"
         message = f"{doing} failed: {failure.message}"[:1000]
