@@ -33,6 +33,9 @@ ZONE = "us-east-1a"
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 OLD_IMAGE = "ami-0000000000000000a"
 NEW_IMAGE = "ami-0000000000000000b"
+# One of the AMIs moto knows (its default list): the one image that launches when moto's
+# AMI validation (MOTO_ENABLE_AMI_VALIDATION) is on.
+MOTO_AMI = "ami-03cf127a"
 
 
 def _free_port() -> int:
@@ -55,8 +58,8 @@ class MotoServer:
         """Forget every resource (moto's own reset endpoint)."""
         httpx.post(f"{self.endpoint}/moto-api/reset", timeout=10).raise_for_status()
 
-    def client(self, service: str) -> Any:
-        return boto3.client(service, region_name=REGION, endpoint_url=self.endpoint, **CREDENTIALS)
+    def client(self, service: str, region: str = REGION) -> Any:
+        return boto3.client(service, region_name=region, endpoint_url=self.endpoint, **CREDENTIALS)
 
     def options(self, **extra: str) -> dict[str, str]:
         """``--cloud-option`` values for the provider against this server."""
@@ -132,10 +135,11 @@ def make_group(
     version: str = "$Default",
     tags: dict[str, str] | None = None,
     zone: str = ZONE,
+    region: str = REGION,
 ) -> str:
     """A launch template and an Auto Scaling Group launching ``size`` instances from it, as
     an installer would make them; returns the template id."""
-    ec2, autoscaling = server.client("ec2"), server.client("autoscaling")
+    ec2, autoscaling = server.client("ec2", region), server.client("autoscaling", region)
     template = ec2.create_launch_template(
         LaunchTemplateName=f"{name}-template",
         LaunchTemplateData={"ImageId": image, "InstanceType": "t3.medium"},
@@ -155,15 +159,15 @@ def make_group(
     return str(template)
 
 
-def group(server: MotoServer, name: str) -> dict[str, Any]:
-    groups = server.client("autoscaling").describe_auto_scaling_groups(AutoScalingGroupNames=[name])
+def group(server: MotoServer, name: str, region: str = REGION) -> dict[str, Any]:
+    groups = server.client("autoscaling", region).describe_auto_scaling_groups(AutoScalingGroupNames=[name])
     return dict(groups["AutoScalingGroups"][0])
 
 
-def instance_ids(server: MotoServer, name: str) -> list[str]:
-    return sorted(i["InstanceId"] for i in group(server, name)["Instances"])
+def instance_ids(server: MotoServer, name: str, region: str = REGION) -> list[str]:
+    return sorted(i["InstanceId"] for i in group(server, name, region)["Instances"])
 
 
-def ec2_instance(server: MotoServer, instance_id: str) -> dict[str, Any]:
-    reservations = server.client("ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
+def ec2_instance(server: MotoServer, instance_id: str, region: str = REGION) -> dict[str, Any]:
+    reservations = server.client("ec2", region).describe_instances(InstanceIds=[instance_id])["Reservations"]
     return dict(reservations[0]["Instances"][0])

@@ -16,7 +16,15 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from kustos.nodes.cloud.aws import THROTTLE_RETRY_AFTER, AwsOptions, AwsProvider, instance_id_of, parse_role
+from kustos.nodes.cloud.aws import (
+    THROTTLE_RETRY_AFTER,
+    AwsOptions,
+    AwsProvider,
+    in_region,
+    instance_id_of,
+    parse_role,
+    zone_of,
+)
 from kustos.runtime.cloud import CapacityError, NotFound, ProviderError, Role, Throttled
 from kustos.runtime.errors import ReconcileError
 from tests.aws_support import CREDENTIALS, REGION, aws_environment
@@ -329,10 +337,24 @@ async def test_a_launch_aws_failed_is_reported_instead_of_asking_for_more(
     assert message in err.value.message  # AWS's own words reach the status
 
 
-async def test_a_launch_still_under_way_does_not_stop_another(stubbed: Stubbed) -> None:
-    """maxSurge 2: the second heir is asked for while the first one launches."""
+async def test_a_launch_still_under_way_stops_another_until_it_is_listed(stubbed: Stubbed) -> None:
+    """The group desires 3 and lists 2: whoever asks cannot tell that launch from its own
+    (one intent asked twice, a stale cache), so nothing more is asked (no SetDesiredCapacity
+    is stubbed: a call would fail the test) and the caller retries."""
     stubbed.autoscaling.add_response("describe_auto_scaling_groups", with_instances(desired=3, live=2))
     stubbed.autoscaling.add_response("describe_scaling_activities", activity("InProgress"))
+
+    with pytest.raises(
+        ProviderError, match=r"a launch is outstanding \(2 instance\(s\) listed, 3 desired\)"
+    ) as err:
+        await stubbed.provider.create_instance("workers")
+    assert err.value.reason == "ProviderLaunchOutstanding"
+    assert type(err.value) is ProviderError  # retried with backoff, not Capacity nor NotFound
+
+
+async def test_once_the_launch_is_listed_the_next_one_is_asked_for(stubbed: Stubbed) -> None:
+    """maxSurge 2: the second heir follows once the first instance is listed."""
+    stubbed.autoscaling.add_response("describe_auto_scaling_groups", with_instances(desired=3, live=3))
     stubbed.autoscaling.add_response(
         "set_desired_capacity",
         {},
@@ -340,6 +362,38 @@ async def test_a_launch_still_under_way_does_not_stop_another(stubbed: Stubbed) 
     )
 
     await stubbed.provider.create_instance("workers")
+
+
+def test_zones_are_read_from_provider_ids_and_matched_to_the_region() -> None:
+    assert zone_of("aws:///us-east-1a/i-0123456789abcdef0") == "us-east-1a"
+    assert zone_of("aws:///i-0123456789abcdef0") == ""
+    assert zone_of("aws://us-west-2b/i-0abc") == "us-west-2b"
+    assert in_region("us-east-1a", "us-east-1")
+    assert in_region("us-west-2-lax-1a", "us-west-2")
+    assert in_region("us-east-1-wl1-bos-wlz-1", "us-east-1")
+    assert not in_region("us-west-2a", "us-east-1")
+    assert not in_region("us-east-10a", "us-east-1")
+    assert not in_region("us-east-1", "us-east-1")
+    assert not in_region("", "us-east-1")
+
+
+@pytest.mark.parametrize(
+    "provider_id", ["aws:///eu-west-1a/i-0123456789abcdef0", "aws:///i-0123456789abcdef0"]
+)
+async def test_an_instance_outside_the_region_is_asked_nothing_and_never_not_found(
+    stubbed: Stubbed, provider_id: str
+) -> None:
+    """EC2 here would answer InvalidInstanceID.NotFound (stubbed: never reached, no call is
+    stubbed), which fencing takes for gone: a providerID of another region, or of no
+    zone, is a ProviderError before anything is asked."""
+    for call in (
+        stubbed.provider.instance(provider_id),
+        stubbed.provider.delete_instance("workers", provider_id),
+    ):
+        with pytest.raises(ProviderError, match="not one of region us-east-1") as err:
+            await call
+        assert not isinstance(err.value, NotFound)
+        assert err.value.reason == "ProviderOtherRegion"
 
 
 async def test_no_outstanding_launch_needs_no_history(stubbed: Stubbed) -> None:

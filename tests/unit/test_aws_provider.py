@@ -8,6 +8,7 @@ separate boto3 client, never from the provider's own answers alone.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from kustos.runtime.cloud import (
     Role,
 )
 from tests.aws_support import (
+    MOTO_AMI,
     NEW_IMAGE,
     OLD_IMAGE,
     ZONE,
@@ -214,6 +216,33 @@ async def test_create_at_the_maximum_is_a_capacity_error_naming_the_sizes(
     assert group(aws, "cp")["DesiredCapacity"] == 3
 
 
+async def test_a_launch_aws_has_not_listed_yet_is_never_asked_for_twice(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Finding 1: a second create while the group lists fewer instances than it desires
+    (one intent asked twice, a pass on a stale cache) must not raise desired capacity
+    again, or one rollout step becomes instances up to MaxSize.
+
+    moto launches at once; with its AMI validation on, a template on a missing AMI leaves
+    the group at desired 3 with 2 instances, as AWS does while a launch is under way."""
+    monkeypatch.setenv("MOTO_ENABLE_AMI_VALIDATION", "true")
+    with moto_server(tmp_path) as aws:
+        make_group(aws, "workers", "Worker", image=MOTO_AMI, size=2, max_size=6)
+        provider = AwsProvider.from_options(aws.options())
+        await provider.set_image("workers", NEW_IMAGE)  # an AMI this region does not have
+        with pytest.raises(ProviderError):
+            await provider.create_instance("workers")  # moto: the launch fails in the call
+        assert (group(aws, "workers")["DesiredCapacity"], len(instance_ids(aws, "workers"))) == (3, 2)
+
+        for _ in range(3):
+            with pytest.raises(ProviderError, match="a launch is outstanding") as err:
+                await provider.create_instance("workers")
+            assert err.value.reason == "ProviderLaunchOutstanding"
+            assert not isinstance(err.value, NotFound | CapacityError)
+
+        assert group(aws, "workers")["DesiredCapacity"] == 3
+
+
 async def test_delete_terminates_and_shrinks_the_group(aws: MotoServer, provider: AwsProvider) -> None:
     make_group(aws, "workers", "Worker", size=3)
     victim = instance_ids(aws, "workers")[0]
@@ -282,6 +311,24 @@ async def test_a_provider_id_of_another_cloud_is_never_not_found(provider: AwsPr
             await provider.instance(other)
         assert not isinstance(err.value, NotFound)
         assert err.value.reason == "ProviderInvalidID"
+
+
+async def test_an_instance_in_another_region_is_never_not_found(
+    aws: MotoServer, provider: AwsProvider
+) -> None:
+    """Finding 10: EC2 in us-east-1 says InvalidInstanceID.NotFound for a running instance
+    of us-west-2; taken as NotFound, fencing would call it gone and a delete done."""
+    make_group(aws, "west", "Worker", size=1, zone="us-west-2a", region="us-west-2")
+    [west] = instance_ids(aws, "west", region="us-west-2")
+    pid = f"aws:///us-west-2a/{west}"
+
+    for call in (provider.instance(pid), provider.delete_instance("west", pid)):
+        with pytest.raises(ProviderError, match="not one of region us-east-1") as err:
+            await call
+        assert not isinstance(err.value, NotFound)
+        assert err.value.reason == "ProviderOtherRegion"
+    assert instance_ids(aws, "west", region="us-west-2") == [west]
+    assert ec2_instance(aws, west, region="us-west-2")["State"]["Name"] == "running"
 
 
 async def test_an_unknown_group_is_not_found(provider: AwsProvider) -> None:

@@ -11,7 +11,7 @@ from kustos.nodes.cloud import parse_options, provider_from
 from kustos.nodes.cloud.kwok import GroupConfig, KwokProvider, _instance, label_value, node_name_of
 from kustos.nodes.pendingnode import planner as pending
 from kustos.nodes.scalinggroup.controller import want_image
-from kustos.runtime.cloud import InstanceState, NotFound, Role
+from kustos.runtime.cloud import InstanceState, NotFound, ProviderError, Role
 from kustos.runtime.steps import Done, Wait
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -53,6 +53,86 @@ def test_leave_gone_is_forgotten_and_late_is_retried() -> None:
     late = join(goal="Leave", instance=InstanceState.STOPPING, now=NOW + timedelta(minutes=6))
     assert isinstance(pending.plan(late), pending.DeleteInstance)
     assert isinstance(pending.plan(join(goal="Leave", instance=InstanceState.STOPPING)), Wait)
+
+
+def test_a_refused_delete_is_recorded_degraded_with_the_providers_reason() -> None:
+    """Finding 8: a delete the provider refuses (group at its minimum) is counted and said
+    (Degraded, its reason and message) before it is retried, not lost with the exception."""
+    late = join(now=NOW + timedelta(minutes=6), instance=InstanceState.RUNNING)
+    step = pending.plan(late)
+    assert isinstance(step, pending.DeleteInstance)
+    refused = ProviderError("AWS group workers is at its minimum size (3)", reason="ProviderGroupAtMinimum")
+    previous = {"phase": "Pending", "attempts": 1}
+
+    status = pending.status(previous, late, step, 4, late.now, refused)
+
+    assert status["attempts"] == 2
+    assert status["phase"] == "DeadlineExceeded"
+    assert status["instanceState"] == str(InstanceState.RUNNING)
+    assert "at its minimum size (3)" in status["message"]
+    [degraded] = [c for c in status["conditions"] if c["type"] == "Degraded"]
+    assert (degraded["status"], degraded["reason"], degraded["observedGeneration"]) == (
+        "True", "ProviderGroupAtMinimum", 4,
+    )  # fmt: skip
+    assert degraded["message"].startswith("deleting the instance failed: AWS group workers")
+    assert previous == {"phase": "Pending", "attempts": 1}  # pure
+
+
+def test_a_failed_lookup_is_recorded_and_the_rest_kept() -> None:
+    previous = {"phase": "Pending", "instanceState": "Running"}
+    failure = ProviderError("providerID names zone 'eu-west-1a'", reason="ProviderOtherRegion")
+
+    status = pending.status(previous, None, None, 1, NOW, failure)
+
+    assert (status["phase"], status["instanceState"]) == ("Pending", "Running")
+    [degraded] = status["conditions"]
+    assert (degraded["reason"], degraded["status"]) == ("ProviderOtherRegion", "True")
+    assert "looking up the instance failed" in degraded["message"]
+    # The provider answers again: the condition says so.
+    after = pending.status(status, join(), pending.plan(join()), 1, NOW)
+    assert [(c["status"], c["reason"]) for c in after["conditions"]] == [("False", "AsExpected")]
+
+
+def test_an_accepted_delete_is_deadline_exceeded_and_counted() -> None:
+    late = join(now=NOW + timedelta(minutes=6))
+    step = pending.plan(late)
+    status = pending.status({}, late, step, 1, late.now)
+    assert (status["phase"], status["attempts"]) == ("DeadlineExceeded", 1)
+    assert [c["reason"] for c in status["conditions"]] == ["DeadlineExceeded"]
+    assert pending.status({}, join(), pending.plan(join()), 1, NOW)["phase"] == "Pending"
+    assert pending.status({}, join(node_ready=True), pending.MarkJoined(), 1, NOW)["phase"] == "Joined"
+
+
+def image(name: str, paused: bool = False, progressing: bool = True, **status: object) -> dict[str, object]:
+    conditions = [
+        {"type": "Progressing", "status": "True" if progressing else "False", "reason": "Replacing"}
+    ]
+    return {
+        "metadata": {"name": name},
+        "spec": {"paused": paused},
+        "status": {"conditions": conditions, **status},
+    }
+
+
+def test_progressing_alone_never_holds_the_autoscaler() -> None:
+    """Finding 9: Progressing is True for any step short of Done, incl. "no cloud provider
+    configured" and a rollout waiting for capacity: neither may hold the autoscaler at 0."""
+    no_provider = image("a", waitingFor="no cloud provider configured (kustos run --cloud-provider)")
+    no_capacity = image("b", step="CreateHeir", waitingFor="AWS group workers is at its maximum size")
+    assert autoscaling.in_flight([no_provider, no_capacity], provider=True) == []
+    assert autoscaling.in_flight([{"metadata": {"name": "c"}}], provider=True) == []
+
+
+@pytest.mark.parametrize(
+    "field", [("pending", ["a-heir-1"]), ("heirs", ["n2"]), ("donors", ["n1"]),
+              ("replacements", [{"donor": "n1", "heir": "n2"}])],
+)  # fmt: skip
+def test_a_heir_pair_or_join_in_flight_holds_it_with_a_provider_only(field: tuple[str, object]) -> None:
+    key, value = field
+    busy = image("busy", **{key: value})
+    assert autoscaling.in_flight([image("idle"), busy], provider=True) == ["busy"]
+    assert autoscaling.in_flight([busy], provider=False) == []  # no provider: nothing can be in flight
+    assert autoscaling.in_flight([image("busy", paused=True, **{key: value})], provider=True) == []
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from kustos.api.autoscaling import PAUSED_ANNOTATION, AutoscalingStrategy
@@ -10,7 +9,7 @@ from kustos.api.nodeimage import NodeImage
 from kustos.nodes.autoscaling import planner
 from kustos.nodes.autoscaling.planner import Observed, Pause, Restore
 from kustos.runtime import objects
-from kustos.runtime.conditions import is_true, set_condition
+from kustos.runtime.conditions import set_condition
 from kustos.runtime.controller import Controller, Result
 from kustos.runtime.deps import Deps
 from kustos.runtime.manager import Manager
@@ -21,20 +20,12 @@ STRATEGIES = AutoscalingStrategy.crd.ref
 NODEIMAGES = NodeImage.crd.ref
 
 
-def rolling_out(images: Iterable[dict[str, Any]]) -> bool:
-    """A NodeImage is rolling out while its status says Progressing (and it is not paused)."""
-    for image in images:
-        conditions = (image.get("status") or {}).get("conditions")
-        if is_true(conditions, "Progressing") and not (image.get("spec") or {}).get("paused"):
-            return True
-    return False
-
-
 class AutoscalingReconciler:
     def __init__(self, manager: Manager, deps: Deps) -> None:
         self.manager = manager
         self.api = manager.api
         self.clock = deps.clock
+        self.cloud = deps.cloud
         self.strategies = manager.informer(STRATEGIES)
         self.images = manager.informer(NODEIMAGES)
 
@@ -50,7 +41,7 @@ class AutoscalingReconciler:
         replicas = int(((deployment or {}).get("spec") or {}).get("replicas", 1))
         o = Observed(
             enabled=bool(spec.get("enabled", True)),
-            rolling_out=rolling_out(self.images.list()),
+            rolling_out=bool(planner.in_flight(self.images.list(), provider=self.cloud is not None)),
             deployment_exists=deployment is not None,
             replicas=replicas,
             saved=int(saved_text) if saved_text and saved_text.isdigit() else None,

@@ -4,13 +4,41 @@ While any NodeImage is rolling out, the cluster-autoscaler's Deployment is held 
 replicas; the replicas the user had are saved first (an annotation on the Deployment, so
 a restarted operator restores them too) and restored afterwards, whatever they were,
 including 0 (Constellation re-enabled an autoscaler the user had turned off).
+
+"Rolling out" is narrow on purpose (``in_flight``): a NodeImage counts only while this
+operator has a cloud provider and the NodeImage's status shows a replacement under way: an
+instance asked for and not yet joined (``pending``), or a donor paired with its heir
+(``donors``, ``heirs``, ``replacements``). Progressing alone is not enough: it is True for
+any step short of Done, including "no cloud provider configured" and a rollout waiting
+for capacity, and the autoscaler would be held at 0 for as long as those last.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kustos.runtime.steps import Done, Wait
+
+# The NodeImage status fields (written by the NodeImage controller, api/nodeimage.py) that
+# name a replacement under way.
+IN_FLIGHT_FIELDS = ("pending", "heirs", "donors", "replacements")
+
+
+def in_flight(images: Iterable[Mapping[str, Any]], provider: bool) -> list[str]:
+    """The NodeImages (by name) with a heir, pair or join under way; none without a provider
+    (no NodeImage can replace a node then) and none that is paused."""
+    if not provider:
+        return []
+    names = []
+    for image in images:
+        if (image.get("spec") or {}).get("paused"):
+            continue
+        status = image.get("status") or {}
+        if any(status.get(field) for field in IN_FLIGHT_FIELDS):
+            names.append(str((image.get("metadata") or {}).get("name", "")))
+    return sorted(names)
 
 
 @dataclass(frozen=True)
@@ -47,4 +75,4 @@ def plan(o: Observed) -> Step:
     return Done()
 
 
-__all__ = ["Observed", "Pause", "Restore", "Step", "plan"]
+__all__ = ["IN_FLIGHT_FIELDS", "Observed", "Pause", "Restore", "Step", "in_flight", "plan"]

@@ -214,6 +214,23 @@ def instance_id_of(provider_id: str) -> str:
     return instance
 
 
+def zone_of(provider_id: str) -> str:
+    """The availability zone in ``aws:///<az>/<instance-id>`` ("" when it names none)."""
+    rest = provider_id.partition("://")[2].strip("/")
+    zone, sep, _ = rest.rpartition("/")
+    return zone.rpartition("/")[2] if sep else ""
+
+
+def in_region(zone: str, region: str) -> bool:
+    """Whether ``zone`` is one of ``region``'s: ``us-east-1a``, a Local Zone
+    ``us-west-2-lax-1a`` or a Wavelength Zone ``us-east-1-wl1-bos-wlz-1`` (never
+    ``us-east-10a`` for ``us-east-1``)."""
+    if not region or not zone.startswith(region) or len(zone) == len(region):
+        return False
+    following = zone[len(region)]
+    return following == "-" or following.isalpha()
+
+
 def _error_code(err: ClientError) -> str:
     return str(err.response.get("Error", {}).get("Code", ""))
 
@@ -470,7 +487,7 @@ class AwsProvider:
 
     async def instance(self, provider_id: str) -> Instance:
         """One DescribeInstances call: node maintenance asks this for every dead node."""
-        instance_id = instance_id_of(provider_id)
+        instance_id = self._instance_id_here(provider_id)
         response = await self._run(
             "DescribeInstances", lambda: self._ec2.describe_instances(InstanceIds=[instance_id])
         )
@@ -559,8 +576,17 @@ class AwsProvider:
         if desired > len(live):
             # A launch is outstanding. Auto Scaling accepts a desired capacity it then cannot
             # launch (no capacity in the zones, a missing AMI) and only its activity history
-            # says so; asking for one more would only pile up desired capacity. Report it.
+            # says so: report that first. Otherwise the instance is on its way but not listed
+            # yet, and whoever asks now cannot tell it from its own: asking for one more each
+            # time would pile up desired capacity up to MaxSize (a second CreateHeir of one
+            # intent, a pass on a stale cache). So no new launch until the group lists it;
+            # retried, the caller asks again once it shows up.
             await self._raise_failed_launch(group_id)
+            raise ProviderError(
+                f"AWS group {group_id}: a launch is outstanding ({len(live)} instance(s) listed, "
+                f"{desired} desired); asking for another once it shows up",
+                reason="ProviderLaunchOutstanding",
+            )
         await self._run(
             "SetDesiredCapacity",
             lambda: self._autoscaling.set_desired_capacity(
@@ -594,7 +620,7 @@ class AwsProvider:
             self._cache.clear()
 
     async def _delete_instance(self, group_id: str, provider_id: str) -> None:
-        instance_id = instance_id_of(provider_id)
+        instance_id = self._instance_id_here(provider_id)
         response = await self._run(
             "DescribeAutoScalingInstances",
             lambda: self._autoscaling.describe_auto_scaling_instances(InstanceIds=[instance_id]),
@@ -629,6 +655,26 @@ class AwsProvider:
         log.info("group %s: terminating %s", group_id, instance_id)
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _instance_id_here(self, provider_id: str) -> str:
+        """The instance id of ``provider_id``, which must be in this client's region.
+
+        EC2 answers only for its own region: an instance elsewhere is
+        ``InvalidInstanceID.NotFound`` here, which fencing would take for "gone" (and a
+        delete for "already done"). So a zone of another region, or none at all, is a
+        ``ProviderError`` before anything is asked, never ``NotFound``.
+        """
+        instance_id = instance_id_of(provider_id)
+        region = self._ec2.meta.region_name or ""
+        zone = zone_of(provider_id)
+        if not in_region(zone, region):
+            where = f"zone {zone!r}" if zone else "no zone"
+            raise ProviderError(
+                f"providerID {provider_id!r} names {where}, not one of region {region}: kustos "
+                f"cannot see instance {instance_id} from here (give --cloud-option region=)",
+                reason="ProviderOtherRegion",
+            )
+        return instance_id
 
     def _cached(self, key: tuple[str, ...]) -> Any:
         hit = self._cache.get(key)
@@ -741,4 +787,7 @@ class AwsProvider:
         return versions[0]
 
 
-__all__ = ["NAME", "AwsOptions", "AwsProvider", "instance_id_of", "map_error", "parse_role", "provider_id"]
+__all__ = [
+    "NAME", "AwsOptions", "AwsProvider", "in_region", "instance_id_of", "map_error", "parse_role",
+    "provider_id", "zone_of",
+]  # fmt: skip

@@ -9,12 +9,12 @@ from typing import Any
 
 from kustos.api.pendingnode import PendingNode
 from kustos.nodes.pendingnode import planner
-from kustos.nodes.pendingnode.planner import DeleteInstance, Forget, MarkJoined, Observed
+from kustos.nodes.pendingnode.planner import DeleteInstance, Forget, Observed
 from kustos.runtime import faults, objects
 from kustos.runtime.cloud import CloudProvider, InstanceState, NotFound
-from kustos.runtime.conditions import set_condition
 from kustos.runtime.controller import Controller, Result
 from kustos.runtime.deps import Deps
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import WARNING
 from kustos.runtime.manager import Manager
 from kustos.runtime.record import Note, record
@@ -54,6 +54,8 @@ class PendingNodeReconciler:
             return None
         spec = raw.get("spec") or {}
         provider_id = spec.get("providerID") or ""
+        previous = dict(raw.get("status") or {})
+        generation = objects.generation(raw)
         node = self._node(spec)
         instance = None
         if provider_id:
@@ -61,41 +63,41 @@ class PendingNodeReconciler:
                 instance = (await self.cloud.instance(provider_id)).state
             except NotFound:
                 instance = InstanceState.GONE
+            except ReconcileError as err:
+                # Never taken for gone (that is NotFound only): said, then retried.
+                await self._refused(
+                    raw, planner.status(previous, None, None, generation, self.clock.now(), err), err
+                )
+                raise
         now = self.clock.now()
         o = Observed(spec.get("goal", "Join"), provider_id, parse_rfc3339(spec.get("deadline")), now,
                      objects.node_ready(node) if node else False, node is not None, instance)  # fmt: skip
         step = planner.plan(o)
-        status = dict(raw.get("status") or {})
-        status["instanceState"] = str(instance) if instance else None
         notes: list[Note] = []
         match step:
-            case MarkJoined():
-                status["phase"] = "Joined"
             case Forget():
                 log.info("PendingNode %s: %s", key, step.reason)
                 await self.api.delete(PENDINGNODES, None, objects.name(raw))
                 return None
             case DeleteInstance():
-                status["phase"] = "DeadlineExceeded"
-                status["attempts"] = int(status.get("attempts") or 0) + 1
-                status["message"] = step.reason
-                status["conditions"] = set_condition(
-                    status.get("conditions"),
-                    "Degraded",
-                    True,
-                    "DeadlineExceeded",
-                    step.reason,
-                    objects.generation(raw),
-                    now,
-                )
                 notes.append(
                     Note("DeadlineExceeded", f"{spec.get('goal')} {provider_id}: {step.reason}", WARNING)
                 )
+                # The instance first, then its Node: a Node deleted while its instance still
+                # runs is registered again by its kubelet, and a refused delete (the group at
+                # its minimum, access denied, throttled) would leave the instance without the
+                # Node that shows it. The refusal is recorded before it is retried.
+                try:
+                    with contextlib.suppress(NotFound):
+                        await self.cloud.delete_instance(spec.get("groupId", ""), provider_id)
+                except ReconcileError as err:
+                    status = planner.status(previous, o, step, generation, now, err)
+                    await self._refused(raw, status, err, notes)
+                    raise
                 if node is not None:
                     await self.api.delete(NODES, None, objects.name(node))
-                with contextlib.suppress(NotFound):
-                    await self.cloud.delete_instance(spec.get("groupId", ""), provider_id)
                 faults.exit_after("DeleteInstance")
+                status = planner.status(previous, o, step, generation, now)
                 if spec.get("goal") == "Join":
                     # The slot is free at once: the NodeImage controller asks for a new node.
                     await record(self.api, PENDINGNODES, raw, status, self.manager.events, notes=notes)
@@ -103,10 +105,26 @@ class PendingNodeReconciler:
                     return None
                 later = rfc3339(now + timedelta(minutes=2))
                 await self.api.patch(PENDINGNODES, None, objects.name(raw), {"spec": {"deadline": later}})
-            case Wait():
-                status["phase"] = "Pending"
+                await record(self.api, PENDINGNODES, raw, status, self.manager.events, notes=notes)
+                return Result(requeue_after=5.0)
+        status = planner.status(previous, o, step, generation, now)
         await record(self.api, PENDINGNODES, raw, status, self.manager.events, notes=notes)
         return Result(requeue_after=step.seconds if isinstance(step, Wait) else 5.0)
+
+    async def _refused(
+        self,
+        raw: dict[str, Any],
+        status: dict[str, Any],
+        err: ReconcileError,
+        notes: list[Note] | None = None,
+    ) -> None:
+        """Record a provider's refusal (Degraded, its reason, an Event) before it is retried."""
+        spec = raw.get("spec") or {}
+        told = [
+            *(notes or []),
+            Note(err.reason, f"{spec.get('goal')} {spec.get('providerID')}: {err.message}", WARNING),
+        ]
+        await record(self.api, PENDINGNODES, raw, status, self.manager.events, notes=told)
 
 
 def _by_node(reconciler: PendingNodeReconciler) -> Any:

@@ -6,14 +6,20 @@
 - Join without an instance yet past its deadline: forget it.
 - Leave, instance gone: done, delete this object.
 - Leave past its deadline: ask the provider again, count the attempt, report it (Degraded).
+
+``status`` is pure too: the status after a step, or after the provider refused it (the
+refusal is recorded, Degraded with the provider's reason, before the error is retried).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from kustos.runtime.cloud import InstanceState
+from kustos.runtime.conditions import set_condition
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.steps import Done, Wait
 
 
@@ -69,4 +75,44 @@ def plan(o: Observed) -> Step:
     return Wait("leaving", 5)
 
 
-__all__ = ["DeleteInstance", "Forget", "MarkJoined", "Observed", "Step", "plan"]
+def status(
+    previous: dict[str, Any], o: Observed | None, step: Step | None, generation: int | None, now: datetime,
+    failure: ReconcileError | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The status after ``step`` (acted on unless ``failure`` says the provider refused it).
+
+    ``o`` and ``step`` are None when the instance could not even be looked up. A refused
+    delete still counts as an attempt: the next pass past the deadline tries again.
+    """
+    result = dict(previous)
+    if o is not None:
+        result["instanceState"] = str(o.instance) if o.instance else None
+    conditions = result.get("conditions")
+    match step:
+        case MarkJoined():
+            result["phase"] = "Joined"
+        case DeleteInstance():
+            result["phase"] = "DeadlineExceeded"
+            result["attempts"] = int(result.get("attempts") or 0) + 1
+            result["message"] = step.reason
+            conditions = set_condition(
+                conditions, "Degraded", True, "DeadlineExceeded", step.reason, generation, now
+            )
+        case Wait():
+            result["phase"] = "Pending"
+    # A provider failure that has passed (DeadlineExceeded stays: the deadline did pass).
+    degraded = next((c for c in conditions or [] if c.get("type") == "Degraded"), None) or {}
+    passed = degraded.get("status") == "True" and degraded.get("reason") != "DeadlineExceeded"
+    if failure is None and passed and isinstance(step, Wait | MarkJoined):
+        conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", generation, now)
+    if failure is not None:
+        doing = "deleting the instance" if isinstance(step, DeleteInstance) else "looking up the instance"
+        message = f"{doing} failed: {failure.message}"[:1000]
+        result["message"] = message
+        conditions = set_condition(conditions, "Degraded", True, failure.reason, message, generation, now)
+    if conditions is not None:
+        result["conditions"] = conditions
+    return result
+
+
+__all__ = ["DeleteInstance", "Forget", "MarkJoined", "Observed", "Step", "plan", "status"]
