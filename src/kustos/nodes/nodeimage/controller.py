@@ -281,16 +281,19 @@ class NodeImageReconciler:
                 status = raw.get("status") or {}
                 size = (raw.get("spec") or {}).get("size", 3)
                 members = status.get("members") or []
-                healthy = sum(1 for m in members if m.get("healthy"))
-                hosts = set()
+                hosts, voting = set(), 0
                 for m in members:
                     pod = pods.get(f"{objects.namespace(raw)}/{m.get('pod', '')}")
                     node = objects.pod_node(pod) if pod else None
                     if node:
                         hosts.add(node)
-                ok = healthy >= size and len(members) >= size
+                    # A learner does not count towards quorum, and the status lags the pods: a
+                    # member whose pod is being evicted or not Ready is not counted either.
+                    if m.get("healthy") and not m.get("learner") and pod is not None:
+                        voting += not objects.deleting(pod) and objects.pod_ready(pod)
+                ok = voting >= size
                 gates.append(Gate(f"EtcdCluster {objects.key(raw)}", ok,
-                                  f"{healthy}/{size} members healthy", frozenset(hosts)))  # fmt: skip
+                                  f"{voting}/{size} voting members healthy", frozenset(hosts)))  # fmt: skip
         if spec.storage_clusters:
             for raw in self.storages.list():
                 phase = (raw.get("status") or {}).get("phase")
