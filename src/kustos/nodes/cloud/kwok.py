@@ -21,6 +21,7 @@ cluster itself, so every kustos process (and ``kustos dev stop-node``) sees the 
 
 from __future__ import annotations
 
+import itertools
 import re
 import secrets
 from collections.abc import Mapping, Sequence
@@ -252,7 +253,13 @@ class KwokProvider:
                 if third.isdigit():
                     used.add(int(third))
         limit = 255 if self.pod_cidr_prefix else 65000
-        for index in range(self.first_index, limit):
+        # Above the highest address in use first, as a cloud rarely hands a freed address out
+        # again at once (a stacked etcd keyed by address would take the new node for the old);
+        # then, once the range is used up, the lowest free one.
+        above = max((i for i in used if i < limit), default=self.first_index - 1) + 1
+        for index in itertools.chain(
+            range(max(above, self.first_index), limit), range(self.first_index, limit)
+        ):
             if index not in used and index % 256 not in (0, 255):
                 return index
         raise CapacityError("the kwok provider has no free node address left")
