@@ -289,8 +289,9 @@ class NodeImageReconciler:
                         hosts.add(node)
                     # A learner does not count towards quorum, and the status lags the pods: a
                     # member whose pod is being evicted or not Ready is not counted either.
-                    if m.get("healthy") and not m.get("learner") and pod is not None:
-                        voting += not objects.deleting(pod) and objects.pod_ready(pod)
+                    on_live_pod = pod is not None and not objects.deleting(pod) and objects.pod_ready(pod)
+                    if m.get("healthy") and not m.get("learner") and on_live_pod:
+                        voting += 1
                 ok = voting >= size
                 gates.append(Gate(f"EtcdCluster {objects.key(raw)}", ok,
                                   f"{voting}/{size} voting members healthy", frozenset(hosts)))  # fmt: skip
