@@ -492,9 +492,12 @@ class NodeImageReconciler:
         except ApiStatusError as err:
             if not err.conflict:
                 raise
-        await self.api.delete(NODES, None, node)
+        # The instance first, then its Node (as the PendingNode controller does): a Node deleted
+        # while its instance runs is registered again by its kubelet. A refused delete leaves
+        # the Node showing the instance; the Leave PendingNode written above retries it.
         with contextlib.suppress(NotFound):  # already gone: the Leave PendingNode sees it, goes too
             await self.cloud.delete_instance(group, provider_id)
+        await self.api.delete(NODES, None, node)
 
 
 def _k8s_name(group_id: str) -> str:

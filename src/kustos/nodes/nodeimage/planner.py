@@ -19,7 +19,7 @@ A replacement, in the order the steps come:
    and maxUnavailable allows; past drainTimeout ``wait`` names the blocking pods,
    ``force`` deletes them.
 5. ``RemoveEtcdMember``: a control-plane donor's stacked etcd member, only if quorum stays.
-6. ``DeleteDonor``: a Leave PendingNode, the Node, the instance.
+6. ``DeleteDonor``: a Leave PendingNode, the instance, then the Node.
 
 A new node no outdated node needs (the rollout ended or changed its image, or the group
 created it from another image) is drained like a donor, loses its stacked etcd member if it
