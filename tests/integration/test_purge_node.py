@@ -227,6 +227,8 @@ async def test_purge_of_a_stacked_etcd_control_plane_node_keeps_quorum(
     # b's member down too: removing a's would leave c alone of {b, c}, no quorum. Refused,
     # and a's member is still there.
     stop_etcd(b)
+    # c lists the members (a linearizable read) once a and c have a leader, if b was it.
+    await wait_until(lambda: member_names(c, pki), "a leader among a and c", timeout=30)
     refused = purge(dev_cluster, pki, a.node, "--yes")
     assert refused.returncode == 2, refused
     assert "EtcdMember: refused" in refused.stdout and "needed for quorum" in refused.stdout, refused.stdout

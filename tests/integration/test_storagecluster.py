@@ -132,7 +132,12 @@ def events(kubectl: Kubectl, name: str) -> list[dict[str, Any]]:
 
 
 class Cleanup:
-    """Deletes the test's StorageClusters while the operator still runs, and proves it."""
+    """Deletes the test's StorageClusters while the operator still runs.
+
+    When that fails (the test failed with its operator stopped), what the cluster generated is
+    deleted by hand: a DaemonSet left behind holds the workers' host ports, and every later
+    StorageCluster test would fail on it rather than on its own fault.
+    """
 
     def __init__(self, kubectl: Kubectl) -> None:
         self.kubectl = kubectl
@@ -162,6 +167,10 @@ class Cleanup:
                 "-p",
                 '{"metadata":{"finalizers":null}}',
                 check=False,
+            )
+            selector = f"{names.CLUSTER_LABEL}={self.kubectl.namespace}.{name}"
+            self.kubectl.cluster.kubectl(
+                "delete", KINDS, "-A", "-l", selector, "--ignore-not-found", "--wait=false", check=False
             )
 
 
@@ -212,13 +221,17 @@ async def test_defaults_create_the_expected_objects_ready_3_of_3_and_deletion_re
     started = time.monotonic()
     dev_cluster.take_node_down(chosen[0])
     try:
+        # The down node's pod is the one not ready (not merely any one of the three).
         status = await wait_status(
             kubectl,
             "stor",
-            "2/3 Degraded",
-            lambda s: s.get("ready") == "2/3" and s.get("phase") == "Degraded",
+            f"2/3 Degraded with {chosen[0]} not ready",
+            lambda s: (
+                s.get("ready") == "2/3"
+                and s.get("phase") == "Degraded"
+                and not s["nodeHealthStatus"][chosen[0]]["ready"]
+            ),
         )
-        assert not status["nodeHealthStatus"][chosen[0]]["ready"]
         assert condition(status, "Degraded")["status"] == "True"
     finally:
         print(f"2/3 Degraded {time.monotonic() - started:.1f}s after the node went down")
@@ -497,9 +510,17 @@ async def test_a_running_cluster_writes_nothing_while_nothing_changes(
         return sum(v for k, v in operator.metrics().items() if k.startswith(prefix))
 
     await asyncio.sleep(3)  # let the last status write land
-    before, count = versions(), reconciles()
-    await asyncio.sleep(20)
-    assert versions() == before
+    # A 20 s window spans a periodic resync (every 15 s). Up to three windows: a node of the
+    # shared cluster that misses a heartbeat under load is a real change the status follows;
+    # an operator that rewrites unchanged objects or status does it in every window.
+    for _window in range(3):
+        before, count = versions(), reconciles()
+        await asyncio.sleep(20)
+        after = versions()
+        if after == before:
+            break
+        print(f"changed in this window: {sorted(k for k in after if after[k] != before.get(k))}")
+    assert after == before, "every 20 s window of steady state wrote something"
     # Steady state is a resync every 15 s (plus wake-ups from node changes), not a hot loop.
     passes = reconciles() - count
     print(f"storagecluster reconciles in 20 s of steady state: {passes:.0f}")
@@ -511,21 +532,32 @@ async def test_a_restarted_operator_changes_nothing_and_reports_the_same(
 ) -> None:
     namespace = running["spec"]["namespace"]
 
-    def generated() -> dict[str, str]:
+    def generated() -> dict[str, list[tuple[str, str]]]:
+        """Who last wrote each object outside its status, and when: a DaemonSet's status (and so
+        its resourceVersion) moves with its pods' readiness, which is not a write of ours."""
         found = json.loads(kubectl.cluster.kubectl("-n", namespace, "get", "daemonsets,services,deployments",
-                                                   "-o", "json"))  # fmt: skip
-        return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in found["items"]}
+                                                   "-o", "json", "--show-managed-fields"))  # fmt: skip
+        return {
+            o["metadata"]["name"]: sorted(
+                (m["manager"], m["time"])
+                for m in o["metadata"]["managedFields"]
+                if m.get("subresource") != "status"
+            )
+            for o in found["items"]
+        }
 
     before = generated()
     operator.kill()
     operator.wait()
     with running_operator(kubectl, tmp_path / "second"):
-        await asyncio.sleep(8)
-        assert generated() == before, "the new operator re-applied unchanged objects"
-        status = status_of(kubectl, "stor")
-        assert (status["ready"], status["phase"]) == ("3/3", "Running")
-        # Deletion needs a running operator (the finalizer): do it before this one stops.
-        kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=60s")
+        try:
+            await asyncio.sleep(8)
+            assert generated() == before, "the new operator re-applied unchanged objects"
+            status = status_of(kubectl, "stor")
+            assert (status["ready"], status["phase"]) == ("3/3", "Running")
+        finally:
+            # Deletion needs a running operator (the finalizer): do it before this one stops.
+            kubectl("delete", "storagecluster", "stor", "--wait=true", "--timeout=60s")
     assert labelled(kubectl.cluster, f"{kubectl.namespace}.stor") == []
 
 
@@ -596,7 +628,7 @@ async def test_without_a_webhook_url_the_operator_still_runs_storage_clusters(
         assert not kubectl.cluster.kubectl(
             "get", "mutatingwebhookconfiguration", f"kustos-{kubectl.namespace}", "--ignore-not-found"
         )
-        cleanup.finish()
     finally:
+        cleanup.finish()
         operator.terminate()
         operator.wait(30)

@@ -88,3 +88,11 @@ def test_a_call_that_no_member_answers_is_none() -> None:
 def test_removal_through_endpoints_that_do_not_answer_says_so() -> None:
     refusal = asyncio.run(membership.remove_keeping_quorum(["http://127.0.0.1:1"], None, 5))
     assert refusal == "no member answered with the membership"
+
+
+def test_no_member_list_says_whether_anyone_answered_or_only_no_leader_could() -> None:
+    urls = ["https://10.0.0.1:2379", "https://10.0.0.2:2379"]
+    assert membership.why_no_member_list(urls, {}) == f"no etcd member answered at {', '.join(urls)}"
+    why = membership.why_no_member_list(urls, {urls[1]: status(2, leader_id=0)})
+    assert why.startswith(f"etcd at {urls[1]} answered but could not list its members")
+    assert "no leader" in why

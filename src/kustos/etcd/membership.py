@@ -91,6 +91,17 @@ async def member_list(statuses: Mapping[str, Status], tls: EtcdTLS | None) -> Me
     return None
 
 
+def why_no_member_list(endpoints: Sequence[str], statuses: Mapping[str, Status]) -> str:
+    """Why ``member_list`` found nothing: no member answered at all, or none could list the
+    membership (a linearizable read needs a leader)."""
+    if not statuses:
+        return f"no etcd member answered at {', '.join(endpoints)}"
+    return (
+        f"etcd at {', '.join(sorted(statuses))} answered but could not list its members "
+        "(no leader: quorum lost, or an election under way)"
+    )
+
+
 async def add_member(
     statuses: Mapping[str, Status], tls: EtcdTLS | None, peer_url: str, learner: bool = True
 ) -> MemberAddResult | None:
@@ -175,4 +186,5 @@ __all__ = [
     "remove_keeping_quorum",
     "statuses_of",
     "update_peer_url",
+    "why_no_member_list",
 ]

@@ -270,7 +270,7 @@ class Purger:
             statuses = await membership.statuses_of(endpoints, tls)
             members = await membership.member_list(statuses, tls)
             if members is None:
-                return f"no etcd member answered at {', '.join(endpoints)}", True
+                return membership.why_no_member_list(endpoints, statuses), True
             victim = members.by_name(name)
             if victim is None and dead:
                 victim = next(

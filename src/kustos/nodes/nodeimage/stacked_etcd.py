@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from kustos.api.nodeimage import StackedEtcd
 from kustos.etcd.client import EtcdTLS
-from kustos.etcd.membership import member_list, remove_keeping_quorum, statuses_of
+from kustos.etcd.membership import member_list, remove_keeping_quorum, statuses_of, why_no_member_list
 from kustos.runtime.api import Api
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.resources import SECRETS
@@ -70,7 +70,7 @@ async def remove_member_at(
         statuses = await statuses_of(endpoints, tls)
         members = await member_list(statuses, tls)
         if members is None:
-            return f"no etcd member answered at {', '.join(endpoints)}"
+            return why_no_member_list(endpoints, statuses)
         victim = next(
             (m for m in members.members if any(_host(u) == donor_ip for u in (*m.peer_urls, *m.client_urls))),
             None,
