@@ -102,10 +102,28 @@ def dev_cluster(
         yield cluster
         check_least_privilege(cluster, request.session, tmp_path_factory.getbasetemp())
     finally:
+        if request.session.testsfailed:
+            keep_control_plane_logs(cluster, tmp_path_factory.getbasetemp())
         # KUSTOS_KEEP_CLUSTER=1 leaves it running to look at after a failure; the next
         # session removes it.
         if os.environ.get("KUSTOS_KEEP_CLUSTER") != "1":
             cluster.stop()
+
+
+def keep_control_plane_logs(cluster: DevCluster, out: Path) -> None:
+    """A failed session keeps its control plane's and node agent's logs (the cluster's state
+    goes with it): a failure that depends on the cluster's moment (a node missing heartbeats)
+    can only be explained from them."""
+    kept = out / "control-plane-logs"
+    try:
+        shutil.copytree(cluster.cluster_dir / "logs", kept, ignore=shutil.ignore_patterns("audit.log"),
+                        dirs_exist_ok=True)  # fmt: skip
+        for log in cluster.state_dir.glob("*.log"):
+            shutil.copyfile(log, kept / log.name)
+    except OSError as err:
+        print(f"\ncould not keep the control plane's logs: {err}")
+        return
+    print(f"\ncontrol plane logs of the failed session: {kept}")
 
 
 def check_least_privilege(cluster: DevCluster, session: pytest.Session, out: Path) -> None:
