@@ -76,6 +76,32 @@ async def mirror_says(kubectl: Kubectl, name: str, message: str) -> bool:
     return found == message
 
 
+async def test_replace_status_clears_fields_and_refuses_a_stale_copy(
+    kubectl: Kubectl, dev_cluster: DevCluster, example_crd: None
+) -> None:
+    """First in the module: the module's operator (started by the tests after it) runs the
+    example controller on every namespace, and its status writes would race this test's."""
+    from tests.example.controller import EXAMPLES
+
+    kubectl.apply(example("replaced", "x", labels={"a": "b"}))
+    metrics = Metrics()
+    clients = connect(load_config(dev_cluster.kubeconfig), metrics)
+    try:
+        api = Api(clients.raw)
+        obj = await api.get(EXAMPLES, kubectl.namespace, "replaced")
+        assert obj is not None
+        written = await api.replace_status(EXAMPLES, obj, {"phase": "Ready", "ready": "1/1"})
+        status = written["status"]
+        assert (status["phase"], status["ready"], status["observedGeneration"]) == ("Ready", "1/1", 1)
+        cleared = await api.replace_status(EXAMPLES, written, {"phase": "Pending", "ready": None})
+        assert cleared["status"]["phase"] == "Pending" and "ready" not in cleared["status"]
+        with pytest.raises(ReconcileError) as stale:
+            await api.replace_status(EXAMPLES, written, {"phase": "Stale"})
+        assert isinstance(stale.value, ApiStatusError) and stale.value.conflict
+    finally:
+        await clients.close()
+
+
 async def test_reacts_to_create_update_delete_of_its_resource_and_what_it_owns(
     kubectl: Kubectl, operator: OperatorProcess
 ) -> None:
@@ -345,30 +371,6 @@ async def test_a_controller_whose_crd_is_absent_waits_while_the_others_run(
         process.stop()
         dev_cluster.kubectl("delete", "validatingwebhookconfiguration", f"kustos-absent-{kubectl.namespace}",
                             "--ignore-not-found")  # fmt: skip
-
-
-async def test_replace_status_clears_fields_and_refuses_a_stale_copy(
-    kubectl: Kubectl, dev_cluster: DevCluster
-) -> None:
-    from tests.example.controller import EXAMPLES
-
-    kubectl.apply(example("replaced", "x", labels={"a": "b"}))
-    metrics = Metrics()
-    clients = connect(load_config(dev_cluster.kubeconfig), metrics)
-    try:
-        api = Api(clients.raw)
-        obj = await api.get(EXAMPLES, kubectl.namespace, "replaced")
-        assert obj is not None
-        written = await api.replace_status(EXAMPLES, obj, {"phase": "Ready", "ready": "1/1"})
-        status = written["status"]
-        assert (status["phase"], status["ready"], status["observedGeneration"]) == ("Ready", "1/1", 1)
-        cleared = await api.replace_status(EXAMPLES, written, {"phase": "Pending", "ready": None})
-        assert cleared["status"]["phase"] == "Pending" and "ready" not in cleared["status"]
-        with pytest.raises(ReconcileError) as stale:
-            await api.replace_status(EXAMPLES, written, {"phase": "Stale"})
-        assert isinstance(stale.value, ApiStatusError) and stale.value.conflict
-    finally:
-        await clients.close()
 
 
 async def test_losing_the_api_server_stands_down_with_one_line(
