@@ -71,11 +71,14 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
 
+def selector(key: str) -> str:
+    """The label selector of every object a StorageCluster (``<namespace>.<name>``) generated."""
+    return f"{names.CLUSTER_LABEL}={key}"
+
+
 def labelled(cluster: DevCluster, key: str) -> list[str]:
     """``Kind namespace/name`` of every object carrying the StorageCluster's label."""
-    found = json.loads(
-        cluster.kubectl("get", KINDS, "-A", "-l", f"{names.CLUSTER_LABEL}={key}", "-o", "json")
-    )
+    found = json.loads(cluster.kubectl("get", KINDS, "-A", "-l", selector(key), "-o", "json"))
     return sorted(
         f"{o['kind']} {o['metadata'].get('namespace', '')}/{o['metadata']['name']}".replace(" /", " ")
         for o in found["items"]
@@ -159,7 +162,7 @@ class Cleanup:
                 check=False,
             )
             # Never leave a finalizer behind for the next test to trip over.
-            self.kubectl(
+            left = self.kubectl(
                 "patch",
                 "storagecluster",
                 name,
@@ -168,10 +171,11 @@ class Cleanup:
                 '{"metadata":{"finalizers":null}}',
                 check=False,
             )
-            selector = f"{names.CLUSTER_LABEL}={self.kubectl.namespace}.{name}"
-            self.kubectl.cluster.kubectl(
-                "delete", KINDS, "-A", "-l", selector, "--ignore-not-found", "--wait=false", check=False
-            )
+            if left:  # still there: no operator finished the deletion
+                self.kubectl.cluster.kubectl(
+                    "delete", KINDS, "-A", "-l", selector(f"{self.kubectl.namespace}.{name}"),
+                    "--ignore-not-found", "--wait=false", check=False,
+                )  # fmt: skip
 
 
 @pytest.fixture
