@@ -23,11 +23,12 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO, TypeAlias
+from typing import Any, Literal, TextIO, TypeAlias, cast
 
 __all__ = [
     "FORMAT",
     "Event",
+    "EventKind",
     "Header",
     "History",
     "HistoryError",
@@ -36,8 +37,10 @@ __all__ = [
     "WatchEvents",
     "WatchStart",
     "dump_history",
+    "header_line",
     "load_history",
     "parse_line",
+    "record_line",
 ]
 
 FORMAT = 1
@@ -149,10 +152,19 @@ class WatchEvents:
 
 @dataclass
 class History:
+    """A header, the operations, and the watches' records in the order they were written."""
+
     header: Header
     operations: list[Operation] = field(default_factory=list)
-    watch_starts: list[WatchStart] = field(default_factory=list)
-    watch_events: list[WatchEvents] = field(default_factory=list)
+    watches: list[WatchStart | WatchEvents] = field(default_factory=list)
+
+    @property
+    def watch_starts(self) -> list[WatchStart]:
+        return [w for w in self.watches if isinstance(w, WatchStart)]
+
+    @property
+    def watch_events(self) -> list[WatchEvents]:
+        return [w for w in self.watches if isinstance(w, WatchEvents)]
 
 
 # ------------------------------------------------------------------------- writing
@@ -179,12 +191,7 @@ def record_line(record: Operation | WatchStart | WatchEvents) -> dict[str, Any]:
 
 def dump_history(history: History, out: TextIO) -> None:
     out.write(json.dumps(header_line(history.header)) + "\n")
-    records: list[Operation | WatchStart | WatchEvents] = [
-        *history.operations,
-        *history.watch_starts,
-        *history.watch_events,
-    ]
-    for record in records:
+    for record in [*history.operations, *history.watches]:
         out.write(json.dumps(record_line(record)) + "\n")
 
 
@@ -201,7 +208,7 @@ class _Fields:
     def fail(self, name: str, what: str) -> HistoryError:
         return HistoryError(f"{self.where}: field {name!r} {what}")
 
-    def int(self, name: str, default: int | None = None) -> int:
+    def integer(self, name: str, default: int | None = None) -> int:
         value = self.obj.get(name, default)
         if value is None:
             raise self.fail(name, "is missing")
@@ -209,20 +216,20 @@ class _Fields:
             raise self.fail(name, f"must be an integer, not {value!r}")
         return value
 
-    def opt_int(self, name: str) -> int | None:
-        return None if self.obj.get(name) is None else self.int(name)
+    def opt_integer(self, name: str) -> int | None:
+        return None if self.obj.get(name) is None else self.integer(name)
 
-    def str(self, name: str, default: str | None = None) -> str:
+    def text(self, name: str, default: str | None = None) -> str:
         value = self.obj.get(name, default)
         if not isinstance(value, str):
             raise self.fail(name, "is missing" if value is None else f"must be a string, not {value!r}")
         return value
 
-    def opt_str(self, name: str) -> str | None:
-        return None if self.obj.get(name) is None else self.str(name)
+    def opt_text(self, name: str) -> str | None:
+        return None if self.obj.get(name) is None else self.text(name)
 
     def choice(self, name: str, choices: tuple[str, ...]) -> str:
-        value = self.str(name)
+        value = self.text(name)
         if value not in choices:
             raise self.fail(name, f"must be one of {', '.join(choices)}, not {value!r}")
         return value
@@ -240,11 +247,11 @@ class _Fields:
         if not isinstance(value, dict):
             raise self.fail(name, "must be an object with value and mod_revision")
         inner = _Fields(value, f"{self.where}: {name}")
-        return Read(inner.str("value"), inner.int("mod_revision"))
+        return Read(inner.text("value"), inner.integer("mod_revision"))
 
 
 def _header(f: _Fields) -> Header:
-    if f.int("format") != FORMAT:
+    if f.integer("format") != FORMAT:
         raise f.fail("format", f"is {f.obj['format']}, this kustos reads format {FORMAT}")
     initial = f.obj.get("initial") or {}
     if not isinstance(initial, dict):
@@ -255,15 +262,15 @@ def _header(f: _Fields) -> Header:
         assert read is not None
         reads[key] = read
     return Header(
-        prefix=f.str("prefix"),
+        prefix=f.text("prefix"),
         keys=f.strings("keys"),
-        clients=f.int("clients"),
-        watchers=f.int("watchers", 0),
+        clients=f.integer("clients"),
+        watchers=f.integer("watchers", 0),
         endpoints=f.strings("endpoints"),
-        started=f.str("started", ""),
-        initial_revision=f.int("initial_revision"),
+        started=f.text("started", ""),
+        initial_revision=f.integer("initial_revision"),
         initial=reads,
-        scenario=f.str("scenario", ""),
+        scenario=f.text("scenario", ""),
     )
 
 
@@ -274,19 +281,19 @@ def _operation(f: _Fields) -> Operation:
     if succeeded is not None and not isinstance(succeeded, bool):
         raise f.fail("succeeded", f"must be true or false, not {succeeded!r}")
     op = Operation(
-        client=f.int("client"),
-        kind=kind,  # type: ignore[arg-type]
-        key=f.str("key"),
-        call=f.int("call"),
-        outcome=outcome,  # type: ignore[arg-type]
-        ret=f.opt_int("ret"),
-        value=f.opt_str("value"),
-        expected_mod_revision=f.opt_int("expected_mod_revision"),
-        revision=f.opt_int("revision"),
+        client=f.integer("client"),
+        kind=cast(OpKind, kind),
+        key=f.text("key"),
+        call=f.integer("call"),
+        outcome=cast(Outcome, outcome),
+        ret=f.opt_integer("ret"),
+        value=f.opt_text("value"),
+        expected_mod_revision=f.opt_integer("expected_mod_revision"),
+        revision=f.opt_integer("revision"),
         read=f.read("read"),
-        deleted=f.opt_int("deleted"),
+        deleted=f.opt_integer("deleted"),
         succeeded=succeeded,
-        error=f.opt_str("error"),
+        error=f.opt_text("error"),
     )
     if outcome == "ok":
         if op.ret is None:
@@ -316,8 +323,9 @@ def _events(f: _Fields) -> WatchEvents:
             raise f.fail(f"events[{i}]", "must be an object")
         e = _Fields(obj, f"{f.where}: events[{i}]")
         kind = e.choice("kind", ("put", "delete"))
-        events.append(Event(kind, e.str("key"), e.int("mod_revision"), e.str("value", "")))  # type: ignore[arg-type]
-    return WatchEvents(f.int("watcher"), f.int("time"), tuple(events))
+        event = Event(cast(EventKind, kind), e.text("key"), e.integer("mod_revision"), e.text("value", ""))
+        events.append(event)
+    return WatchEvents(f.integer("watcher"), f.integer("time"), tuple(events))
 
 
 Record: TypeAlias = Header | Operation | WatchStart | WatchEvents
@@ -338,7 +346,8 @@ def parse_line(line: str, where: str = "line") -> Record:
     if kind == "op":
         return _operation(f)
     if kind == "watch":
-        return WatchStart(f.int("watcher"), f.int("time"), f.int("start_revision"), f.str("endpoint", ""))
+        watcher, time = f.integer("watcher"), f.integer("time")
+        return WatchStart(watcher, time, f.integer("start_revision"), f.text("endpoint", ""))
     return _events(f)
 
 
@@ -361,8 +370,6 @@ def load_history(path: Path) -> History:
                 raise HistoryError(f"{path}: a second header")
             if isinstance(record, Operation):
                 history.operations.append(record)
-            elif isinstance(record, WatchStart):
-                history.watch_starts.append(record)
             else:
-                history.watch_events.append(record)
+                history.watches.append(record)
     return history
