@@ -40,7 +40,7 @@ def _own_source_version(module_dir: str, version: str) -> str:
     """A module of our own code is cached by its pinned dependency and a digest of its source,
     so that editing the model builds it again instead of reusing a stale binary."""
     digest = hashlib.sha256()
-    for path in sorted((GOMOD_DIR / module_dir).glob("*.go")) + [GOMOD_DIR / module_dir / "go.sum"]:
+    for path in [*sorted((GOMOD_DIR / module_dir).glob("*.go")), GOMOD_DIR / module_dir / "go.sum"]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return f"{version}-{digest.hexdigest()[:12]}"
 
@@ -158,6 +158,14 @@ def _default_version(name: str) -> str:
     if name == LINEARIZABILITY_CHECKER:
         return linearizability_checker().version
     return KUBERNETES_VERSION
+
+
+def ensure_built(binary: Binary, root: Path | None = None, log: Callable[[str], None] = print) -> Path:
+    """The binary's path, built first when it is missing (what `kustos dev build` does for it)."""
+    path = bin_dir(root) / binary.file_name
+    if not path.is_file():
+        build([binary], root, log)
+    return path
 
 
 def missing_binaries(root: Path | None = None) -> list[Binary]:
