@@ -132,6 +132,7 @@ class Recording:
     path: Path
     operations: int
     indeterminate: int
+    failed: int
     watch_events: int
     seconds: float
 
@@ -167,6 +168,7 @@ class _Journal:
         self.started = started
         self.operations = 0
         self.indeterminate = 0
+        self.failed = 0
         self.events = 0
         self.newest_revision = 0
         self.watched: dict[int, int] = {}  # watcher -> the newest revision it delivered
@@ -181,6 +183,7 @@ class _Journal:
     def operation(self, op: Operation) -> None:
         self.operations += 1
         self.indeterminate += op.outcome == "indeterminate"
+        self.failed += op.outcome == "failed"
         if op.outcome == "ok" and op.revision is not None:
             self.newest_revision = max(self.newest_revision, op.revision)
         self.write(record_line(op))
@@ -467,6 +470,7 @@ async def record(workload: Workload, path: Path, settle: float = 30.0) -> Record
             path=path,
             operations=journal.operations,
             indeterminate=journal.indeterminate,
+            failed=journal.failed,
             watch_events=journal.events,
             seconds=time.monotonic() - load_started,
         )
