@@ -54,6 +54,7 @@ MAX_DURATION = 4 * 3600.0
 MAX_OPERATIONS = 2_000_000
 MAX_RATE = 5_000.0
 CLUSTER_DOMAINS = (".svc", ".cluster.local")
+WATCH_SILENCE = 5.0  # seconds without a watch response before the watch is resumed elsewhere
 
 
 class WorkloadError(ValueError):
@@ -218,7 +219,10 @@ class _Gateway:
 
     @asynccontextmanager
     async def stream(self, path: str, body: Mapping[str, Any]) -> AsyncIterator[httpx.Response]:
-        async with self.http.stream("POST", self.endpoint + path, json=body, timeout=None) as response:
+        # A watch of a member that vanished without closing its connections would wait forever:
+        # a silent stream is given up and resumed elsewhere (harmless when it was only quiet).
+        timeout = httpx.Timeout(self.workload.request_timeout, read=WATCH_SILENCE)
+        async with self.http.stream("POST", self.endpoint + path, json=body, timeout=timeout) as response:
             yield response
 
 
@@ -292,13 +296,14 @@ async def _client(
             journal.operation(done)
             if done.outcome != "ok":
                 gateway.next_endpoint()
-            elif done.read is not None:
-                seen[key] = done.read.mod_revision
-            elif done.kind in ("put", "txn") and done.revision is not None and done.succeeded is not False:
-                seen[key] = done.revision
-            elif done.kind == "delete" or (done.kind == "get" and done.read is None):
+            elif done.kind == "get" or (done.kind == "txn" and not done.succeeded):
+                seen[key] = done.read.mod_revision if done.read is not None else 0
+            elif done.kind == "delete":
                 seen[key] = 0
-            next_at += interval
+            else:
+                seen[key] = done.revision or 0
+            # After a slow call, go on at the rate rather than in a burst that catches up.
+            next_at = max(next_at + interval, time.monotonic() - interval)
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     finally:
         await gateway.http.aclose()
