@@ -40,7 +40,7 @@ class Profile:
 
 PROFILES = {
     "short": Profile(clients=4, watchers=2, rate=150, duration=15, checker_timeout=60),
-    "full": Profile(clients=8, watchers=3, rate=400, duration=90, checker_timeout=600),
+    "full": Profile(clients=8, watchers=3, rate=300, duration=60, checker_timeout=600),
 }
 
 

@@ -13,6 +13,7 @@ from kustos.proof.check import (
     acknowledged_writes_lost,
     longest_write_outage,
     report_table,
+    resolve_indeterminate,
     watch_violations,
 )
 from kustos.proof.history import (
@@ -190,6 +191,41 @@ def test_an_indeterminate_write_may_show_up_at_any_revision() -> None:
         start(0, 2), events(12, put_event("/p/a", "v1", 2)), ops=[put("/p/a", "v1", 0, None, None)]
     )
     assert watch_violations(history) == []
+
+
+# ---- writes whose answer was lost, resolved by the watches ---------------------------------
+
+UNANSWERED = put("/p/b", "lost", 5, None, None, client=1)
+
+
+def test_an_unanswered_write_a_watch_delivered_was_applied_by_then() -> None:
+    history = watched(
+        start(0, 2),
+        events(12, put_event("/p/a", "v1", 2)),
+        events(25, put_event("/p/b", "lost", 3)),
+        events(35, put_event("/p/a", "v3", 4)),
+        ops=[WRITES[0], UNANSWERED, put("/p/a", "v3", 21, 30, 4)],
+    )
+    resolved = resolve_indeterminate(history).operations[1]
+    assert (resolved.outcome, resolved.revision, resolved.call, resolved.ret) == ("ok", 3, 5, 25)
+
+
+def test_an_unanswered_write_no_complete_watch_delivered_was_never_applied() -> None:
+    history = watched(start(0, 2), events(12, put_event("/p/a", "v1", 2)), ops=[WRITES[0], UNANSWERED])
+    assert resolve_indeterminate(history).operations == [WRITES[0]]
+
+
+def test_an_unanswered_write_stays_undecided_when_the_watches_have_a_gap() -> None:
+    ops = [WRITES[0], UNANSWERED, put("/p/a", "v3", 21, 30, 4)]
+    history = watched(
+        start(0, 2), events(12, put_event("/p/a", "v1", 2)), events(35, put_event("/p/a", "v3", 4)), ops=ops
+    )
+    assert resolve_indeterminate(history).operations == ops
+
+
+def test_a_watch_that_delivered_a_write_before_it_was_sent_decides_nothing() -> None:
+    history = watched(start(0, 2), events(3, put_event("/p/b", "lost", 2)), ops=[UNANSWERED])
+    assert resolve_indeterminate(history).operations == [UNANSWERED]
 
 
 # ---- outages and the report -----------------------------------------------------------------

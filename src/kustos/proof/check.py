@@ -15,14 +15,15 @@ Linearizability is porcupine's (the ``kustos-linearizability`` Go command, built
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from kustos.proof.history import Event, History, Operation, WatchStart, load_history
+from kustos.proof.history import Event, History, Operation, WatchStart, dump_history, load_history
 
 __all__ = [
     "CheckerError",
@@ -32,6 +33,7 @@ __all__ = [
     "check_history",
     "check_linearizability",
     "longest_write_outage",
+    "resolve_indeterminate",
     "watch_violations",
 ]
 
@@ -52,15 +54,24 @@ class Linearizability:
 
 
 def check_linearizability(
-    history_file: Path, checker: Path, timeout: float = 60.0, visualization: Path | None = None
+    history: History | Path, checker: Path, timeout: float = 60.0, visualization: Path | None = None
 ) -> Linearizability:
-    """Run porcupine on the file; ``visualization`` is written when it is not linearizable."""
+    """Run porcupine on a history (a file, or one in memory: sent on stdin); ``visualization``
+    is written when it is not linearizable."""
     command = [str(checker), "-timeout", f"{timeout}s"]
     if visualization is not None:
         command += ["-html", str(visualization)]
+    if isinstance(history, Path):
+        command.append(str(history))
+        text = None
+    else:
+        command.append("-")
+        out = io.StringIO()
+        dump_history(history, out)
+        text = out.getvalue()
     try:
         done = subprocess.run(
-            [*command, str(history_file)], capture_output=True, text=True, timeout=timeout + 30, check=False
+            command, input=text, capture_output=True, text=True, timeout=timeout + 30, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CheckerError(f"{checker}: {exc}") from exc
@@ -78,22 +89,98 @@ def check_linearizability(
         raise CheckerError(f"{checker}: unexpected output {done.stdout[:500]!r}") from exc
 
 
+def resolve_indeterminate(history: History) -> History:
+    """The history with what the watches tell of writes whose answer was lost.
+
+    An unanswered write may take effect at any point after its call, so porcupine must try it
+    everywhere: a handful in a long history make the search minutes long (etcd's robustness
+    tests patch their histories the same way). Puts and transactions write values unique in
+    the run, so a watch that delivered one says it was applied, at which revision, and before
+    the delivery: it becomes an answered write. One no watcher delivered, while a watcher saw
+    every revision up to the newest any call was told of, was never applied (or only after the
+    recording ended): it is left out. This trusts the watches only as far as the watch checks
+    prove them complete; a watch that lied about a write would leave the revisions of the
+    answered calls unexplained, which porcupine refuses.
+    """
+    delivered: dict[str, tuple[int, int]] = {}  # value -> (revision, first delivery time)
+    for response in history.watch_events:
+        for event in response.events:
+            if event.kind == "put" and event.value not in delivered:
+                delivered[event.value] = (event.mod_revision, response.time)
+    newest = max((op.revision for op in history.operations if op.outcome == "ok" and op.revision), default=0)
+    complete = any(last >= newest for last in _contiguous_coverage(history).values())
+    operations = []
+    for op in history.operations:
+        if op.outcome != "indeterminate" or op.kind not in ("put", "txn") or op.value is None:
+            operations.append(op)
+            continue
+        seen = delivered.get(op.value)
+        if seen is not None and seen[1] >= op.call:
+            revision, at = seen
+            operations.append(replace(op, outcome="ok", ret=at, revision=revision,
+                                      succeeded=True if op.kind == "txn" else None))  # fmt: skip
+        elif seen is None and complete:
+            continue
+        else:
+            operations.append(op)
+    return replace(history, operations=operations)
+
+
+def _contiguous_coverage(history: History) -> dict[int, int]:
+    """Per watcher, the newest revision up to which it delivered every revision without a gap."""
+    covered: dict[int, int] = {}
+    broken: set[int] = set()
+    for record in history.watches:
+        watcher = record.watcher
+        if watcher in broken:
+            continue
+        if isinstance(record, WatchStart):
+            last = covered.get(watcher, history.header.initial_revision)
+            if record.start_revision > last + 1:
+                broken.add(watcher)
+            covered.setdefault(watcher, last)
+            continue
+        for event in record.events:
+            last = covered.get(watcher, history.header.initial_revision)
+            if event.mod_revision == last + 1:
+                covered[watcher] = event.mod_revision
+            elif event.mod_revision > last + 1:
+                broken.add(watcher)
+                break
+    return {w: rev for w, rev in covered.items() if w not in broken}
+
+
 # ------------------------------------------------------------------------- watches
 
 
-def _writes_by_value(history: History) -> dict[str, Operation]:
-    return {op.value: op for op in history.operations if op.value is not None and op.kind in ("put", "txn")}
+@dataclass(frozen=True)
+class _Writes:
+    """The clients' writes, found by what a watch event carries: a put's value, a delete's key."""
+
+    by_value: dict[str, Operation]
+    deletes_by_key: dict[str, list[Operation]]
+
+    @classmethod
+    def of(cls, history: History) -> _Writes:
+        by_value: dict[str, Operation] = {}
+        deletes: dict[str, list[Operation]] = defaultdict(list)
+        for op in history.operations:
+            if op.kind == "delete":
+                deletes[op.key].append(op)
+            elif op.value is not None and op.kind in ("put", "txn"):
+                by_value[op.value] = op
+        return cls(by_value, dict(deletes))
 
 
-def _event_matches_a_write(event: Event, seen_at: int, history: History, writes: dict[str, Operation]) -> str:
+def _event_matches_a_write(event: Event, seen_at: int, writes: _Writes) -> str:
     """Why this event is not a write some client made (empty: it is one)."""
     if event.kind == "put":
-        op = writes.get(event.value)
+        op = writes.by_value.get(event.value)
         if op is None or op.key != event.key:
             return f"put {event.key}={event.value!r} at revision {event.mod_revision}: no client wrote it"
         candidates = [op]
     else:
-        candidates = [o for o in history.operations if o.kind == "delete" and o.key == event.key]
+        candidates = writes.deletes_by_key.get(event.key, [])
         if not candidates:
             return f"delete of {event.key} at revision {event.mod_revision}: no client deleted it"
     for op in candidates:
@@ -110,7 +197,7 @@ def _event_matches_a_write(event: Event, seen_at: int, history: History, writes:
 def watch_violations(history: History) -> list[str]:
     """Every breach of the watch guarantees, one sentence each (empty: none)."""
     problems: list[str] = []
-    writes = _writes_by_value(history)
+    writes = _Writes.of(history)
     last: dict[int, int] = {}  # watcher -> the newest revision it delivered (or started before)
     per_key: dict[int, dict[str, int]] = defaultdict(dict)
     for record in history.watches:
@@ -141,7 +228,7 @@ def watch_violations(history: History) -> list[str]:
                 )
             per_key[watcher][event.key] = rev
             last[watcher] = max(rev, newest or 0)
-            why = _event_matches_a_write(event, record.time, history, writes)
+            why = _event_matches_a_write(event, record.time, writes)
             if why:
                 problems.append(f"watcher {watcher}: {why}")
     return problems
@@ -232,7 +319,7 @@ def check_history(
 ) -> Verdict:
     """Everything the report says of one recorded history."""
     history = load_history(history_file)
-    linearizability = check_linearizability(history_file, checker, timeout, visualization)
+    linearizability = check_linearizability(resolve_indeterminate(history), checker, timeout, visualization)
     answered = [op for op in history.operations if op.outcome == "ok" and op.ret is not None]
     span = (max(op.ret for op in answered if op.ret) - min(op.call for op in answered)) if answered else 0
     return Verdict(

@@ -11,7 +11,7 @@
 // An indeterminate write (no answer) never returns: porcupine may place it anywhere after
 // its call, and placing it after everything else is the same as never applying it.
 //
-// Usage: kustos-linearizability [-timeout 60s] [-html report.html] HISTORY.jsonl
+// Usage: kustos-linearizability [-timeout 60s] [-html report.html] HISTORY.jsonl (- reads stdin)
 // Prints one JSON object: {"result": "Ok"|"Illegal"|"Unknown", "operations": N, ...}.
 // Exit status: 0 linearizable, 1 not, 2 undecided within the timeout, 3 bad input.
 package main
@@ -193,11 +193,15 @@ func describeOperation(in, out interface{}) string {
 }
 
 func load(path string) (state, []porcupine.Operation, error) {
-	file, err := os.Open(path)
-	if err != nil {
-		return state{}, nil, err
+	file := os.Stdin
+	if path != "-" {
+		opened, err := os.Open(path)
+		if err != nil {
+			return state{}, nil, err
+		}
+		defer opened.Close()
+		file = opened
 	}
-	defer file.Close()
 	scanner := bufio.NewScanner(file)
 	scanner.Buffer(make([]byte, 1<<20), 1<<26)
 	var init *state
