@@ -517,15 +517,22 @@ def proof_check(
     failures: Annotated[str, typer.Option(help="What was injected, for the report.")] = "none",
     timeout: Annotated[float, typer.Option(help="Seconds porcupine may take per history.")] = 120.0,
 ) -> None:
-    """Check histories (linearizability, watch guarantees, lost writes) and print the report table."""
+    """Check histories (linearizability, watch guarantees, lost writes) and print the report table.
+
+    Exits 1 when a history fails, 2 when one cannot be read."""
     from kustos.devcluster import binaries
-    from kustos.proof.check import check_history, report_table
+    from kustos.proof.check import CheckerError, check_history, report_table
+    from kustos.proof.history import HistoryError
 
     checker = binaries.ensure_built(binaries.linearizability_checker(), log=console.print)
-    verdicts = [
-        check_history(path, checker, failures, timeout, visualization=path.with_suffix(".html"))
-        for path in histories
-    ]
+    try:
+        verdicts = [
+            check_history(path, checker, failures, timeout, visualization=path.with_suffix(".html"))
+            for path in histories
+        ]
+    except (HistoryError, CheckerError, OSError) as err:
+        console.print(str(err), style="red", markup=False)
+        raise typer.Exit(2) from err
     console.out(report_table(verdicts))
     for verdict in verdicts:
         for problem in verdict.watch_problems[:20]:
