@@ -215,3 +215,33 @@ def test_the_verdict_adds_the_watch_checks_to_linearizability(checker: Path, tmp
     assert verdict.watch_problems == ["watcher 0: revisions 2..2 missing"]
     assert verdict.writes_lost == 1
     assert verdict.verdict == "watch guarantees broken" and not verdict.passed
+
+
+def test_kustos_proof_check_prints_the_report_and_fails_on_a_bad_history(
+    checker: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from kustos.cli import app
+
+    good_dir, bad_dir = tmp_path / "good", tmp_path / "bad"
+    good_dir.mkdir()
+    bad_dir.mkdir()
+    good = written(good_dir, *LINEARIZABLE["sequential writes and reads"])
+    bad = written(bad_dir, *NOT_LINEARIZABLE["an acknowledged write lost"])
+    runner = CliRunner(env={"COLUMNS": "300", "TERMINAL_WIDTH": "300"})
+
+    passed = runner.invoke(app, ["proof", "check", str(good), "--failures", "none"])
+    assert passed.exit_code == 0, passed.output
+    assert "| linearizable | 0 |" in passed.output
+
+    failed = runner.invoke(app, ["proof", "check", str(good), str(bad)])
+    assert failed.exit_code == 1
+    assert "| NOT linearizable |" in failed.output
+    assert (bad_dir / "history.html").is_file()
+
+    unreadable = tmp_path / "unreadable.jsonl"
+    unreadable.write_text('{"type": "header", "format": 1}\n')
+    refused = runner.invoke(app, ["proof", "check", str(unreadable)])
+    assert refused.exit_code == 2
+    assert "field 'prefix' is missing" in refused.output
