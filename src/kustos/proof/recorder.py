@@ -135,6 +135,7 @@ class Recording:
     indeterminate: int
     failed: int
     watch_events: int
+    watch_resumes: int  # watches started again after their stream broke
     seconds: float
 
 
@@ -171,6 +172,7 @@ class _Journal:
         self.indeterminate = 0
         self.failed = 0
         self.events = 0
+        self.watch_starts = 0
         self.newest_revision = 0
         self.watched: dict[int, int] = {}  # watcher -> the newest revision it delivered
         self.watch_progress = asyncio.Event()
@@ -325,6 +327,7 @@ async def _watcher(
                     "start_revision": next_revision,
                 }
             }
+            journal.watch_starts += 1
             journal.write(record_line(WatchStart(number, journal.now(), next_revision, gateway.endpoint)))
             try:
                 async with gateway.stream("/v3/watch", body) as response:
@@ -477,5 +480,6 @@ async def record(workload: Workload, path: Path, settle: float = 30.0) -> Record
             indeterminate=journal.indeterminate,
             failed=journal.failed,
             watch_events=journal.events,
+            watch_resumes=journal.watch_starts - workload.watchers,
             seconds=time.monotonic() - load_started,
         )
