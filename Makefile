@@ -8,7 +8,7 @@ UV := $(KUSTOS_CACHE)/tools/uv-$(UV_VERSION)/bin/uv
 VENV := .venv
 KUSTOS := $(VENV)/bin/kustos
 
-.PHONY: dev-up dev-down test lint build-binaries crds chart
+.PHONY: dev-up dev-down test lint build-binaries crds chart proof
 
 # The embedded default: local control plane plus a sample workload (F-DEV-3).
 dev-up: $(VENV)/.synced
@@ -25,6 +25,18 @@ test: $(VENV)/.synced
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/pytest
+
+# The proof suite (docs/proof.md): histories recorded under injected failures, checked for
+# linearizability, watch guarantees and lost writes; prints the report table. `make test` runs
+# the same scenarios with the short profile; PROOF_PROFILE=full is the documented run.
+PROOF_PROFILE ?= full
+PROOF_DIR ?= $(KUSTOS_CACHE)/proof
+proof: $(VENV)/.synced
+	$(KUSTOS) dev build
+	mkdir -p $(PROOF_DIR) && rm -f $(PROOF_DIR)/report.md
+	KUSTOS_PROOF_PROFILE=$(PROOF_PROFILE) KUSTOS_PROOF_DIR=$(PROOF_DIR) KUSTOS_PROOF_REPORT=$(PROOF_DIR)/report.md \
+		$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_proof.py; \
+		status=$$?; cat $(PROOF_DIR)/report.md 2>/dev/null; echo "histories: $(PROOF_DIR)"; exit $$status
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -37,6 +37,8 @@ app.add_typer(dev, name="dev")
 app.add_typer(etcd_cli.etcd, name="etcd")
 app.add_typer(upgrade_cli.storage, name="storage")
 app.command("purge-node")(purge_cli.purge_node)
+proof = typer.Typer(help="Record histories of clients on a test etcd cluster and check them (docs/proof.md).")
+app.add_typer(proof, name="proof")
 
 # kustos.devcluster.cluster.DEFAULT_NAME (a unit test holds them equal), not imported from there.
 DEFAULT_NAME = "kustos"
@@ -476,6 +478,69 @@ def chart(
         return
     for path in chart_files.write(write):
         console.print(f"wrote {path}")
+
+
+@proof.command("record")
+def proof_record(
+    endpoint: Annotated[list[str], typer.Option(help="An etcd client URL (repeatable): test clusters only.")],
+    out: Annotated[Path, typer.Option(help="The history file to write (JSON lines).")],
+    scenario: Annotated[str, typer.Option(help="The report's name for this run.")] = "",
+    clients: Annotated[int, typer.Option(help="Concurrent clients.")] = 4,
+    watchers: Annotated[int, typer.Option(help="Concurrent watches of the whole prefix.")] = 2,
+    rate: Annotated[float, typer.Option(help="Calls a second, all clients together.")] = 200.0,
+    duration: Annotated[float, typer.Option(help="Seconds of load at most.")] = 10.0,
+    max_operations: Annotated[int, typer.Option(help="Calls at most.")] = 20_000,
+    prefix: Annotated[str, typer.Option(help="The keys' prefix; nothing else may write the cluster.")] = (
+        "/kustos-proof/"
+    ),
+) -> None:
+    """Load an etcd cluster with gets, puts, deletes, transactions and watches; record every call."""
+    from kustos.proof.recorder import Workload, WorkloadError, record
+
+    try:
+        workload = Workload(
+            tuple(endpoint), clients=clients, watchers=watchers, rate=rate, duration=duration,
+            max_operations=max_operations, prefix=prefix, scenario=scenario,
+        )  # fmt: skip
+    except WorkloadError as err:
+        raise typer.BadParameter(str(err)) from err
+    recording = asyncio.run(record(workload, out))
+    console.print(
+        f"recorded {recording.operations} calls ({recording.indeterminate} indeterminate) and "
+        f"{recording.watch_events} watch events in {recording.seconds:.1f}s into {recording.path}"
+    )
+
+
+@proof.command("check")
+def proof_check(
+    histories: Annotated[list[Path], typer.Argument(help="History files written by `kustos proof record`.")],
+    failures: Annotated[str, typer.Option(help="What was injected, for the report.")] = "none",
+    timeout: Annotated[float, typer.Option(help="Seconds porcupine may take per history.")] = 120.0,
+) -> None:
+    """Check histories (linearizability, watch guarantees, lost writes) and print the report table.
+
+    Exits 1 when a history fails, 2 when one cannot be read."""
+    from kustos.devcluster import binaries
+    from kustos.proof.check import CheckerError, check_history, report_table
+    from kustos.proof.history import HistoryError
+
+    checker = binaries.ensure_built(binaries.linearizability_checker(), log=console.print)
+    try:
+        verdicts = [
+            check_history(path, checker, failures, timeout, visualization=path.with_suffix(".html"))
+            for path in histories
+        ]
+    except (HistoryError, CheckerError, OSError) as err:
+        console.print(str(err), style="red", markup=False)
+        raise typer.Exit(2) from err
+    console.out(report_table(verdicts))
+    for verdict in verdicts:
+        for problem in verdict.watch_problems[:20]:
+            console.print(f"{verdict.scenario}: {problem}", markup=False)
+        if verdict.linearizability.visualization:
+            console.print(f"{verdict.scenario}: porcupine's picture: {verdict.linearizability.visualization}")
+    if not all(v.passed for v in verdicts):
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ def test_every_binary_the_dev_cluster_needs_is_built() -> None:
             "versitygw": 1,
             "helm": 1,
             "coredns": 1,
+            "kustos-linearizability": 1,
         }
     )
 
@@ -107,7 +108,10 @@ def _required_versions(go_mod: Path) -> dict[str, str]:
     return dict(re.findall(r"^\s*(?:require\s+)?([\w.\-/]+\.[\w.\-/]+)\s+(v\S+)", text, re.MULTILINE))
 
 
-@pytest.mark.parametrize("binary", all_binaries(), ids=lambda b: b.file_name)
+THIRD_PARTY = [b for b in all_binaries() if not b.package.startswith("kustos.dev/")]
+
+
+@pytest.mark.parametrize("binary", THIRD_PARTY, ids=lambda b: b.file_name)
 def test_each_binary_is_the_version_its_wrapper_module_pins(binary: binaries.Binary) -> None:
     module = GOMOD_DIR / binary.module_dir
     pinned = _required_versions(module / "go.mod")
@@ -116,6 +120,24 @@ def test_each_binary_is_the_version_its_wrapper_module_pins(binary: binaries.Bin
     assert owners, f"{binary.package} is not required by {module}/go.mod"
     assert pinned[max(owners, key=len)] == binary.version
     assert f'_ "{binary.package}"' in (module / "tools.go").read_text()
+
+
+def test_the_linearizability_checker_pins_porcupine_and_is_rebuilt_when_its_model_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checker = binaries.linearizability_checker()
+    pinned = _required_versions(GOMOD_DIR / "porcupine" / "go.mod")
+    assert pinned["github.com/anishathalye/porcupine"] == binaries.PORCUPINE_VERSION
+    assert checker.version.startswith(binaries.PORCUPINE_VERSION + "-")
+
+    module = tmp_path / "porcupine"
+    module.mkdir()
+    for name in ("main.go", "go.sum"):
+        (module / name).write_bytes((GOMOD_DIR / "porcupine" / name).read_bytes())
+    monkeypatch.setattr(binaries, "GOMOD_DIR", tmp_path)
+    assert binaries.linearizability_checker().version == checker.version
+    (module / "main.go").write_text((module / "main.go").read_text() + "// changed\n")
+    assert binaries.linearizability_checker().version != checker.version
 
 
 # ---- where binaries live ------------------------------------------------------------------

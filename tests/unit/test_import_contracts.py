@@ -47,6 +47,7 @@ def tree(tmp_path: Path) -> Path:
         ("storage/planner.py", "import kustos.etcd.planner", "families do not import each other"),
         ("etcd/planner.py", "import kustos.devcluster.cluster", "devcluster/ is imported by nothing"),
         ("api/etcd.py", "import kustos.storage.controller", "api/ (the models"),
+        ("etcd/controller.py", "import kustos.proof.recorder", "proof/ (the history recorder and checker)"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(

@@ -7,6 +7,7 @@ runs for what is missing. Nothing is downloaded but Go modules.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -29,6 +30,19 @@ VERSITYGW_VERSION = "v1.8.0"
 HELM_VERSION = "v4.3.1"
 # The dev cluster's cluster DNS (kubernetes plugin serving cluster.local on the pod bridge).
 COREDNS_VERSION = "v1.14.7"
+# The linearizability checker of the proof suite (src/kustos/proof): porcupine and our etcd
+# model around it (gomod/porcupine/main.go).
+PORCUPINE_VERSION = "v1.3.1"
+LINEARIZABILITY_CHECKER = "kustos-linearizability"
+
+
+def _own_source_version(module_dir: str, version: str) -> str:
+    """A module of our own code is cached by its pinned dependency and a digest of its source,
+    so that editing the model builds it again instead of reusing a stale binary."""
+    digest = hashlib.sha256()
+    for path in [*sorted((GOMOD_DIR / module_dir).glob("*.go")), GOMOD_DIR / module_dir / "go.sum"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"{version}-{digest.hexdigest()[:12]}"
 
 
 def _kubernetes_ldflags(version: str) -> list[str]:
@@ -99,6 +113,7 @@ def all_binaries() -> list[Binary]:
         )
     )
     binaries.append(Binary("coredns", COREDNS_VERSION, "coredns", "github.com/coredns/coredns"))
+    binaries.append(linearizability_checker())
     for command in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
         binaries.append(
             Binary(
@@ -110,6 +125,12 @@ def all_binaries() -> list[Binary]:
             )
         )
     return binaries
+
+
+def linearizability_checker() -> Binary:
+    """The proof suite's checker: porcupine with kustos's model of etcd's KV (our own main package)."""
+    version = _own_source_version("porcupine", PORCUPINE_VERSION)
+    return Binary(LINEARIZABILITY_CHECKER, version, "porcupine", "kustos.dev/devcluster/porcupine")
 
 
 def bin_dir(root: Path | None = None) -> Path:
@@ -134,7 +155,17 @@ def _default_version(name: str) -> str:
         return HELM_VERSION
     if name == "coredns":
         return COREDNS_VERSION
+    if name == LINEARIZABILITY_CHECKER:
+        return linearizability_checker().version
     return KUBERNETES_VERSION
+
+
+def ensure_built(binary: Binary, root: Path | None = None, log: Callable[[str], None] = print) -> Path:
+    """The binary's path, built first when it is missing (what `kustos dev build` does for it)."""
+    path = bin_dir(root) / binary.file_name
+    if not path.is_file():
+        build([binary], root, log)
+    return path
 
 
 def missing_binaries(root: Path | None = None) -> list[Binary]:
