@@ -19,6 +19,7 @@ from kustos.api.maintenance import (
 )
 from kustos.api.nodeimage import NodeImage, NodeImageSpec, NodeImageStatus
 from kustos.api.storage import NodeHealth, StorageCluster, StorageClusterSpec, StorageClusterStatus
+from kustos.kubectl_plugin import cluster_rows, member_rows
 from kustos.metrics.collector import DomainCollector, Sources
 from kustos.metrics.facts import etcd_cluster_facts, schedule_period
 from kustos.runtime.clock import FixedClock
@@ -205,3 +206,20 @@ def test_an_unreadable_object_is_left_out_not_fatal() -> None:
 def test_facts_of_a_cluster_not_yet_observed() -> None:
     facts = etcd_cluster_facts(_obj(EtcdCluster(spec=EtcdClusterSpec()), "a"), [], NOW)
     assert (facts.members, facts.phase, facts.leader) == ((), None, None)
+
+
+def test_the_plugin_says_what_the_metrics_say() -> None:
+    cluster = _cluster(
+        _member(0), _member(1, leader=True), _member(2, healthy=False, down_for=120),
+        backup=BackupSchedule(interval="30m"),
+    )  # fmt: skip
+    facts = etcd_cluster_facts(cluster, [_backup("b", NOW - timedelta(hours=2), 3 * 1024 * 1024)], NOW)
+    rows = dict(cluster_rows(facts, NOW))
+    assert rows["quorum margin"].startswith("0: AT RISK")
+    assert rows["leader"] == "a-1 (index 1)"
+    assert rows["healthy voters"] == "2/3"
+    assert rows["last backup"] == "2h ago, 3.0 MiB (OVERDUE)"
+    assert rows["backup schedule"] == "every 30m"
+    members = {row[0]: row for row in member_rows(facts)}
+    assert members["a-2"][2] == "NO, for 2m (past its failure timeout)"
+    assert members["a-1"][3] == "leader"
