@@ -25,7 +25,7 @@ from kustos.api.nodejob import NodeJob
 from kustos.api.storage import StorageCluster
 from kustos.etcd import cli as etcd_cli
 from kustos.maintenance import purge_cli
-from kustos.metrics.facts import EtcdClusterFacts, MemberFacts, etcd_cluster_facts
+from kustos.metrics.facts import EtcdClusterFacts, MemberFacts, etcd_cluster_facts, last_backups
 from kustos.runtime import objects
 
 app = typer.Typer(
@@ -213,7 +213,7 @@ async def _one_cluster(
 
 
 def _show_cluster(cluster: Obj, backups: list[Obj], now: datetime) -> None:
-    facts = etcd_cluster_facts(cluster, backups, now)
+    facts = etcd_cluster_facts(cluster, last_backups(backups), now)
     table = Table(
         title=f"EtcdCluster {facts.namespace}/{facts.name}", title_justify="left", show_header=False
     )

@@ -21,7 +21,7 @@ from kustos.api.nodeimage import NodeImage, NodeImageSpec, NodeImageStatus
 from kustos.api.storage import NodeHealth, StorageCluster, StorageClusterSpec, StorageClusterStatus
 from kustos.kubectl_plugin import cluster_rows, member_rows
 from kustos.metrics.collector import DomainCollector, Sources
-from kustos.metrics.facts import etcd_cluster_facts, schedule_period
+from kustos.metrics.facts import etcd_cluster_facts, last_backups, schedule_period
 from kustos.runtime.clock import FixedClock
 from kustos.runtime.times import rfc3339
 
@@ -107,6 +107,7 @@ def test_newest_succeeded_backup_and_the_schedule_period() -> None:
         _backup("old", NOW - timedelta(hours=7), 100),
         _backup("new", NOW - timedelta(hours=1), 200),
         _backup("failed", NOW, 0, phase="Failed"),
+        {**_backup("elsewhere", NOW, 999), "metadata": {"name": "elsewhere", "namespace": "other"}},
     ]
     registry = _scrape(Sources(etcd_clusters=lambda: [cluster], etcd_backups=lambda: backups))
     nn = {"namespace": "db", "name": "a"}
@@ -204,7 +205,7 @@ def test_an_unreadable_object_is_left_out_not_fatal() -> None:
 
 
 def test_facts_of_a_cluster_not_yet_observed() -> None:
-    facts = etcd_cluster_facts(_obj(EtcdCluster(spec=EtcdClusterSpec()), "a"), [], NOW)
+    facts = etcd_cluster_facts(_obj(EtcdCluster(spec=EtcdClusterSpec()), "a"), {}, NOW)
     assert (facts.members, facts.phase, facts.leader) == ((), None, None)
 
 
@@ -213,7 +214,8 @@ def test_the_plugin_says_what_the_metrics_say() -> None:
         _member(0), _member(1, leader=True), _member(2, healthy=False, down_for=120),
         backup=BackupSchedule(interval="30m"),
     )  # fmt: skip
-    facts = etcd_cluster_facts(cluster, [_backup("b", NOW - timedelta(hours=2), 3 * 1024 * 1024)], NOW)
+    backups = last_backups([_backup("b", NOW - timedelta(hours=2), 3 * 1024 * 1024)])
+    facts = etcd_cluster_facts(cluster, backups, NOW)
     rows = dict(cluster_rows(facts, NOW))
     assert rows["quorum margin"].startswith("0: AT RISK")
     assert rows["leader"] == "a-1 (index 1)"

@@ -1,6 +1,7 @@
 """The generated files of the Helm chart (deploy/helm/kustos): its CRDs template,
-values.schema.json and the Grafana dashboard. Generated, never edited: ``kustos chart --write deploy/helm/kustos``
-regenerates them and a unit test fails when they are stale (as for deploy/crds).
+values.schema.json and the Grafana dashboard. Generated, never edited:
+``kustos chart --write deploy/helm/kustos`` regenerates them and a unit test fails when they
+are stale (as for deploy/crds).
 """
 
 from __future__ import annotations

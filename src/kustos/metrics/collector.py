@@ -27,6 +27,7 @@ from kustos.metrics.facts import (
     Obj,
     StorageClusterFacts,
     etcd_cluster_facts,
+    last_backups,
     maintenance_facts,
     node_image_facts,
     storage_cluster_facts,
@@ -268,7 +269,7 @@ class DomainCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         now = self.clock.now()
-        backups = list(self.sources.etcd_backups())
+        backups = last_backups(self.sources.etcd_backups())
         yield from etcd_metrics(
             _facts("EtcdCluster", self.sources.etcd_clusters(), lambda o: etcd_cluster_facts(o, backups, now))
         )

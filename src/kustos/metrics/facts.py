@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from cronsim import CronSim, CronSimError
+from pydantic import ValidationError
 
 from kustos.api.backup import BackupSchedule, EtcdBackup
 from kustos.api.etcd import EtcdCluster
@@ -178,8 +179,29 @@ def _true_condition(conditions: Iterable[Any], type_: str) -> str | None:
     return None
 
 
-def etcd_cluster_facts(obj: Obj, backups: Iterable[Obj], now: datetime) -> EtcdClusterFacts:
-    """The facts of one EtcdCluster (a cache dict) and the succeeded backups among ``backups``."""
+LastBackups = Mapping[tuple[str, str], tuple[datetime, int | None]]
+"""(namespace, cluster) -> completion time and size of its newest Succeeded EtcdBackup."""
+
+
+def last_backups(backups: Iterable[Obj]) -> LastBackups:
+    """The newest Succeeded backup of each cluster, in one pass (not one per cluster)."""
+    newest: dict[tuple[str, str], tuple[datetime, int | None]] = {}
+    for backup in backups:
+        try:
+            b = EtcdBackup.model_validate(backup)
+        except ValidationError:
+            continue  # a backup that does not parse is no proof of a good one
+        if b.status is None or b.status.phase != "Succeeded":
+            continue
+        done = parse_rfc3339(b.status.completion_time)
+        key = (objects.namespace(backup) or "", b.spec.cluster_name)
+        if done is not None and (key not in newest or done > newest[key][0]):
+            newest[key] = (done, b.status.size)
+    return newest
+
+
+def etcd_cluster_facts(obj: Obj, backups: LastBackups, now: datetime) -> EtcdClusterFacts:
+    """The facts of one EtcdCluster (a cache dict), with the newest backups (``last_backups``)."""
     cluster = EtcdCluster.model_validate(obj)
     status = cluster.status
     name, namespace = objects.name(obj), objects.namespace(obj) or ""
@@ -211,14 +233,7 @@ def etcd_cluster_facts(obj: Obj, backups: Iterable[Obj], now: datetime) -> EtcdC
             if isinstance(a, Mapping)
         )
     )
-    last_time, last_size = None, None
-    for backup in backups:
-        b = EtcdBackup.model_validate(backup)
-        if b.spec.cluster_name != name or b.status is None or b.status.phase != "Succeeded":
-            continue
-        done = parse_rfc3339(b.status.completion_time)
-        if done is not None and (last_time is None or done > last_time):
-            last_time, last_size = done, b.status.size
+    last_time, last_size = backups.get((namespace, name), (None, None))
     spec = cluster.spec
     return EtcdClusterFacts(
         namespace=namespace,
