@@ -27,13 +27,13 @@ async def test_quorum_at_risk_fires_while_a_member_is_down_and_clears_when_it_is
     status = await wait_healthy(kubectl, "m", 3)
     leader = next(m["name"] for m in status["members"] if m["leader"])
     ns = kubectl.namespace
-    nn = f'{{namespace="{ns}",name="m"}}'
+    nn = f'{{name="m",namespace="{ns}"}}'  # the exposition sorts labels by name
 
     scraped = operator.metrics()
     assert scraped[f"kustos_etcdcluster_healthy_voters{nn}"] == 3
     assert scraped[f"kustos_etcdcluster_quorum_margin{nn}"] == 1
     assert scraped[f"kustos_etcdcluster_leader_member_index{nn}"] == int(leader.rsplit("-", 1)[1])
-    assert scraped[f'kustos_etcdcluster_phase{{namespace="{ns}",name="m",phase="Running"}}'] == 1
+    assert scraped[f'kustos_etcdcluster_phase{{name="m",namespace="{ns}",phase="Running"}}'] == 1
 
     start = time.time()
     with running_prometheus(f"127.0.0.1:{operator.metrics_port}", tmp_path / "prometheus") as prometheus:
