@@ -47,6 +47,8 @@ def tree(tmp_path: Path) -> Path:
         ("storage/planner.py", "import kustos.etcd.planner", "families do not import each other"),
         ("etcd/planner.py", "import kustos.devcluster.cluster", "devcluster/ is imported by nothing"),
         ("api/etcd.py", "import kustos.storage.controller", "api/ (the models"),
+        ("metrics/facts.py", "import kustos.etcd.observe", "metrics/ reads the models' status only"),
+        ("etcd/controller.py", "import kustos.metrics.facts", "no family imports metrics/"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(
