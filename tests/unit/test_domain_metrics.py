@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,9 +20,11 @@ from kustos.api.maintenance import (
 from kustos.api.nodeimage import NodeImage, NodeImageSpec, NodeImageStatus
 from kustos.api.storage import NodeHealth, StorageCluster, StorageClusterSpec, StorageClusterStatus
 from kustos.kubectl_plugin import cluster_rows, member_rows
-from kustos.metrics.collector import DomainCollector, Sources
+from kustos.metrics.collector import DomainCollector, Sources, register
 from kustos.metrics.facts import etcd_cluster_facts, last_backups, schedule_period
 from kustos.runtime.clock import FixedClock
+from kustos.runtime.manager import Manager
+from kustos.runtime.metrics import Metrics
 from kustos.runtime.times import rfc3339
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -225,3 +227,38 @@ def test_the_plugin_says_what_the_metrics_say() -> None:
     members = {row[0]: row for row in member_rows(facts)}
     assert members["a-2"][2] == "NO, for 2m (past its failure timeout)"
     assert members["a-1"][3] == "leader"
+
+
+class _FakeInformer:
+    def __init__(self, items: list[dict[str, Any]]) -> None:
+        self.items = items
+
+    def list(self) -> list[dict[str, Any]]:
+        return self.items
+
+
+class _FakeManager:
+    """What ``register`` uses of a Manager: its shared informers and its metrics registry."""
+
+    def __init__(self, caches: dict[str, list[dict[str, Any]]]) -> None:
+        self.caches = caches
+        self.asked: list[str] = []
+        self.metrics = Metrics(CollectorRegistry())
+
+    def informer(self, ref: Any) -> _FakeInformer:
+        self.asked.append(ref.kind)
+        return _FakeInformer(self.caches.get(ref.kind, []))
+
+
+def test_register_reads_only_the_caches_of_the_controllers_that_run() -> None:
+    image = _obj(
+        NodeImage(spec=NodeImageSpec(image="ami-2"), status=NodeImageStatus(outdated=["n1"])), "w", None
+    )
+    manager = _FakeManager({"NodeImage": [image], "EtcdCluster": [_cluster(_member(0, leader=True))]})
+
+    register(cast(Manager, manager), ["nodeimage", "nodejob"], FixedClock(NOW))
+
+    assert manager.asked == ["NodeImage"]  # no EtcdCluster watch: its controller does not run
+    registry = manager.metrics.registry
+    assert _value(registry, "kustos_nodeimage_nodes", name="w", state="outdated") == 1
+    assert _value(registry, "kustos_etcdcluster_members", namespace="db", name="a") is None
