@@ -134,11 +134,17 @@ def cluster_rows(f: EtcdClusterFacts, now: datetime) -> list[tuple[str, str]]:
     else:
         quorum = f"{margin} (needs {f.quorum} healthy voters)"
     leader = f.leader
+    due_since = f.backup_overdue_since
+    overdue = (
+        f.backup_interval_seconds is not None
+        and due_since is not None
+        and (now - due_since).total_seconds() > 2 * f.backup_interval_seconds
+    )
     backup = "none"
     if f.last_backup_time is not None:
         age = (now - f.last_backup_time).total_seconds()
-        overdue = f.backup_interval_seconds is not None and age > 2 * f.backup_interval_seconds
-        backup = f"{_age(age)} ago, {_size(f.last_backup_size)}" + (" (OVERDUE)" if overdue else "")
+        backup = f"{_age(age)} ago, {_size(f.last_backup_size)}"
+    backup += " (OVERDUE)" if overdue else ""
     every = f.backup_interval_seconds
     return [
         ("phase", f.phase or "-"),

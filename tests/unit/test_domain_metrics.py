@@ -262,3 +262,15 @@ def test_register_reads_only_the_caches_of_the_controllers_that_run() -> None:
     registry = manager.metrics.registry
     assert _value(registry, "kustos_nodeimage_nodes", name="w", state="outdated") == 1
     assert _value(registry, "kustos_etcdcluster_members", namespace="db", name="a") is None
+
+
+def test_a_schedule_that_never_produced_a_backup_is_overdue_from_the_clusters_creation() -> None:
+    cluster = _cluster(_member(0, leader=True), size=1, backup=BackupSchedule(interval="1h"))
+    cluster["metadata"]["creationTimestamp"] = rfc3339(NOW - timedelta(hours=3))
+    registry = _scrape(Sources(etcd_clusters=lambda: [cluster]))
+    created = (NOW - timedelta(hours=3)).timestamp()
+    assert (
+        _value(registry, "kustos_etcdcluster_created_timestamp_seconds", namespace="db", name="a") == created
+    )
+    rows = dict(cluster_rows(etcd_cluster_facts(cluster, {}, NOW), NOW))
+    assert rows["last backup"] == "none (OVERDUE)"

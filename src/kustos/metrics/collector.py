@@ -128,6 +128,11 @@ def etcd_metrics(clusters: Sequence[EtcdClusterFacts]) -> Iterator[Metric]:
         lambda c: c.last_backup_time.timestamp() if c.last_backup_time else None,
     )
     yield per_cluster(
+        "kustos_etcdcluster_created_timestamp_seconds",
+        "metadata.creationTimestamp (Unix seconds): a schedule's first backup is due from it",
+        lambda c: c.created.timestamp() if c.created else None,
+    )
+    yield per_cluster(
         "kustos_etcdcluster_last_backup_size_bytes",
         "Size of the newest succeeded EtcdBackup",
         lambda c: c.last_backup_size if c.last_backup_time else None,

@@ -76,6 +76,14 @@ class EtcdClusterFacts:
     last_backup_size: int | None
     degraded: str | None
     """The Degraded condition's reason while it is True."""
+    created: datetime | None = None
+    """metadata.creationTimestamp: a schedule's first backup is due counting from it."""
+
+    @property
+    def backup_overdue_since(self) -> datetime | None:
+        """The last good backup, or the creation before the first: the schedule is late
+        when this is older than twice its period."""
+        return self.last_backup_time or self.created
 
     @property
     def voters(self) -> int:
@@ -252,6 +260,7 @@ def etcd_cluster_facts(obj: Obj, backups: LastBackups, now: datetime) -> EtcdClu
         last_backup_time=last_time,
         last_backup_size=last_size,
         degraded=_true_condition(status.conditions, "Degraded") if status else None,
+        created=parse_rfc3339((obj.get("metadata") or {}).get("creationTimestamp")),
     )
 
 
