@@ -13,6 +13,7 @@ from kustos.etcd import controller as etcd_controller
 from kustos.etcd.maintenance_controller import register as register_maintenance
 from kustos.maintenance import controller as maintenance_controller
 from kustos.maintenance import envoy_controller, image_overrides_webhook
+from kustos.metrics import collector as domain_metrics
 from kustos.nodejob import controller as nodejob_controller
 from kustos.nodes.autoscaling import controller as autoscaling_controller
 from kustos.nodes.nodeimage import controller as nodeimage_controller
@@ -52,3 +53,5 @@ def register_all(manager: Manager, deps: Deps | None = None, names: list[str] | 
         raise ValueError(f"unknown controllers {unknown}; known: {sorted(CONTROLLERS)}")
     for name in chosen:
         CONTROLLERS[name](manager, deps)
+    # The domain metrics read the caches these controllers share (docs/metrics.md).
+    domain_metrics.register(manager, chosen, deps.clock)

@@ -1,6 +1,8 @@
 """``kubectl kustos ...``: the kubectl plugin (kubectl runs ``kubectl-kustos`` from PATH).
 
-``status`` shows every EtcdCluster, StorageCluster and NodeJob in one view; ``recover``
+``status`` shows every EtcdCluster, StorageCluster and NodeJob in one view, and ``status NAME``
+one EtcdCluster's facts (the figures the domain metrics export, docs/metrics.md, read from its
+status without Prometheus); ``recover``
 is ``kustos etcd recover`` and ``purge-node`` is ``kustos purge-node`` (the same commands, so
 the two never disagree). The cluster is the
 one kubectl would use: $KUBECONFIG or ~/.kube/config, or --kubeconfig/--context.
@@ -9,6 +11,7 @@ one kubectl would use: $KUBECONFIG or ~/.kube/config, or --kubeconfig/--context.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,11 +19,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kustos.api.backup import EtcdBackup
 from kustos.api.etcd import EtcdCluster
 from kustos.api.nodejob import NodeJob
 from kustos.api.storage import StorageCluster
 from kustos.etcd import cli as etcd_cli
 from kustos.maintenance import purge_cli
+from kustos.metrics.facts import EtcdClusterFacts, MemberFacts, etcd_cluster_facts, last_backups
 from kustos.runtime import objects
 
 app = typer.Typer(
@@ -98,42 +103,167 @@ TABLES = (
 )
 
 
-async def _list_all(kubeconfig: Path | None, context: str | None, namespace: str | None) -> list[list[Obj]]:
-    from kustos.runtime.kube import api_path, connect, load_config
+def _age(seconds: float) -> str:
+    """Like kubectl's AGE column: 45s, 12m, 3h, 2d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _size(size: int | None) -> str:
+    if size is None:
+        return "-"
+    value, unit = float(size), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def cluster_rows(f: EtcdClusterFacts, now: datetime) -> list[tuple[str, str]]:
+    """One EtcdCluster's facts, a line each, worded for a person on call."""
+    margin = f.quorum_margin
+    if f.voters == 0:
+        quorum = "- (no member recorded yet)"
+    elif margin < 0:
+        quorum = f"{margin}: QUORUM LOST (needs {f.quorum} healthy voters)"
+    elif margin == 0 and f.voters > 1:
+        quorum = f"0: AT RISK, one more failure loses quorum (needs {f.quorum})"
+    else:
+        quorum = f"{margin} (needs {f.quorum} healthy voters)"
+    leader = f.leader
+    due_since = f.backup_overdue_since
+    overdue = (
+        f.backup_interval_seconds is not None
+        and due_since is not None
+        and (now - due_since).total_seconds() > 2 * f.backup_interval_seconds
+    )
+    backup = "none"
+    if f.last_backup_time is not None:
+        age = (now - f.last_backup_time).total_seconds()
+        backup = f"{_age(age)} ago, {_size(f.last_backup_size)}"
+    backup += " (OVERDUE)" if overdue else ""
+    every = f.backup_interval_seconds
+    return [
+        ("phase", f.phase or "-"),
+        ("version", f"{f.version or '-'} (desired {f.desired_version})"),
+        (
+            "members",
+            f"{len(f.members)} of {f.desired_size} desired: {f.voters} voters, {f.learners} learners",
+        ),
+        ("healthy voters", f"{f.healthy_voters}/{f.voters}"),
+        ("quorum margin", quorum),
+        ("leader", f"{leader.name} (index {leader.index})" if leader else "none"),
+        ("leader changes", "-" if f.leader_changes is None else str(f.leader_changes)),
+        ("alarms", ", ".join(f"{alarm} on {member}" for member, alarm in f.alarms) or "none"),
+        ("last backup", backup),
+        ("backup schedule", f"every {_age(every)}" if every else "none"),
+        ("rebuilds", str(f.rebuilds) + (" (one running)" if f.recovering else "")),
+        ("degraded", f.degraded or "no"),
+    ]
+
+
+def member_rows(f: EtcdClusterFacts) -> list[list[str]]:
+    def health(m: MemberFacts) -> str:
+        if m.healthy:
+            return "yes"
+        late = m.unhealthy_seconds > f.member_failure_timeout_seconds
+        return f"NO, for {_age(m.unhealthy_seconds)}" + (" (past its failure timeout)" if late else "")
+
+    return [
+        [
+            m.name, "-" if m.index is None else str(m.index), health(m),
+            "learner" if m.learner else ("leader" if m.leader else "voter"),
+            _size(m.backend_bytes), _size(m.backend_quota_bytes),
+        ]
+        for m in f.members
+    ]  # fmt: skip
+
+
+async def _get(clients: Any, model: Any, namespace: str | None) -> list[Obj]:
+    from kustos.runtime.kube import api_path
+
+    crd = model.crd
+    path = api_path(crd.group, crd.version, crd.plural, namespace)
+    response = await clients.raw.get(path)
+    for _ in range(10):  # 429 while the API server's cache of a new CRD initializes
+        if response.status_code != 429:
+            break
+        await asyncio.sleep(float(response.headers.get("Retry-After") or 1))
+        response = await clients.raw.get(path)
+    if response.status_code == 404:
+        return []  # a CRD that is not installed is an empty table, not an error
+    response.raise_for_status()
+    items: list[Obj] = response.json().get("items") or []
+    return sorted(items, key=lambda o: (objects.namespace(o) or "", objects.name(o)))
+
+
+async def _one_cluster(
+    kubeconfig: Path | None, context: str | None, namespace: str | None, name: str
+) -> tuple[Obj, list[Obj]]:
+    from kustos.runtime.kube import connect, load_config
     from kustos.runtime.metrics import Metrics
 
     clients = connect(load_config(kubeconfig, context), Metrics())
     try:
-        found = []
-        for model, *_ in TABLES:
-            crd = model.crd
-            path = api_path(crd.group, crd.version, crd.plural, namespace)
-            response = await clients.raw.get(path)
-            for _ in range(10):  # 429 while the API server's cache of a new CRD initializes
-                if response.status_code != 429:
-                    break
-                await asyncio.sleep(float(response.headers.get("Retry-After") or 1))
-                response = await clients.raw.get(path)
-            if response.status_code == 404:
-                items: list[Obj] = []  # a CRD that is not installed is an empty table, not an error
-            else:
-                response.raise_for_status()
-                items = response.json().get("items") or []
-            found.append(sorted(items, key=lambda o: (objects.namespace(o) or "", objects.name(o))))
-        return found
+        found = [c for c in await _get(clients, EtcdCluster, namespace) if objects.name(c) == name]
+        if len(found) != 1:
+            where = f"namespace {namespace}" if namespace else "any namespace"
+            why = "not found" if not found else "in several namespaces: say which with -n"
+            raise typer.BadParameter(f"EtcdCluster {name} {why} ({where})", param_hint="NAME")
+        return found[0], await _get(clients, EtcdBackup, objects.namespace(found[0]))
+    finally:
+        await clients.close()
+
+
+def _show_cluster(cluster: Obj, backups: list[Obj], now: datetime) -> None:
+    facts = etcd_cluster_facts(cluster, last_backups(backups), now)
+    table = Table(
+        title=f"EtcdCluster {facts.namespace}/{facts.name}", title_justify="left", show_header=False
+    )
+    table.add_column("fact", style="bold")
+    table.add_column("value")
+    for row in cluster_rows(facts, now):
+        table.add_row(*row)
+    console.print(table)
+    members = Table(title="Members", title_justify="left")
+    for column in ("member", "index", "healthy", "role", "backend", "quota"):
+        members.add_column(column.upper())
+    for member in member_rows(facts):
+        members.add_row(*member)
+    console.print(members)
+
+
+async def _list_all(kubeconfig: Path | None, context: str | None, namespace: str | None) -> list[list[Obj]]:
+    from kustos.runtime.kube import connect, load_config
+    from kustos.runtime.metrics import Metrics
+
+    clients = connect(load_config(kubeconfig, context), Metrics())
+    try:
+        return [await _get(clients, model, namespace) for model, *_ in TABLES]
     finally:
         await clients.close()
 
 
 @app.command("status")
 def status(
+    name: Annotated[
+        str | None, typer.Argument(help="One EtcdCluster: its quorum, leader, backups and members.")
+    ] = None,
     namespace: Annotated[
         str | None, typer.Option("--namespace", "-n", help="Default: every namespace.")
     ] = None,
     kubeconfig: Annotated[Path | None, typer.Option(help="Default: $KUBECONFIG or ~/.kube/config.")] = None,
     context: Annotated[str | None, typer.Option()] = None,
 ) -> None:
-    """Every EtcdCluster, StorageCluster and NodeJob: how ready, which phase, what is wrong."""
+    """Every EtcdCluster, StorageCluster and NodeJob: how ready, which phase, what is wrong; or,
+    given NAME, one EtcdCluster's facts (what the metrics and alerts say, without Prometheus)."""
+    if name is not None:
+        cluster, backups = asyncio.run(_one_cluster(kubeconfig, context, namespace, name))
+        _show_cluster(cluster, backups, datetime.now(UTC))
+        return
     listed = asyncio.run(_list_all(kubeconfig, context, namespace))
     for (_, title, columns, rows), items in zip(TABLES, listed, strict=True):
         table = Table(title=f"{title} ({len(items)})", title_justify="left")

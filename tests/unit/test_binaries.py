@@ -51,6 +51,8 @@ def test_every_binary_the_dev_cluster_needs_is_built() -> None:
             "helm": 1,
             "coredns": 1,
             "kustos-linearizability": 1,
+            "promtool": 1,
+            "prometheus": 1,
         }
     )
 
@@ -83,7 +85,7 @@ def test_kubernetes_binaries_are_stamped_with_their_version() -> None:
 
     for binary in all_binaries():
         if binary.name not in KUBE_COMMANDS:
-            assert binary.name in ("versitygw", "helm") or binary.ldflags == ()
+            assert binary.name in ("versitygw", "helm", "promtool", "prometheus") or binary.ldflags == ()
             continue
         assert binary.version == KUBERNETES_VERSION
         assert binary.package == f"k8s.io/kubernetes/cmd/{binary.name}"
@@ -150,6 +152,15 @@ def test_binary_path_defaults_to_the_dev_clusters_versions(cache: Path) -> None:
     assert binary_path("kube-apiserver") == cache / "bin" / f"kube-apiserver-{KUBERNETES_VERSION}"
     assert binary_path("kubectl") == cache / "bin" / f"kubectl-{KUBERNETES_VERSION}"
     assert binary_path("versitygw") == cache / "bin" / f"versitygw-{VERSITYGW_VERSION}"
+
+
+def test_prometheus_is_stamped_and_built_without_service_discovery_plugins() -> None:
+    built = {b.name: b for b in all_binaries() if b.module_dir == "prometheus"}
+
+    assert sorted(built) == ["prometheus", "promtool"]
+    for binary in built.values():
+        assert binary.tags == ("remove_all_sd",)
+        assert binary.ldflags == ("-X github.com/prometheus/common/version.Version=3.16.0",)
 
 
 def test_binary_path_takes_an_explicit_version_and_root(tmp_path: Path) -> None:

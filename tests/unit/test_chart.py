@@ -38,7 +38,8 @@ MODES: dict[str, list[str]] = {
     "default": [],
     "namespaced": ["--set", "namespaces={team-a,team-b}"],
     "cert-manager": ["--set", "webhook.certManager.enabled=true",
-                     "--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true"],
+                     "--set", "metrics.serviceMonitor.enabled=true", "--set", "networkPolicy.enabled=true",
+                     "--set", "metrics.prometheusRule.enabled=true"],
 }  # fmt: skip
 
 
@@ -276,3 +277,24 @@ def test_rook_exec_is_a_role_in_rooks_namespace_only(helm: Path) -> None:
         assert not [r for r in cluster_role["rules"] if "pods/exec" in r.get("resources", [])]
     refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", "rook.namespace=Bad_NS", check=False)
     assert refused.returncode != 0 and "rook" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "shipped"),
+    [
+        ([], False),  # no prometheus-operator: a PrometheusRule would fail the install
+        (["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"], True),
+        (["--api-versions", "monitoring.coreos.com/v1/PrometheusRule",
+          "--set", "metrics.prometheusRule.enabled=false"], False),
+        (["--set", "metrics.prometheusRule.enabled=true"], True),
+    ],
+)  # fmt: skip
+def test_alert_rules_ship_when_prometheus_operator_is_there_or_asked(
+    helm: Path, args: list[str], shipped: bool
+) -> None:
+    rules = [d for d in documents(template(helm, *args)) if d["kind"] == "PrometheusRule"]
+
+    assert bool(rules) == shipped
+    if rules:
+        shipped_rules = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+        assert rules[0]["spec"] == shipped_rules  # the very rules promtool checks

@@ -48,6 +48,8 @@ def tree(tmp_path: Path) -> Path:
         ("etcd/planner.py", "import kustos.devcluster.cluster", "devcluster/ is imported by nothing"),
         ("api/etcd.py", "import kustos.storage.controller", "api/ (the models"),
         ("etcd/controller.py", "import kustos.proof.recorder", "proof/ (the history recorder and checker)"),
+        ("metrics/facts.py", "import kustos.etcd.observe", "metrics/ reads the models' status only"),
+        ("etcd/controller.py", "import kustos.metrics.facts", "no family imports metrics/"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(

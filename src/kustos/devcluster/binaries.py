@@ -34,6 +34,10 @@ COREDNS_VERSION = "v1.14.7"
 # model around it (gomod/porcupine/main.go).
 PORCUPINE_VERSION = "v1.3.1"
 LINEARIZABILITY_CHECKER = "kustos-linearizability"
+# promtool checks and unit-tests the chart's alert rules; prometheus scrapes the operator in the
+# alert test (issue 29). The Go module of Prometheus 3.16.0 is v0.316.0.
+PROMETHEUS_VERSION = "v0.316.0"
+PROMETHEUS_RELEASE = "3.16.0"
 
 
 def _own_source_version(module_dir: str, version: str) -> str:
@@ -68,6 +72,8 @@ class Binary:
     module_dir: str
     package: str
     ldflags: tuple[str, ...] = field(default=())
+    tags: tuple[str, ...] = field(default=())
+    """Go build tags."""
 
     @property
     def file_name(self) -> str:
@@ -114,6 +120,20 @@ def all_binaries() -> list[Binary]:
     )
     binaries.append(Binary("coredns", COREDNS_VERSION, "coredns", "github.com/coredns/coredns"))
     binaries.append(linearizability_checker())
+    for command in ("promtool", "prometheus"):
+        binaries.append(
+            Binary(
+                command,
+                PROMETHEUS_VERSION,
+                "prometheus",
+                f"github.com/prometheus/prometheus/cmd/{command}",
+                # What its .promu.yml stamps, so that `--version` is truthful.
+                (f"-X github.com/prometheus/common/version.Version={PROMETHEUS_RELEASE}",),
+                # Its plugins/ build tags: every service discovery but file and http left out
+                # (static targets are all the tests use), a much smaller build.
+                ("remove_all_sd",),
+            )
+        )
     for command in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
         binaries.append(
             Binary(
@@ -157,6 +177,8 @@ def _default_version(name: str) -> str:
         return COREDNS_VERSION
     if name == LINEARIZABILITY_CHECKER:
         return linearizability_checker().version
+    if name in ("prometheus", "promtool"):
+        return PROMETHEUS_VERSION
     return KUBERNETES_VERSION
 
 
@@ -203,6 +225,8 @@ def build(
             out = Path(scratch) / binary.name
             ldflags = " ".join(("-s", "-w", *binary.ldflags))
             command = ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(out)]
+            if binary.tags:
+                command += ["-tags", ",".join(binary.tags)]
             result = subprocess.run(
                 [*command, binary.package],
                 cwd=GOMOD_DIR / binary.module_dir,

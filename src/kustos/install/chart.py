@@ -1,6 +1,7 @@
-"""The generated files of the Helm chart (deploy/helm/kustos): its CRDs template and
-values.schema.json. Generated, never edited: ``kustos chart --write deploy/helm/kustos``
-regenerates them and a unit test fails when they are stale (as for deploy/crds).
+"""The generated files of the Helm chart (deploy/helm/kustos): its CRDs template,
+values.schema.json and the Grafana dashboard. Generated, never edited:
+``kustos chart --write deploy/helm/kustos`` regenerates them and a unit test fails when they
+are stale (as for deploy/crds).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 import yaml
 
 from kustos.api import RESOURCES
+from kustos.install import dashboard
 from kustos.install.values import render_schema
 from kustos.runtime.crd import crd_for
 from kustos.storage.manifests import COMPONENT_RULES
@@ -62,6 +64,7 @@ def generated() -> dict[str, str]:
         CRDS_TEMPLATE: render_crds_template(),
         STORAGE_ROLES_TEMPLATE: render_storage_roles_template(),
         SCHEMA: render_schema(),
+        dashboard.DASHBOARD_FILE: dashboard.render(),
     }
 
 

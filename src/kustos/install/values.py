@@ -84,10 +84,28 @@ class ServiceMonitor(Values):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
+class PrometheusRule(Values):
+    enabled: bool | None = None
+    """The alert rules (docs/runbook.md) as a prometheus-operator PrometheusRule. null: only when
+    the cluster serves its CRD (monitoring.coreos.com/v1); true or false to say so."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels, e.g. the ones your Prometheus's ruleSelector matches."""
+
+
+class Dashboard(Values):
+    enabled: bool = True
+    """A Grafana dashboard in a ConfigMap labelled grafana_dashboard: "1" (Grafana's dashboard
+    sidecar loads it); one row per kind, from the domain metrics (docs/metrics.md)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels for the ConfigMap."""
+
+
 class Metrics(Values):
     port: int = Field(default=8080, ge=1024, le=65535)
     """/metrics, /healthz and /readyz."""
     service_monitor: ServiceMonitor = Field(default_factory=ServiceMonitor)
+    prometheus_rule: PrometheusRule = Field(default_factory=PrometheusRule)
+    dashboard: Dashboard = Field(default_factory=Dashboard)
 
 
 class NetworkPolicy(Values):
