@@ -179,3 +179,16 @@ def changed_beyond_heartbeat(old: Mapping[str, Any], new: Mapping[str, Any]) -> 
     resourceVersion: with many nodes those arrive several times a second, and waking every
     controller that watches nodes for them turns a failing reconcile's backoff into a hot loop."""
     return _without_heartbeat(old) != _without_heartbeat(new)
+
+
+def changed_beyond_status(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an update changed more than the status (and resourceVersion, managedFields): its
+    spec (generation), labels, annotations, finalizers, owners, deletion. A status-only change to
+    a controller's own object is usually that controller's record of a pass."""
+    ignored = ("resourceVersion", "managedFields")
+
+    def rest(obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ignored}
+        return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
+
+    return rest(old) != rest(new)
