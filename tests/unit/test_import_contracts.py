@@ -47,6 +47,8 @@ def tree(tmp_path: Path) -> Path:
         ("storage/planner.py", "import kustos.etcd.planner", "families do not import each other"),
         ("etcd/planner.py", "import kustos.devcluster.cluster", "devcluster/ is imported by nothing"),
         ("api/etcd.py", "import kustos.storage.controller", "api/ (the models"),
+        ("nodejob/planner.py", "import kustos.runtime.api", "planners decide without I/O"),
+        ("nodes/nodeimage/planner.py", "import asyncio", "planners decide without I/O"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(
