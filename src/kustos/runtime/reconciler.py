@@ -146,9 +146,9 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
         try:
             obj: ModelT = self.model.model_validate(raw)  # type: ignore[assignment]
         except ValidationError as err:
-            failure: ReconcileError = invalid_spec(err)
-            await self._record(raw, self.unobserved(raw, failure, now), [])
-            raise failure from None
+            invalid = invalid_spec(err)
+            await self._record(raw, self.rejected(raw, invalid, now), [])
+            raise invalid from None
         if self.settled(obj):
             return None
         try:
@@ -176,6 +176,11 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
         return Result(requeue_after=after) if after is not None else None
 
     def unobserved(self, raw: Obj, failure: ReconcileError, now: datetime) -> Obj:
+        """The status of a pass whose observation failed: the previous one, failure noted."""
+        return previous_with_failure(raw, failure, now, self.failure_condition, self.failure_status)
+
+    def rejected(self, raw: Obj, failure: InvalidSpec, now: datetime) -> Obj:
+        """The status of an invalid spec (default: the previous one, failure noted)."""
         return previous_with_failure(raw, failure, now, self.failure_condition, self.failure_status)
 
     async def _record(self, raw: Obj, status: Obj, notes: list[Note]) -> None:
