@@ -14,10 +14,8 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import ValidationError
-
 from kustos.api.etcd import EtcdCluster
-from kustos.api.nodeimage import NodeImage, NodeImageSpec, NodeImageStatus
+from kustos.api.nodeimage import NodeImage, NodeImageStatus
 from kustos.api.pendingnode import PendingNode
 from kustos.api.scalinggroup import ScalingGroup
 from kustos.api.storage import StorageCluster
@@ -43,15 +41,16 @@ from kustos.nodes.nodeimage.planner import (
 )
 from kustos.runtime import drain as draining
 from kustos.runtime import faults, objects
-from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.api import ApiStatusError
 from kustos.runtime.cloud import CloudProvider, Instance, InstanceState, NotFound, Role
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.controller import Controller
 from kustos.runtime.deps import Deps
-from kustos.runtime.errors import ReconcileError
+from kustos.runtime.errors import ReconcileError, RetryAfter
 from kustos.runtime.events import WARNING
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import Note, record
+from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
+from kustos.runtime.record import Note
 from kustos.runtime.resources import NODES, PODS
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
@@ -59,15 +58,16 @@ from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
 log = logging.getLogger(__name__)
 
 NODEIMAGES = NodeImage.crd.ref
+Obj = dict[str, Any]
 PENDINGNODES = PendingNode.crd.ref
 SCALINGGROUPS = ScalingGroup.crd.ref
 ETCDCLUSTERS = EtcdCluster.crd.ref
 STORAGECLUSTERS = StorageCluster.crd.ref
 ANNOUNCED = frozenset({"Degraded", "Available", "Paused"})
 ETCD_POD_LABEL = "kustos.dev/cluster"
-# Failures that are a wait for something outside kustos (a budget, etcd's quorum): recorded
-# in Degraded and retried every BLOCKED_RETRY seconds, not with growing backoff.
-BLOCKED = frozenset({"DrainBlocked", "EtcdMemberKept"})
+# Failures that are a wait for something outside kustos (a budget, etcd's quorum) are
+# RetryAfter errors: recorded in Degraded and retried every BLOCKED_RETRY seconds, not with
+# growing backoff, which would leave a freed PodDisruptionBudget unnoticed for minutes.
 BLOCKED_RETRY = 5.0
 
 
@@ -108,13 +108,22 @@ def pending_name_for_leave(node: str) -> str:
     return f"{node}-leave"[:253]
 
 
-class NodeImageReconciler:
+def status_kept(raw: Obj, failure: ReconcileError, now: datetime) -> Obj:
+    """The status of a pass that observed nothing (an invalid spec, a provider that refused):
+    what was known stays (heirs and donors: AutoscalingStrategy reads them to keep the
+    autoscaler off mid-rollout); Degraded and waitingFor say why nothing moves."""
+    previous = NodeImageStatus.model_validate(raw.get("status") or {})
+    return planner.unobserved(previous, failure, objects.generation(raw), now).model_dump(by_alias=True)
+
+
+class NodeImageReconciler(FamilyReconciler[NodeImage, Observed, Step]):
+    model = NodeImage
+    announce = ANNOUNCED
+
     def __init__(self, manager: Manager, deps: Deps) -> None:
-        self.manager = manager
-        self.api: Api = manager.api
-        self.clock = deps.clock
+        super().__init__(manager, deps)
         self.cloud: CloudProvider | None = deps.cloud
-        self.images = manager.informer(NODEIMAGES)
+        self.images = self.cache
         self.nodes = manager.informer(NODES)
         self.pendings = manager.informer(PENDINGNODES)
         self.groups = manager.informer(SCALINGGROUPS)
@@ -122,58 +131,28 @@ class NodeImageReconciler:
         self.storages = manager.informer(STORAGECLUSTERS)
         self.etcd_pods = manager.informer(PODS, InformerOptions(label_selector=ETCD_POD_LABEL))
 
-    # ---- reconcile ----------------------------------------------------------------------
-
-    async def reconcile(self, key: str) -> Result | None:
-        raw = self.images.get(key)
-        if raw is None or objects.deleting(raw):
-            return None
-        try:
-            image = NodeImage.model_validate(raw)
-        except ValidationError as err:
-            observed = Observed(objects.name(raw), NodeImageSpec(image="-"), (), (), now=self.clock.now())
-            step: Step = Invalid(f"invalid spec: {err}")
-            await self._record(raw, observed, step, None, [])
-            return None
-        try:
-            observed = await self.observe(image)
-        except ReconcileError as err:
-            status = planner.unobserved(image.status or NodeImageStatus(), err, objects.generation(raw),
-                                        self.clock.now())  # fmt: skip
-            await record(self.api, NODEIMAGES, raw, status.model_dump(by_alias=True), self.manager.events,
-                         announce=ANNOUNCED)  # fmt: skip
-            raise
+    def plan(self, observed: Observed) -> Step:
         step = planner.plan(observed)
         if not isinstance(step, Wait | Done):
             log.info("step: %s", step)
-        failure: ReconcileError | None = None
-        notes: list[Note] = []
-        try:
-            step = await self.act(image, observed, step, notes)
-        except ReconcileError as err:
-            failure = err
-        await self._record(raw, observed, step, failure, notes)
-        if failure is not None and failure.reason in BLOCKED:
-            # Recorded (Degraded names what blocks), then looked at again at a steady pace:
-            # exponential backoff would leave a freed PodDisruptionBudget unnoticed for minutes.
-            return Result(requeue_after=BLOCKED_RETRY)
-        if failure is not None:
-            raise failure
-        after = planner.requeue_after(step)
-        return Result(requeue_after=after) if after is not None else None
+        return step
 
-    async def _record(
-        self, raw: dict[str, Any], o: Observed, step: Step, failure: ReconcileError | None, notes: list[Note]
-    ) -> None:
-        status = planner.status(o, step, failure)
-        await record(self.api, NODEIMAGES, raw, status.model_dump(by_alias=True), self.manager.events,
-                     notes=notes, announce=ANNOUNCED)  # fmt: skip
+    def status(self, observed: Observed, step: Step, now: datetime, failure: ReconcileError | None) -> Obj:
+        return planner.status(observed, step, now, failure).model_dump(by_alias=True)
+
+    def unobserved(self, raw: Obj, failure: ReconcileError, now: datetime) -> Obj:
+        return status_kept(raw, failure, now)
+
+    def rejected(self, raw: Obj, failure: InvalidSpec, now: datetime) -> Obj:
+        return status_kept(raw, failure, now)
+
+    def requeue_after(self, observed: Observed, step: Step) -> float | None:
+        return planner.requeue_after(step)
 
     # ---- observe ---------------------------------------------------------------------------
 
-    async def observe(self, image: NodeImage) -> Observed:
+    async def observe(self, image: NodeImage, now: datetime) -> Observed:
         name = objects.name(image)
-        now = self.clock.now()
         status = image.status or NodeImageStatus()
         if self.cloud is None:
             return Observed(name, image.spec, (), (), now=now, generation=objects.generation(image),
@@ -441,9 +420,10 @@ class NodeImageReconciler:
             started = annotation_time(node, marks.DRAIN_STARTED) if node else None
             timeout = parse_duration(image.spec.drain_timeout)
             if started is not None and now - started >= timeout:
-                raise ReconcileError(
+                raise RetryAfter(
                     f"drain of {step.donor} blocked past drainTimeout {image.spec.drain_timeout} "
                     f"(onDrainTimeout: wait): {blocked.report.describe()}",
+                    BLOCKED_RETRY,
                     "DrainBlocked",
                 ) from blocked
             return Wait(f"draining {step.donor}: {blocked.report.describe()}", 2)
@@ -463,7 +443,8 @@ class NodeImageReconciler:
         ips = [n.internal_ip for n in o.nodes if view.role(n) == Role.CONTROL_PLANE and not n.deleting]
         refusal = await remove_member_at(self.api, image.spec.etcd, step.internal_ip, ips, step.heir_ip)
         if refusal is not None:
-            raise ReconcileError(f"etcd member of {step.donor} not removed: {refusal}", "EtcdMemberKept")
+            message = f"etcd member of {step.donor} not removed: {refusal}"
+            raise RetryAfter(message, BLOCKED_RETRY, "EtcdMemberKept")
         await self.api.patch(
             NODES,
             None,
