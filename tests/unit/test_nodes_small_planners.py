@@ -10,7 +10,7 @@ from kustos.nodes.autoscaling import planner as autoscaling
 from kustos.nodes.cloud import parse_options, provider_from
 from kustos.nodes.cloud.kwok import GroupConfig, KwokProvider, _instance, label_value, node_name_of
 from kustos.nodes.pendingnode import planner as pending
-from kustos.nodes.scalinggroup.controller import want_image
+from kustos.nodes.scalinggroup.planner import want_image
 from kustos.runtime.cloud import InstanceState, NotFound, ProviderError, Role
 from kustos.runtime.steps import Done, Wait
 
