@@ -98,6 +98,9 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
     failure_status: ClassVar[bool] = True
     announce: ClassVar[Collection[str] | None] = None
     """Condition types whose transitions are Events (None: every one)."""
+    plans_deletion: ClassVar[bool] = False
+    """True: an object being deleted is observed, planned and acted on like any other (its
+    planner removes the finalizer); False: ``finalize`` is called instead."""
 
     def __init__(self, manager: Manager, deps: Deps, cache: Informer | None = None) -> None:
         self.manager = manager
@@ -140,25 +143,25 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
         raw = self.cache.get(key)
         if raw is None:
             return None
-        if objects.deleting(raw):
+        if objects.deleting(raw) and not self.plans_deletion:
             return await self.finalize(raw)
         now = self.clock.now()
         try:
             obj: ModelT = self.model.model_validate(raw)  # type: ignore[assignment]
         except ValidationError as err:
             invalid = invalid_spec(err)
-            await self._record(raw, self.rejected(raw, invalid, now), [])
+            await self.write_status(raw, self.rejected(raw, invalid, now), [])
             raise invalid from None
         if self.settled(obj):
             return None
         try:
             observed = await self.observe(obj, now)
         except ReconcileError as err:
-            await self._record(raw, self.unobserved(raw, err, now), [])
+            await self.write_status(raw, self.unobserved(raw, err, now), [])
             raise
         except NETWORK_ERRORS as err:
             failure = as_reconcile_error(err)
-            await self._record(raw, self.unobserved(raw, failure, now), [])
+            await self.write_status(raw, self.unobserved(raw, failure, now), [])
             raise failure from err
         step = self.plan(observed)
         notes: list[Note] = []
@@ -169,7 +172,7 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
             failed = err
         except NETWORK_ERRORS as err:
             failed = as_reconcile_error(err)
-        await self._record(raw, self.status(observed, step, now, failed), notes)
+        await self.write_status(raw, self.status(observed, step, now, failed), notes)
         if failed is not None:
             raise failed
         after = self.requeue_after(observed, step)
@@ -183,7 +186,8 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
         """The status of an invalid spec (default: the previous one, failure noted)."""
         return previous_with_failure(raw, failure, now, self.failure_condition, self.failure_status)
 
-    async def _record(self, raw: Obj, status: Obj, notes: list[Note]) -> None:
+    async def write_status(self, raw: Obj, status: Obj, notes: list[Note]) -> None:
+        """The pass's one status write and its Events (``record``: only when it changed)."""
         await record(
             self.api, self.ref, raw, status, self.manager.events, notes=notes, announce=self.announce
         )

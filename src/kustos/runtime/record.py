@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from kustos.runtime.api import Api, ApiStatusError, without_nulls
 from kustos.runtime.conditions import Condition, note_failure
 from kustos.runtime.events import NORMAL, WARNING, EventRecorder
 from kustos.runtime.informer import ResourceRef
+from kustos.runtime.steps import Note
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,6 @@ Obj = dict[str, Any]
 
 # Conditions that are bad news when True (the rest are bad news when False).
 NEGATIVE_POLARITY = frozenset({"Degraded", "Failed", "Stalled", "Blocked"})
-
-
-@dataclass(frozen=True)
-class Note:
-    """An Event a pass wants emitted once its status is written (e.g. "Upgraded")."""
-
-    reason: str
-    message: str
-    type: str = NORMAL
 
 
 def warning(condition: Condition) -> bool:
