@@ -8,9 +8,11 @@ import pytest
 import typer
 import yaml
 
-from kustos.maintenance import kubeadm, rook
+from kustos.etcd import kubeadm
+from kustos.maintenance import rook
 from kustos.maintenance.purge import STEPS, PurgeOptions, steps_for
 from kustos.maintenance.purge_cli import load_spec, with_flags
+from kustos.runtime.errors import ReconcileError
 
 CLUSTER_STATUS = """\
 apiEndpoints:
@@ -353,3 +355,16 @@ async def test_the_ceph_purge_runs_one_command_per_pass_its_progress_on_the_node
     assert CEPH_ANNOTATION not in annotations and annotations["kustos.dev/purge"].endswith(",CephOSDPurge")
     last = await purger.next("w")
     assert last.finished and len(ran) == 5
+
+
+async def test_etcd_client_certificates_missing_from_the_directory_are_named(tmp_path: Path) -> None:
+    """Both stacked-etcd callers (purge, NodeImage) get this check from the one module now."""
+    (tmp_path / "etcd").mkdir()
+    (tmp_path / "etcd" / "ca.crt").write_text("ca")
+    with pytest.raises(ReconcileError) as caught:
+        async with kubeadm.client_tls(None, tmp_path):  # type: ignore[arg-type]  # no Secret: no API call
+            pass
+    assert caught.value.reason == "EtcdCertificatesMissing"
+    assert "healthcheck-client.crt" in caught.value.message and "ca.crt" not in caught.value.message
+    async with kubeadm.client_tls(None, tmp_path, scheme="http") as tls:  # type: ignore[arg-type]
+        assert tls is None  # plain http: no certificates asked for

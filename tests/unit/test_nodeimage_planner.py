@@ -288,7 +288,7 @@ def test_workers_roll_while_spec_etcd_is_unset_if_no_control_plane_node_is_outda
 
 
 def test_malformed_annotations_are_absent_and_reported_in_degraded() -> None:
-    from kustos.nodes.nodeimage.controller import annotation_time
+    from kustos.runtime.objects import annotation_time
 
     malformed: list[str] = []
     for value in ("yesterday", "2026-01-01T00:00:00"):  # not a time; no zone

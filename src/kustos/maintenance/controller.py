@@ -20,7 +20,7 @@ from kustos.api.maintenance import (
     MaintenancePolicyStatus,
 )
 from kustos.maintenance import planner, rook
-from kustos.maintenance.nodes import node_view, taints
+from kustos.maintenance.nodes import node_view
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
     OUT_OF_SERVICE_TAINT,
@@ -236,7 +236,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
         node = await self.api.get(NODES, None, name)
         if node is None:
             return
-        current = taints(node)
+        current = objects.node_taints(node)
         others = [t for t in current if t.get("key") != OUT_OF_SERVICE_TAINT]
         if wanted:
             others.append({"key": OUT_OF_SERVICE_TAINT, "value": OUT_OF_SERVICE_VALUE, "effect": "NoExecute",

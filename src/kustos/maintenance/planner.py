@@ -45,7 +45,6 @@ PURGE_ANNOTATION = "kustos.dev/purge"
 RELEASE_CLAIMS_ANNOTATION = "kustos.dev/release-pinned-claims"
 """On a StatefulSet ("true"): the workload replicates its own data, so a claim pinned to a
 fenced node may be deleted for its pod to start elsewhere with a fresh volume."""
-CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 LEGACY_TERMINATING = timedelta(seconds=30)
 """EKCO force-deletes pods Terminating for this long on a dead node (legacy clear)."""
 POLL = 5.0

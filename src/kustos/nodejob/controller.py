@@ -15,7 +15,7 @@ from typing import Any
 
 from kustos.api.nodejob import NodeJob, NodeJobStatus
 from kustos.nodejob import planner
-from kustos.nodejob.planner import JOB_LABEL, NodeView, Observed, Plan, PodView, Taint
+from kustos.nodejob.planner import JOB_LABEL, NodeView, Observed, Plan, PodView
 from kustos.runtime import faults, objects
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.controller import Controller, label_keys
@@ -40,11 +40,7 @@ ANNOUNCED = frozenset({"Degraded"})
 
 
 def _node_view(node: dict[str, Any]) -> NodeView:
-    taints = tuple(
-        Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule"))
-        for t in (node.get("spec") or {}).get("taints") or []
-    )
-    return NodeView(objects.name(node), objects.labels(node), taints)
+    return NodeView(objects.name(node), objects.labels(node), objects.taints(node))
 
 
 class NodeJobReconciler(FamilyReconciler[NodeJob, Observed, Plan]):

@@ -26,6 +26,7 @@ from kustos.api.nodejob import (
 from kustos.api.nodejob import Toleration as TolerationSpec
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
+from kustos.runtime.objects import Taint
 from kustos.runtime.times import rfc3339
 
 JOB_LABEL = "kustos.dev/nodejob"
@@ -44,13 +45,6 @@ DAEMONSET_TOLERATED = frozenset(
         "node.kubernetes.io/unschedulable",
     }
 )
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from kustos.api.etcd import EtcdCluster
@@ -19,6 +20,7 @@ from kustos.api.nodeimage import NodeImage, NodeImageStatus
 from kustos.api.pendingnode import PendingNode
 from kustos.api.scalinggroup import ScalingGroup
 from kustos.api.storage import StorageCluster
+from kustos.etcd import kubeadm
 from kustos.nodes import labels as marks
 from kustos.nodes.nodeimage import planner
 from kustos.nodes.nodeimage.planner import (
@@ -37,7 +39,6 @@ from kustos.nodes.nodeimage.planner import (
     RemoveEtcdMember,
     RetireObsolete,
     Step,
-    Taint,
 )
 from kustos.runtime import drain as draining
 from kustos.runtime import faults, objects
@@ -53,7 +54,7 @@ from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
 from kustos.runtime.record import Note
 from kustos.runtime.resources import NODES, PODS
 from kustos.runtime.steps import Done, Wait
-from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
+from kustos.runtime.times import parse_duration, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -69,39 +70,6 @@ ETCD_POD_LABEL = "kustos.dev/cluster"
 # RetryAfter errors: recorded in Degraded and retried every BLOCKED_RETRY seconds, not with
 # growing backoff, which would leave a freed PodDisruptionBudget unnoticed for minutes.
 BLOCKED_RETRY = 5.0
-
-
-def _taints(node: dict[str, Any]) -> tuple[Taint, ...]:
-    return tuple(
-        Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule"))
-        for t in (node.get("spec") or {}).get("taints") or []
-    )
-
-
-def _internal_ip(node: dict[str, Any]) -> str:
-    for address in (node.get("status") or {}).get("addresses") or []:
-        if address.get("type") == "InternalIP":
-            return str(address.get("address", ""))
-    return ""
-
-
-def annotation_time(node: dict[str, Any], key: str, malformed: list[str] | None = None) -> datetime | None:
-    """An RFC 3339 annotation of ``node``; one that is not (a hand edit, another tool) is taken as
-    absent, and said in ``malformed``, instead of failing every pass over every node."""
-    text = objects.annotations(node).get(key)
-    if not text:
-        return None
-    try:
-        moment = parse_rfc3339(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        problem = f"node {objects.name(node)} annotation {key}={text[:64]!r} is not an RFC 3339 time"
-        log.warning("%s", problem)
-        if malformed is not None:
-            malformed.append(problem)
-        return None
-    return moment
 
 
 def pending_name_for_leave(node: str) -> str:
@@ -179,7 +147,7 @@ class NodeImageReconciler(FamilyReconciler[NodeImage, Observed, Step]):
         nodes = []
         malformed: list[str] = []
         for node in self.nodes.list():
-            provider_id = (node.get("spec") or {}).get("providerID") or ""
+            provider_id = objects.provider_id(node)
             if not provider_id:
                 continue  # not a provider's node: not this controller's business
             instance = instances.get(provider_id)
@@ -194,14 +162,16 @@ class NodeImageReconciler(FamilyReconciler[NodeImage, Observed, Step]):
                     unschedulable=objects.node_unschedulable(node),
                     donor=annotations.get(marks.DONOR),
                     labels=objects.labels(node),
-                    taints=_taints(node),
-                    drain_started=annotation_time(node, marks.DRAIN_STARTED, malformed),
+                    taints=objects.taints(node),
+                    drain_started=objects.annotation_time(node, marks.DRAIN_STARTED, malformed),
                     drained=marks.DRAINED in annotations,
                     etcd_member_removed=marks.ETCD_MEMBER_REMOVED in annotations,
-                    internal_ip=_internal_ip(node),
+                    internal_ip=objects.internal_ip(node),
                     deleting=objects.deleting(node),
                 )
             )
+        for problem in malformed:
+            log.warning("%s", problem)
         pending = []
         for p in self.pendings.list():
             spec = p.get("spec") or {}
@@ -417,7 +387,7 @@ class NodeImageReconciler(FamilyReconciler[NodeImage, Observed, Step]):
                     )
                 return Wait(f"drain of {step.donor}: forced {len(forced)} pod(s) off", 1)
             node = self.nodes.get(step.donor)
-            started = annotation_time(node, marks.DRAIN_STARTED) if node else None
+            started = objects.annotation_time(node, marks.DRAIN_STARTED)
             timeout = parse_duration(image.spec.drain_timeout)
             if started is not None and now - started >= timeout:
                 raise RetryAfter(
@@ -436,12 +406,19 @@ class NodeImageReconciler(FamilyReconciler[NodeImage, Observed, Step]):
     async def _remove_etcd_member(
         self, image: NodeImage, o: Observed, step: RemoveEtcdMember, notes: list[Note]
     ) -> None:
-        from kustos.nodes.nodeimage.stacked_etcd import remove_member_at
-
-        assert image.spec.etcd is not None
+        spec = image.spec.etcd
+        assert spec is not None
         view = planner.classify(o)
         ips = [n.internal_ip for n in o.nodes if view.role(n) == Role.CONTROL_PLANE and not n.deleting]
-        refusal = await remove_member_at(self.api, image.spec.etcd, step.internal_ip, ips, step.heir_ip)
+        refusal: str | None = "the donor has no InternalIP to find its etcd member by"
+        if step.internal_ip:
+            endpoints = [kubeadm.client_url(ip, spec.scheme, spec.client_port) for ip in ips if ip]
+            certificates = Path(spec.certificates_dir), spec.certificates_secret, spec.scheme
+            async with kubeadm.client_tls(self.api, *certificates) as tls:
+                removal = await kubeadm.remove_member(
+                    endpoints, tls, address=step.internal_ip, heir_address=step.heir_ip
+                )
+            refusal = removal.message if removal.refused else None
         if refusal is not None:
             message = f"etcd member of {step.donor} not removed: {refusal}"
             raise RetryAfter(message, BLOCKED_RETRY, "EtcdMemberKept")

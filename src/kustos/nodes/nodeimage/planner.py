@@ -42,6 +42,7 @@ from kustos.nodes.labels import user_key
 from kustos.runtime.cloud import Role
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
+from kustos.runtime.objects import Taint
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration
 
@@ -50,13 +51,6 @@ ROLES = (Role.CONTROL_PLANE, Role.WORKER)
 
 
 # ---- what the controller observes ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
 
 
 @dataclass(frozen=True)
