@@ -168,8 +168,9 @@ def test_scaling_group_image() -> None:
 def test_kwok_helpers() -> None:
     assert label_value("registry.example/os:v2") == "registry.example-os-v2"
     assert node_name_of("kwok://n1") == "n1"
-    with pytest.raises(NotFound):
+    with pytest.raises(ProviderError) as caught:  # not NotFound: that would fence the node
         node_name_of("aws:///i-1")
+    assert not isinstance(caught.value, NotFound) and caught.value.reason == "ProviderForeignID"
     g = GroupConfig.parse(
         {"id": "w", "role": "Worker", "image": "x", "readyAfterSeconds": 2, "failCreate": "capacity"}
     )
