@@ -4,8 +4,9 @@ The order (EKCO's, with a quorum check it lacks): with Rook storage nodes mainta
 (``rookShouldUseAllNodes: false``, EKCO's ``--maintain_rook_storage_nodes``), remove the node
 from each CephCluster's ``storage.nodes``, delete its OSD Deployments (their OSD IDs recorded
 on the Node first) and run ``ceph osd down/purge`` and ``ceph osd crush rm`` through the Ceph
-toolbox (``rook.CephToolbox``, one command per step, how many ran recorded on the Node; as in
-EKCO, a failed Ceph command is a warning, not a stop);
+toolbox (``rook.CephToolbox``, one command per step, how many ran recorded on the Node; unlike
+EKCO, a failed ``osd purge`` or ``crush rm``, or no toolbox at all, stops the purge there: a
+refusal, retried, rather than a Node deleted while Ceph still counts its OSDs);
 then remember the node's control-plane
 address on the Node (so a crash after the endpoint is gone still finds its etcd member),
 remove its API endpoint from kubeadm's ClusterStatus, remove its stacked etcd member
@@ -106,7 +107,7 @@ class Purger:
         if node is None:
             return []
         done = _done(node)
-        ceph = "through the Ceph toolbox" if self.toolbox else "(no toolbox: printed to run by hand)"
+        ceph = "through the Ceph toolbox" if self.toolbox else "(no toolbox: printed, the purge waits)"
         lines = {
             ROOK_NODES: f"remove it from storage.nodes of the CephClusters in {self.options.rook_namespace}",
             ROOK_OSDS: "delete its OSD Deployments (app=rook-ceph-osd), their OSD IDs recorded first",
@@ -186,12 +187,18 @@ class Purger:
         ids = [i for i in annotations.get(OSDS_ANNOTATION, "").split(",") if i]
         todo = rook.commands(ids, name)
         if self.toolbox is None:
-            await self._mark(node, CEPH_PURGE, {CEPH_ANNOTATION: None})
-            return await self._said(node, Outcome(CEPH_PURGE, rook.by_hand(todo)))
+            # Not done: a Node deleted while Ceph still counts its OSDs leaves them in the map.
+            message = (
+                f"{rook.by_hand(todo)}; then add {CEPH_PURGE} to the Node's {PURGE_ANNOTATION} annotation, "
+                f"or start Rook's toolbox in {self.options.rook_namespace}, for the purge to go on"
+            )
+            return await self._said(node, Outcome(CEPH_PURGE, message, refused=True))
         recorded = annotations.get(CEPH_ANNOTATION, "")
         ran = min(int(recorded), len(todo) - 1) if recorded.isdigit() else 0
-        clause = await rook.run_one(self.toolbox, todo[ran])
+        clause, go_on = await rook.run_one(self.toolbox, todo[ran])
         message = f"{clause} ({ran + 1}/{len(todo)})"
+        if not go_on:  # the count stays: the same command runs again on a later pass
+            return await self._said(node, Outcome(CEPH_PURGE, message, refused=True))
         if ran + 1 >= len(todo):
             await self._mark(node, CEPH_PURGE, {CEPH_ANNOTATION: None})
         else:
