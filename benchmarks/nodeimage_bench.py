@@ -63,7 +63,7 @@ def planning(count: int, repeat: int = 5) -> None:
     for _ in range(repeat):
         started = time.perf_counter()
         step = planner.plan(observed)
-        planner.status(observed, step)
+        planner.status(observed, step, observed.now)
         timings.append(time.perf_counter() - started)
     best, median = min(timings) * 1000, sorted(timings)[len(timings) // 2] * 1000
     print(f"planning pass over {count} nodes: best {best:.1f} ms, median {median:.1f} ms "

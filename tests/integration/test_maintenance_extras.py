@@ -75,11 +75,17 @@ def shutdown_manager() -> dict[str, Any]:
     return {"name": "shutdown-manager", "image": IMAGE, "command": ["sh", "-c", "sleep 3600"]}
 
 
-def events(kubectl: Kubectl, name: str, reason: str, namespace: str | None = None) -> list[dict[str, Any]]:
-    selector = f"involvedObject.name={name},reason={reason}"
+def events(kubectl: Kubectl, uid: str, reason: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    """Events of one incarnation of an object, by its uid: an earlier one of the same name (a
+    previous test's MaintenancePolicy) left Events of its own."""
+    selector = f"involvedObject.uid={uid},reason={reason}"
     args = ["get", "events", "--field-selector", selector, "-o", "json"]
     text = kubectl.cluster.kubectl("-n", namespace or kubectl.namespace, *args)
     return list(json.loads(text)["items"])
+
+
+def policy_uid(kubectl: Kubectl) -> str:
+    return kubectl.cluster.kubectl("get", "maintenancepolicy", "default", "-o", "jsonpath={.metadata.uid}")
 
 
 async def test_a_stuck_envoy_is_restarted_and_a_healthy_one_left_alone(
@@ -142,11 +148,11 @@ async def test_a_stuck_envoy_is_restarted_and_a_healthy_one_left_alone(
     await wait_until(replaced, "the stuck envoy pod deleted and its Deployment's new one", timeout=90,
                      cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
 
-    on_pod = events(kubectl, first["metadata"]["name"], "EnvoyRestarted")
+    on_pod = events(kubectl, first_uid, "EnvoyRestarted")
     assert on_pod and on_pod[0]["type"] == "Warning"
     message = on_pod[0]["message"]
     assert "container envoy" in message and "envoyPodsNotReadyDuration 8s" in message, message
-    on_policy = events(kubectl, "default", "EnvoyRestarted", namespace="default")
+    on_policy = events(kubectl, policy_uid(kubectl), "EnvoyRestarted", namespace="default")
     assert any(first["metadata"]["name"] in e["message"] for e in on_policy)
 
     healthy = kubectl.get("pod", "healthy")
@@ -329,7 +335,7 @@ async def test_images_are_overridden_through_the_api_server(
         }
     )
     assert kubectl.get("pod", "plain")["spec"]["containers"][0]["image"] == original
-    off = events(kubectl, "default", "ImageOverridesOff", namespace="default")
+    off = events(kubectl, policy_uid(kubectl), "ImageOverridesOff", namespace="default")
     assert off and configuration in off[0]["message"]
 
 

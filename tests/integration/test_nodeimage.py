@@ -28,7 +28,7 @@ import yaml
 from kustos.api.etcd import EtcdCluster
 from kustos.api.nodeimage import NodeImage
 from kustos.devcluster.cluster import DevCluster
-from kustos.nodes.cloud.kwok import GROUP_LABEL, IMAGE_ANNOTATION, KwokProvider
+from kustos.nodes.cloud.kwok import GROUP_LABEL, IMAGE_ANNOTATION, PROVIDER_PREFIX, KwokProvider, label_value
 from kustos.runtime import objects
 from kustos.runtime.api import Api
 from kustos.runtime.kube import connect, load_config
@@ -346,11 +346,14 @@ async def test_a_heir_that_never_becomes_ready_is_deleted_and_tried_again(
         apply_cluster(kubectl.cluster, node_image(fleet.name, NEW, joinTimeout="4s"))
 
         async def deadline_hit() -> bool:
+            # A Join of this fleet's control-plane group (its nodes are named after the group),
+            # said on a PendingNode: not any Event that mentions a kwok node.
+            selector = "reason=DeadlineExceeded,involvedObject.kind=PendingNode"
             events = kubectl.cluster.kubectl(
-                "get", "events", "-A", "--field-selector", "reason=DeadlineExceeded", "-o", "json"
+                "get", "events", "-A", "--field-selector", selector, "-o", "json"
             )
-            return any(fleet.cp in json.dumps(e) or "kwok://" in e.get("message", "")
-                       for e in json.loads(events)["items"])  # fmt: skip
+            joins = f"Join {PROVIDER_PREFIX}{label_value(fleet.cp)[:40]}-"
+            return any(e.get("message", "").startswith(joins) for e in json.loads(events)["items"])
 
         await wait_until(deadline_hit, "a Join past its deadline to be reported", timeout=90)
         # The never-ready instance was deleted at the provider: no node of it is left over.

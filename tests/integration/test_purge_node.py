@@ -28,7 +28,7 @@ from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.kwokconfig import MANAGED_LABEL, node_manifest
 from kustos.etcd import tls
 from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
-from kustos.maintenance.kubeadm import APISERVER_ENDPOINT_ANNOTATION
+from kustos.etcd.kubeadm import APISERVER_ENDPOINT_ANNOTATION
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import running_operator
 from tests.integration.kube import wait_until

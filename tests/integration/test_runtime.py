@@ -25,7 +25,7 @@ from kustos.runtime.kube import connect, load_config
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.resources import CONFIGMAPS
 from tests.example.api import Example
-from tests.example.controller import FAIL_ANNOTATION
+from tests.example.controller import BASE_LABEL, FAIL_ANNOTATION
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, start_operator
@@ -175,6 +175,69 @@ async def test_errors_back_off_exponentially_and_recover(kubectl: Kubectl, opera
     await wait_until(
         lambda: mirror_says(kubectl, "failing", "hello"), "recovery after the failure", timeout=30
     )
+
+
+BASE_ERRORS = 'controller_runtime_reconcile_total{controller="example-base",result="error"}'
+BASE_RETRIES = 'workqueue_retries_total{name="example-base"}'
+
+
+def base_example(name: str, message: str = "hello") -> dict[str, Any]:
+    obj = example(name, message)
+    obj["metadata"]["labels"] = {BASE_LABEL: "true"}
+    return obj
+
+
+def available(kubectl: Kubectl, name: str) -> dict[str, Any]:
+    status = kubectl.get("example", name).get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Available"), {})
+
+
+async def test_a_failing_step_that_records_status_waits_for_its_backoff(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """Each failed pass records a new attempt number in status, as an EtcdCluster whose pods the
+    API server refuses records a new member index: that write must not wake the controller past
+    its backoff (it looped at about 20 passes a second)."""
+    failing = base_example("base-failing")
+    failing["metadata"]["annotations"] = {FAIL_ANNOTATION: "true"}
+    errors_before = operator.metric(BASE_ERRORS)
+    kubectl.apply(failing)
+    await wait_until(
+        lambda: _async(available(kubectl, "base-failing").get("reason") == "MirrorRefused"),
+        "the failure on the Available condition",
+    )
+    await asyncio.sleep(6)
+    errors = operator.metric(BASE_ERRORS) - errors_before
+    # 5 ms doubling: about 11 passes fit in 6 s (and one more for the first record's own event);
+    # woken by each of its status writes it made over a hundred.
+    assert 3 <= errors <= 15, f"{errors} failed passes in about 6 s"
+    attempts = int(kubectl.get("example", "base-failing")["status"]["phase"].removeprefix("Attempt "))
+    assert 1 <= attempts <= errors + 1, f"{attempts} attempts recorded for {errors} failed passes"
+    kubectl("annotate", "example", "base-failing", f"{FAIL_ANNOTATION}-")
+    await wait_until(lambda: mirror_says(kubectl, "base-failing", "hello"), "recovery", timeout=60)
+    await wait_until(lambda: _async(available(kubectl, "base-failing").get("status") == "True"), "Available")
+
+
+async def test_an_invalid_spec_names_its_field_keeps_the_status_and_is_not_retried(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    kubectl.apply(base_example("base-invalid"))
+    await wait_until(lambda: _async(available(kubectl, "base-invalid").get("status") == "True"), "Available")
+    retries_before = operator.metric(BASE_RETRIES)
+    kubectl("patch", "example", "base-invalid", "--type=merge", "-p", '{"spec":{"message":"invalid"}}')
+    await wait_until(
+        lambda: _async(available(kubectl, "base-invalid").get("reason") == "InvalidSpec"), "InvalidSpec"
+    )
+    condition = available(kubectl, "base-invalid")
+    assert condition["status"] == "False"
+    assert "spec.message" in condition["message"], condition
+    # What earlier passes recorded stays: an invalid spec is no observation of the world.
+    assert kubectl.get("example", "base-invalid")["status"]["ready"] == "1/1"
+    assert operator.metric(BASE_RETRIES) == retries_before  # terminal: no backoff loop
+
+
+async def _async(value: bool) -> bool:
+    return value
 
 
 async def test_metrics_and_probes(operator: OperatorProcess) -> None:

@@ -50,6 +50,8 @@ def tree(tmp_path: Path) -> Path:
         ("etcd/controller.py", "import kustos.proof.recorder", "proof/ (the history recorder and checker)"),
         ("metrics/facts.py", "import kustos.etcd.observe", "metrics/ reads the models' status only"),
         ("etcd/controller.py", "import kustos.metrics.facts", "no family imports metrics/"),
+        ("nodejob/planner.py", "import kustos.runtime.api", "planners decide without I/O"),
+        ("nodes/nodeimage/planner.py", "import asyncio", "planners decide without I/O"),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(

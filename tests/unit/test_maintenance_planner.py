@@ -18,6 +18,7 @@ from kustos.maintenance.planner import (
     Observed,
     PodView,
     Purge,
+    Purged,
     Refuse,
     ReleaseClaim,
     RemoveOutOfService,
@@ -200,47 +201,47 @@ def test_an_unfenced_node_past_its_toleration_is_not_purged() -> None:
     step = plan_of(observed(*nodes, down("w2", 61), policy=purge_policy()))
     assert isinstance(step, Refuse) and step.node == "w2" and step.action == "Purge"
     assert step.message.startswith("not fenced: node w2")
-    status = planner.status(observed(*nodes, down("w2", 61), policy=purge_policy()), step)
+    status = planner.status(observed(*nodes, down("w2", 61), policy=purge_policy()), step, NOW)
     assert status.last_refusal is not None and "not fenced" in status.last_refusal.message
     # afterToleration keeps EKCO's behaviour: past the toleration is fenced, and purged.
     policy = purge_policy(fencing=FencingPolicy(after_toleration=True))
-    assert plan_of(observed(*nodes, down("w2", 61), policy=policy)) == Purge("w2", False)
+    assert plan_of(observed(*nodes, down("w2", 61), policy=policy)) == Purge("w2")
     # So do the provider and the annotation.
-    assert plan_of(observed(*nodes, dead("w2"), policy=purge_policy())) == Purge("w2", False)
+    assert plan_of(observed(*nodes, dead("w2"), policy=purge_policy())) == Purge("w2")
     stopped = down("w2", 61, instance=InstanceState.STOPPED)
-    assert plan_of(observed(*nodes, stopped, policy=purge_policy())) == Purge("w2", False)
+    assert plan_of(observed(*nodes, stopped, policy=purge_policy())) == Purge("w2")
 
 
 def test_a_node_back_ready_mid_purge_is_shown_in_the_status_until_its_purge_is_gone() -> None:
     back = NodeView("w2", ready=True, purge_done=("RookStorageNode", "RookOSDDeployment"))
     o = observed(ready("c1", True), back, policy=purge_policy())
     assert plan_of(o) == Done()  # a Ready node is not purged further
-    status = planner.status(o, plan_of(o))
+    status = planner.status(o, plan_of(o), NOW)
     condition = next(c for c in status.conditions if c.type == "PurgeInterrupted")
     assert condition.status == "True" and condition.reason == "NodeReturned"
     assert "node w2 is Ready with its purge unfinished (done: RookStorageNode, RookOSDDeployment)" in (
         condition.message
     )
     cleaned = Observed(o.spec, (ready("c1", True), ready("w2")), now=NOW, previous=status)
-    after = planner.status(cleaned, Done())
+    after = planner.status(cleaned, Done(), NOW)
     condition = next(c for c in after.conditions if c.type == "PurgeInterrupted")
     assert condition.status == "False"
     # An unreachable node mid-purge is a purge under way, not an interrupted one.
-    going = planner.status(observed(ready("c1", True), dead("w2", purge_done=("Node",))), Done())
+    going = planner.status(observed(ready("c1", True), dead("w2", purge_done=("Node",))), Done(), NOW)
     assert not [c for c in going.conditions if c.type == "PurgeInterrupted"]
 
 
 def test_purge_comes_after_the_toleration_only() -> None:
     nodes = (ready("c1", True), ready("c2", True), ready("w1"))
     assert isinstance(plan_of(observed(*nodes, dead("w2", 59), policy=purge_policy())), Wait)
-    assert plan_of(observed(*nodes, dead("w2"), policy=purge_policy())) == Purge("w2", False)
+    assert plan_of(observed(*nodes, dead("w2"), policy=purge_policy())) == Purge("w2")
 
 
 def test_guards_count_ready_nodes_of_the_dead_nodes_own_role_without_it() -> None:
     dead_cp = dead("c3", control_plane=True)
     # Two ready control-plane nodes remain: purge allowed at the default minimum of 2.
     o = observed(ready("c1", True), ready("c2", True), dead_cp, policy=purge_policy())
-    assert plan_of(o) == Purge("c3", True)
+    assert plan_of(o) == Purge("c3")
     # One remains: refused, and the message names the count and the minimum.
     o = observed(ready("c1", True), down("c2", 5, control_plane=True), dead_cp, policy=purge_policy())
     step = plan_of(o)
@@ -250,12 +251,12 @@ def test_guards_count_ready_nodes_of_the_dead_nodes_own_role_without_it() -> Non
     o = observed(
         ready("c1", True), ready("c2", True), dead_cp, policy=purge_policy(min_ready_worker_node_count=5)
     )
-    assert plan_of(o) == Purge("c3", True)
+    assert plan_of(o) == Purge("c3")
     # And the control-plane minimum does not apply to a worker.
     o = observed(
         ready("c1", True), ready("w1"), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1)
     )
-    assert plan_of(o) == Purge("w2", False)
+    assert plan_of(o) == Purge("w2")
     o = observed(ready("c1", True), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1))
     assert isinstance(plan_of(o), Refuse)
 
@@ -293,19 +294,19 @@ def test_purge_never_leaves_fewer_ready_nodes_of_a_role_than_its_minimum(
 def test_only_the_policy_named_default_is_acted_on() -> None:
     step = plan_of(observed(ready("a"), down("b", fenced_at=ago(1)), name="other"))
     assert isinstance(step, Ignored)
-    status = planner.status(observed(name="other"), step)
+    status = planner.status(observed(name="other"), step, NOW)
     ready_condition = next(c for c in status.conditions if c.type == "Ready")
     assert ready_condition.status == "False" and "default" in ready_condition.message
 
 
 def test_status_records_the_action_and_the_refusal_until_that_node_succeeds() -> None:
     o = observed(ready("c1", True), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1))
-    refused = planner.status(o, plan_of(o))
+    refused = planner.status(o, plan_of(o), NOW)
     assert refused.last_action is not None and refused.last_action.outcome == "Refused"
     assert refused.last_refusal is not None and refused.last_refusal.node == "w2"
     assert refused.dead_nodes == ["w2"]
     later = Observed(o.spec, o.nodes, now=NOW, previous=refused)
-    done = planner.status(later, Purge("w2", False), done="deleted Node w2")
+    done = planner.status(later, Purged("w2", "deleted Node w2"), NOW)
     assert done.last_action is not None and done.last_action.outcome == "Done"
     assert done.last_action.message == "deleted Node w2"
     assert done.last_refusal is None
@@ -313,13 +314,14 @@ def test_status_records_the_action_and_the_refusal_until_that_node_succeeds() ->
 
 def test_a_purge_step_refused_by_etcd_is_a_refusal() -> None:
     o = observed(ready("c1", True), ready("c2", True), dead("c3", control_plane=True), policy=purge_policy())
-    status = planner.status(o, Purge("c3", True), done="refused: removing member would leave 1 healthy")
-    assert status.last_refusal is not None and "would leave 1 healthy" in status.last_refusal.message
+    status = planner.status(o, Purged("c3", "removing member would leave 1 healthy", refused=True), NOW)
+    assert status.last_refusal is not None
+    assert status.last_refusal.message == "removing member would leave 1 healthy"  # said once, no prefix
 
 
 def test_a_failed_step_is_degraded_with_its_reason() -> None:
     o = observed(ready("a"), down("b", fenced_at=ago(1)))
-    status = planner.status(o, plan_of(o), ReconcileError("the API server said no", reason="ApiError"))
+    status = planner.status(o, plan_of(o), NOW, ReconcileError("the API server said no", reason="ApiError"))
     degraded = next(c for c in status.conditions if c.type == "Degraded")
     assert degraded.status == "True" and degraded.reason == "ApiError"
     assert status.last_action is not None and status.last_action.outcome == "Failed"
@@ -327,10 +329,9 @@ def test_a_failed_step_is_degraded_with_its_reason() -> None:
 
 def test_a_repeated_refusal_keeps_its_first_time() -> None:
     o = observed(ready("c1", True), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1))
-    first = planner.status(o, plan_of(o))
-    again = planner.status(
-        Observed(o.spec, o.nodes, now=NOW + timedelta(seconds=30), previous=first), plan_of(o)
-    )
+    first = planner.status(o, plan_of(o), NOW)
+    later = NOW + timedelta(seconds=30)
+    again = planner.status(Observed(o.spec, o.nodes, now=later, previous=first), plan_of(o), later)
     assert again.last_refusal == first.last_refusal
     assert again.last_action == first.last_action
 
@@ -368,7 +369,7 @@ def test_node_view_reads_taints_roles_and_the_fencing_annotation() -> None:
 
 def test_status_is_plain_json() -> None:
     o = observed(ready("a"), down("b", fenced_at=ago(1)))
-    dumped = planner.status(o, plan_of(o)).model_dump(by_alias=True)
+    dumped = planner.status(o, plan_of(o), NOW).model_dump(by_alias=True)
     assert dumped["lastAction"]["action"] == "Clear"
     assert MaintenancePolicyStatus.model_validate(dumped).last_action is not None
 
@@ -378,7 +379,7 @@ def test_an_unreadable_fencing_annotation_is_named_in_a_condition() -> None:
     o = observed(ready("a"), bad)
     assert isinstance(plan_of(o), Wait)
     condition = next(
-        c for c in planner.status(o, plan_of(o)).conditions if c.type == "FencingAnnotationsValid"
+        c for c in planner.status(o, plan_of(o), NOW).conditions if c.type == "FencingAnnotationsValid"
     )
     assert condition.status == "False" and "node b: not a time" in condition.message
 
@@ -438,3 +439,19 @@ def test_nothing_is_moved_off_a_node_that_is_not_fenced_except_by_legacy_clear(
         assert planner.fenced_by(policy, by_name[step.node], NOW) is not None
     if isinstance(step, RemoveOutOfService):
         assert by_name[step.node].ready
+
+
+def test_an_action_recorded_anew_is_one_event_and_a_repeat_none() -> None:
+    o = observed(ready("c1", True), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1))
+    refused = planner.status(o, plan_of(o), NOW)
+    [note] = planner.action_notes(o.previous, refused)
+    assert (note.reason, note.type) == ("PurgeRefused", "Warning") and note.message.startswith("w2: ")
+    assert planner.action_notes(refused, refused) == []
+    failed = planner.status(o, plan_of(o), NOW, ReconcileError("no", reason="ApiError"))
+    assert planner.action_notes(o.previous, failed) == []  # Degraded says it
+
+
+def test_the_next_pass_after_a_refused_purge_step_waits_longer() -> None:
+    assert planner.requeue_after(Purged("w2", "quorum", refused=True)) > planner.requeue_after(
+        Purged("w2", "done")
+    )

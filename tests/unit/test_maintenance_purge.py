@@ -8,9 +8,11 @@ import pytest
 import typer
 import yaml
 
-from kustos.maintenance import kubeadm, rook
+from kustos.etcd import kubeadm
+from kustos.maintenance import rook
 from kustos.maintenance.purge import STEPS, PurgeOptions, steps_for
 from kustos.maintenance.purge_cli import load_spec, with_flags
+from kustos.runtime.errors import ReconcileError
 
 CLUSTER_STATUS = """\
 apiEndpoints:
@@ -353,3 +355,46 @@ async def test_the_ceph_purge_runs_one_command_per_pass_its_progress_on_the_node
     assert CEPH_ANNOTATION not in annotations and annotations["kustos.dev/purge"].endswith(",CephOSDPurge")
     last = await purger.next("w")
     assert last.finished and len(ran) == 5
+
+
+async def test_etcd_client_certificates_missing_from_the_directory_are_named(tmp_path: Path) -> None:
+    """Both stacked-etcd callers (purge, NodeImage) get this check from the one module now."""
+    (tmp_path / "etcd").mkdir()
+    (tmp_path / "etcd" / "ca.crt").write_text("ca")
+    with pytest.raises(ReconcileError) as caught:
+        async with kubeadm.client_tls(None, tmp_path):  # type: ignore[arg-type]  # no Secret: no API call
+            pass
+    assert caught.value.reason == "EtcdCertificatesMissing"
+    assert "healthcheck-client.crt" in caught.value.message and "ca.crt" not in caught.value.message
+    async with kubeadm.client_tls(None, tmp_path, scheme="http") as tls:  # type: ignore[arg-type]
+        assert tls is None  # plain http: no certificates asked for
+
+
+async def test_without_a_toolbox_or_when_a_ceph_command_fails_the_purge_waits() -> None:
+    """Neither is done: a Node deleted while Ceph still counts its OSDs leaves them in the map.
+    Only `ceph osd down` may fail (a dead node's OSDs are down already) and the purge go on."""
+    from kustos.maintenance.purge import CEPH_ANNOTATION, OSDS_ANNOTATION, Purger
+    from kustos.runtime.api import Api
+
+    done = {"kustos.dev/purge": "RookStorageNode,RookOSDDeployment", OSDS_ANNOTATION: "3"}
+    nodes = {"w": _node("w", ready=False, annotations=done)}
+    api = _fake_api([], nodes)
+    assert isinstance(api, Api)
+    waiting = await Purger(api, PurgeOptions(maintain_rook=True)).next("w")
+    assert waiting.refused and "ceph osd purge 3 --yes-i-really-mean-it" in waiting.message
+    annotations: dict[str, str] = nodes["w"]["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations["kustos.dev/purge"] == "RookStorageNode,RookOSDDeployment"  # not done
+
+    class Failing:
+        async def run(self, argv: list[str]) -> tuple[int, str, str]:
+            return (
+                (1, "", "Error EBUSY: osd.3 is still up") if argv[2] == "purge" else (1, "", "already down")
+            )
+
+    purger = Purger(api, PurgeOptions(maintain_rook=True), toolbox=Failing())
+    down = await purger.next("w")
+    assert not down.refused and down.message.startswith("ceph osd down osd.3: failed")
+    refused = await purger.next("w")
+    assert refused.refused and "EBUSY" in refused.message
+    assert annotations[CEPH_ANNOTATION] == "1"  # the purge command runs again on the next pass
+    assert "CephOSDPurge" not in annotations["kustos.dev/purge"]

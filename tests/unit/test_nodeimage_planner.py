@@ -269,7 +269,7 @@ def test_control_plane_waits_for_spec_etcd_and_says_so_in_degraded() -> None:
     o = observed([node("c", "cp"), node("a", image=NEW)], spec=NodeImageSpec(image=NEW))
     step = planner.plan(o)
     assert isinstance(step, planner.Held) and "set spec.etcd" in step.reason
-    degraded = next(c for c in planner.status(o, step).conditions if c.type == "Degraded")
+    degraded = next(c for c in planner.status(o, step, o.now).conditions if c.type == "Degraded")
     assert degraded.status == "True" and degraded.reason == "EtcdUnset"
     assert "enabled: false" in degraded.message
 
@@ -288,7 +288,7 @@ def test_workers_roll_while_spec_etcd_is_unset_if_no_control_plane_node_is_outda
 
 
 def test_malformed_annotations_are_absent_and_reported_in_degraded() -> None:
-    from kustos.nodes.nodeimage.controller import annotation_time
+    from kustos.runtime.objects import annotation_time
 
     malformed: list[str] = []
     for value in ("yesterday", "2026-01-01T00:00:00"):  # not a time; no zone
@@ -301,7 +301,7 @@ def test_malformed_annotations_are_absent_and_reported_in_degraded() -> None:
     o = observed([node("a", unschedulable=True), node("h", image=NEW, donor="a")], malformed=tuple(malformed))
     step = planner.plan(o)
     assert step == Drain("a")
-    degraded = next(c for c in planner.status(o, step).conditions if c.type == "Degraded")
+    degraded = next(c for c in planner.status(o, step, o.now).conditions if c.type == "Degraded")
     assert degraded.reason == "MalformedAnnotation" and "node a" in degraded.message
 
 
@@ -321,14 +321,14 @@ def test_surge_allows_several_heirs() -> None:
 def test_nodes_of_unknown_groups_are_invalid_and_not_replaced() -> None:
     o = observed([node("a", image=NEW), node("z", group="elsewhere")])
     assert isinstance(planner.plan(o), Done)
-    assert planner.status(o, Done()).invalid == ["z"]
+    assert planner.status(o, Done(), o.now).invalid == ["z"]
 
 
 def test_status_reports_states_progress_and_why_it_waits() -> None:
     nodes = [node("a"), node("b"), node("c", image=NEW), node("h", image=NEW, donor="a", ready=False)]
     o = observed(nodes)
     step = planner.plan(o)
-    result = planner.status(o, step)
+    result = planner.status(o, step, o.now)
     assert result.progress == "1/3"
     assert result.donors == ["a"] and result.heirs == ["h"] and result.outdated == ["b"]
     assert result.waiting_for and "heir h" in result.waiting_for
@@ -339,7 +339,7 @@ def test_status_reports_states_progress_and_why_it_waits() -> None:
 
 def test_status_done_is_available() -> None:
     o = observed([node("a", image=NEW)])
-    result = planner.status(o, planner.plan(o))
+    result = planner.status(o, planner.plan(o), o.now)
     assert result.progress == "1/1"
     assert next(c for c in result.conditions if c.type == "Available").status == "True"
 
@@ -458,18 +458,18 @@ def test_a_failed_step_is_degraded_with_its_reason_and_recovers() -> None:
 
     o = observed([node("a")])
     step = planner.plan(o)
-    failed = planner.status(o, step, CapacityError("group w is at its maximum"))
+    failed = planner.status(o, step, o.now, CapacityError("group w is at its maximum"))
     degraded = next(c for c in failed.conditions if c.type == "Degraded")
     assert degraded.status == "True" and degraded.reason == "ProviderCapacity"
     assert failed.waiting_for == "group w is at its maximum"
     later = replace(o, previous=failed)
-    recovered = planner.status(later, planner.plan(later))
+    recovered = planner.status(later, planner.plan(later), later.now)
     assert next(c for c in recovered.conditions if c.type == "Degraded").status == "False"
 
 
 def test_paused_is_a_condition() -> None:
     o = observed([node("a")], spec=spec(paused=True))
-    result = planner.status(o, planner.plan(o))
+    result = planner.status(o, planner.plan(o), o.now)
     assert next(c for c in result.conditions if c.type == "Paused").status == "True"
     assert result.waiting_for == "paused"
 
@@ -493,7 +493,7 @@ def test_a_drain_past_its_timeout_keeps_its_donor_marked_draining() -> None:
     started = NOW - timedelta(hours=1)
     nodes = [node("a", unschedulable=True, drain_started=started), node("h", image=NEW, donor="a")]
     o = observed(nodes)
-    result = planner.status(o, planner.plan(o))
+    result = planner.status(o, planner.plan(o), o.now)
     assert result.replacements[0].phase == "Draining"
 
 
@@ -501,8 +501,25 @@ def test_an_unobservable_world_keeps_what_was_known_and_says_why() -> None:
     from kustos.runtime.cloud import Throttled
 
     o = observed([node("a"), node("b", image=NEW)])
-    before = planner.status(o, planner.plan(o))
+    before = planner.status(o, planner.plan(o), o.now)
     after = planner.unobserved(before, Throttled("rate exceeded"), 1, NOW)
     assert after.progress == before.progress == "1/2"
     assert after.waiting_for == "rate exceeded"
     assert next(c for c in after.conditions if c.type == "Degraded").reason == "ProviderThrottled"
+
+
+def test_an_invalid_spec_keeps_the_rollouts_heirs_and_donors_in_status() -> None:
+    """An invalid spec is no observation: clearing heirs and donors let AutoscalingStrategy give
+    the autoscaler back mid-rollout."""
+    from kustos.nodes.nodeimage.controller import status_kept
+    from kustos.runtime.reconciler import InvalidSpec
+
+    raw = {
+        "metadata": {"name": "fleet", "generation": 3},
+        "status": {"heirs": ["w-new"], "donors": ["w-old"], "progress": "1/3", "observedGeneration": 2},
+    }
+    kept = status_kept(raw, InvalidSpec("invalid spec: spec.image: String should match pattern"), NOW)
+    assert (kept["heirs"], kept["donors"], kept["progress"]) == (["w-new"], ["w-old"], "1/3")
+    degraded = next(c for c in kept["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert "spec.image" in degraded["message"] and "spec.image" in kept["waitingFor"]

@@ -253,7 +253,7 @@ def test_status_after_creating_the_daemon_set() -> None:
     o = observed(spec(), ds=False, name="clean", generation=2)
     step = planner.plan(o)
     assert step.action == "CreateDaemonSet"
-    status = planner.status(o, step)
+    status = planner.status(o, step, NOW)
     assert (status.phase, status.daemon_set, status.start_time) == ("Running", "clean-nodejob", NOW_TEXT)
     assert status.message == "running busybox through DaemonSet clean-nodejob"
     [completed] = status.conditions
@@ -267,7 +267,7 @@ def test_status_when_complete_keeps_times_and_clears_an_old_degraded() -> None:
     pods = tuple(PodView(f"p-{n}", n, True, word_seen=True) for n in ("w1", "w2", "w3"))
     o = observed(spec(), pods, name="clean", previous=previous)
     step = planner.plan(o)
-    status = planner.status(o, step)
+    status = planner.status(o, step, NOW)
     assert status.completed and status.phase == "Completed" and status.progress == "3/3"
     assert status.start_time == "2025-12-31T00:00:00Z" and status.completion_time == NOW_TEXT
     kinds = {c.type: (c.status, c.reason) for c in status.conditions}
@@ -276,11 +276,11 @@ def test_status_when_complete_keeps_times_and_clears_an_old_degraded() -> None:
 
 def test_status_invalid_and_failed() -> None:
     o = observed(spec(nodeSelectorTerms=[label_term("role", "In")]))
-    status = planner.status(o, planner.plan(o))
+    status = planner.status(o, planner.plan(o), NOW)
     assert status.phase == "Failed" and "needs at least one value" in str(status.message)
     assert [(c.type, c.status, c.reason) for c in status.conditions] == [("Degraded", "True", "InvalidSpec")]
     failed = planner.status(
-        observed(spec(), ds=False), Plan("CreateDaemonSet"), ReconcileError("quota", "Refused")
+        observed(spec(), ds=False), Plan("CreateDaemonSet"), NOW, ReconcileError("quota", "Refused")
     )
     assert failed.message == "quota"
     assert [(c.type, c.status, c.reason) for c in failed.conditions] == [("Degraded", "True", "Refused")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,7 +11,7 @@ from kustos.nodes.autoscaling import planner as autoscaling
 from kustos.nodes.cloud import parse_options, provider_from
 from kustos.nodes.cloud.kwok import GroupConfig, KwokProvider, _instance, label_value, node_name_of
 from kustos.nodes.pendingnode import planner as pending
-from kustos.nodes.scalinggroup.controller import want_image
+from kustos.nodes.scalinggroup.planner import want_image
 from kustos.runtime.cloud import InstanceState, NotFound, ProviderError, Role
 from kustos.runtime.steps import Done, Wait
 
@@ -64,7 +65,7 @@ def test_a_refused_delete_is_recorded_degraded_with_the_providers_reason() -> No
     refused = ProviderError("AWS group workers is at its minimum size (3)", reason="ProviderGroupAtMinimum")
     previous = {"phase": "Pending", "attempts": 1}
 
-    status = pending.status(previous, late, step, 4, late.now, refused)
+    status = pending.status(replace(late, previous=previous, generation=4), step, late.now, refused)
 
     assert status["attempts"] == 2
     assert status["phase"] == "DeadlineExceeded"
@@ -82,25 +83,25 @@ def test_a_failed_lookup_is_recorded_and_the_rest_kept() -> None:
     previous = {"phase": "Pending", "instanceState": "Running"}
     failure = ProviderError("providerID names zone 'eu-west-1a'", reason="ProviderOtherRegion")
 
-    status = pending.status(previous, None, None, 1, NOW, failure)
+    status = pending.unobserved(previous, 1, NOW, failure)
 
     assert (status["phase"], status["instanceState"]) == ("Pending", "Running")
     [degraded] = status["conditions"]
     assert (degraded["reason"], degraded["status"]) == ("ProviderOtherRegion", "True")
     assert "looking up the instance failed" in degraded["message"]
     # The provider answers again: the condition says so.
-    after = pending.status(status, join(), pending.plan(join()), 1, NOW)
+    after = pending.status(join(previous=status, generation=1), pending.plan(join()), NOW)
     assert [(c["status"], c["reason"]) for c in after["conditions"]] == [("False", "AsExpected")]
 
 
 def test_an_accepted_delete_is_deadline_exceeded_and_counted() -> None:
     late = join(now=NOW + timedelta(minutes=6))
     step = pending.plan(late)
-    status = pending.status({}, late, step, 1, late.now)
+    status = pending.status(late, step, late.now)
     assert (status["phase"], status["attempts"]) == ("DeadlineExceeded", 1)
     assert [c["reason"] for c in status["conditions"]] == ["DeadlineExceeded"]
-    assert pending.status({}, join(), pending.plan(join()), 1, NOW)["phase"] == "Pending"
-    assert pending.status({}, join(node_ready=True), pending.MarkJoined(), 1, NOW)["phase"] == "Joined"
+    assert pending.status(join(), pending.plan(join()), NOW)["phase"] == "Pending"
+    assert pending.status(join(node_ready=True), pending.MarkJoined(), NOW)["phase"] == "Joined"
 
 
 def image(name: str, paused: bool = False, progressing: bool = True, **status: object) -> dict[str, object]:
@@ -167,8 +168,9 @@ def test_scaling_group_image() -> None:
 def test_kwok_helpers() -> None:
     assert label_value("registry.example/os:v2") == "registry.example-os-v2"
     assert node_name_of("kwok://n1") == "n1"
-    with pytest.raises(NotFound):
+    with pytest.raises(ProviderError) as caught:  # not NotFound: that would fence the node
         node_name_of("aws:///i-1")
+    assert not isinstance(caught.value, NotFound) and caught.value.reason == "ProviderForeignID"
     g = GroupConfig.parse(
         {"id": "w", "role": "Worker", "image": "x", "readyAfterSeconds": 2, "failCreate": "capacity"}
     )

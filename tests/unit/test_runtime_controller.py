@@ -15,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kustos.runtime.api import ApiStatusError
+from kustos.runtime.cloud import ProviderError, Throttled
 from kustos.runtime.controller import Controller, ControllerRunner, Result, label_keys, owner_keys
-from kustos.runtime.errors import ReconcileError, ReconcileTimeout, TerminalError
+from kustos.runtime.errors import ReconcileError, ReconcileTimeout, RetryAfter, TerminalError
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.workqueue import ExponentialBackoff, RateLimiter, TokenBucket
@@ -449,3 +450,30 @@ async def test_a_timeout_raised_inside_is_not_mistaken_for_ours() -> None:
     runner = ControllerRunner(Controller("test", CLUSTERS, slow, timeout=0.01), Metrics())
     with pytest.raises(ReconcileTimeout):
         await runner._call("ns/a")
+
+
+async def test_a_retry_after_is_waited_for_instead_of_the_backoff() -> None:
+    """A provider that says "retry after 0.3 s" is asked again after that, not after the backoff's
+    first few milliseconds; the failure still counts toward the key's backoff."""
+    loop = asyncio.get_running_loop()
+    calls: list[float] = []
+
+    async def reconcile(key: str) -> None:
+        calls.append(loop.time())
+        if len(calls) == 1:
+            raise RetryAfter("throttled by the provider", retry_after=0.3)
+
+    async with _running(reconcile) as (runner, _metrics):
+        runner.enqueue("ns/a")
+        await asyncio.sleep(0.1)
+        assert len(calls) == 1  # the backoff alone (5 ms) would have called it again by now
+        assert runner.queue.failures("ns/a") == 1
+        await asyncio.sleep(0.4)
+        assert len(calls) == 2
+        assert calls[1] - calls[0] >= 0.3 - SLACK
+
+
+def test_throttled_is_a_retry_after() -> None:
+    err = Throttled("rate exceeded", retry_after=2.0)
+    assert isinstance(err, RetryAfter) and isinstance(err, ProviderError)
+    assert (err.retry_after, err.reason, err.message) == (2.0, "ProviderThrottled", "rate exceeded")

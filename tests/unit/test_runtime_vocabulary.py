@@ -37,9 +37,9 @@ def test_system_clock_is_timezone_aware() -> None:
     assert abs(now - datetime.now(UTC)) < timedelta(seconds=5)
 
 
-def test_deps_defaults_to_the_system_clock_and_no_settings() -> None:
+def test_deps_defaults_to_the_system_clock_and_no_provider() -> None:
     deps = Deps()
-    assert isinstance(deps.clock, SystemClock) and dict(deps.settings) == {}
+    assert isinstance(deps.clock, SystemClock) and deps.cloud is None
     assert Deps(clock=FixedClock()).clock.now() == datetime(2026, 1, 1, tzinfo=UTC)
 
 

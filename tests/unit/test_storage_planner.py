@@ -234,3 +234,24 @@ def test_a_failed_step_shows_on_progressing() -> None:
     assert progressing is not None
     assert (progressing["status"], progressing["reason"]) == ("True", "Forbidden")
     assert progressing["message"].endswith("failed: the API server refused: quota")
+
+
+def test_status_notes_say_each_transition_once() -> None:
+    def cond(type_: str, status: str, reason: str = "R", message: str = "") -> dict[str, str]:
+        return {"type": type_, "status": status, "reason": reason, "message": message}
+
+    old = {"phase": "Running", "conditions": [cond("SpecValid", "True"), cond("Maintenance", "False")]}
+    new = {
+        "phase": "Paused",
+        "conditions": [
+            cond("SpecValid", "False", "InvalidSpec", "bad"),
+            cond("Maintenance", "True", "Paused", "p"),
+        ],
+    }
+    said = [(n.reason, n.message, n.type) for n in planner.status_notes(old, new)]
+    assert said == [
+        ("InvalidSpec", "bad", "Warning"),
+        ("Paused", "p", "Normal"),
+        ("PhaseChanged", "Running -> Paused", "Normal"),
+    ]
+    assert planner.status_notes(new, new) == []  # the same status again: nothing new to say

@@ -351,7 +351,7 @@ def test_the_shared_steps_are_the_runtime_ones() -> None:
 
 def test_status_entering_the_pull_records_where_it_started() -> None:
     o = observed(None, cluster=ClusterView("c", OLD), generation=3)
-    status = up.status(o, up.Advance("PullImage"))
+    status = up.status(o, up.Advance("PullImage"), NOW)
     assert (status.step, status.cluster, status.previous_image) == ("PullImage", "c", OLD)
     assert status.start_time == status.step_start_time == "2026-01-01T00:00:00Z"
     assert status.message == f"Pulling the new container image {NEW} on every storage node"
@@ -363,24 +363,24 @@ def test_status_entering_the_pull_records_where_it_started() -> None:
 
 def test_status_of_a_wait_says_why_and_counts_node_pods() -> None:
     o = observed("RollNodes", daemon_set=ds(NEW, generation=2), pull_job_progress=" (ignored)")
-    status = up.status(o, up.plan(o))
+    status = up.status(o, up.plan(o), NOW)
     assert status.message == "waiting for the DaemonSet controller to see the new image"
     assert status.nodes_ready == "3/3"
     missing = observed(None, cluster=None, cluster_problem="StorageCluster c not found in namespace ns")
-    assert up.status(missing, up.plan(missing)).message == "StorageCluster c not found in namespace ns"
+    assert up.status(missing, up.plan(missing), NOW).message == "StorageCluster c not found in namespace ns"
 
 
 def test_status_of_a_failure_says_how_to_restore_and_a_failed_step_is_degraded() -> None:
     o = observed("ScaleDown")
-    status = up.status(o, up.Fail("pods still exist"))
+    status = up.status(o, up.Fail("pods still exist"), NOW)
     assert status.step == "Failed" and status.completion_time == "2026-01-01T00:00:00Z"
     assert "kustos storage restore-workloads up -n ns" in str(status.message)
     assert [(c.type, c.reason) for c in status.conditions] == [("Failed", "UpgradeFailed")]
     w = WorkloadView("Deployment", "ns", "web", 0, remembered=2, owner=ME)
-    failed = up.status(o, up.ScaleDown(w, 2), ReconcileError("forbidden", "Forbidden"))
+    failed = up.status(o, up.ScaleDown(w, 2), NOW, ReconcileError("forbidden", "Forbidden"))
     assert failed.message == "ScaleDown failed: forbidden" and failed.step is None
     assert [(c.type, c.status, c.reason) for c in failed.conditions] == [("Degraded", "True", "Forbidden")]
-    recovered = up.status(replace(o, previous=failed), up.ScaleDown(w, 2))
+    recovered = up.status(replace(o, previous=failed), up.ScaleDown(w, 2), NOW)
     assert [(c.type, c.status, c.reason) for c in recovered.conditions] == [
         ("Degraded", "False", "AsExpected")
     ]
@@ -394,6 +394,6 @@ def test_status_marks_a_restored_workload_unless_deleting() -> None:
         }
     )
     w = WorkloadView("Deployment", "ns", "web", 0, remembered=2, owner=ME)
-    assert up.status(observed("ScaleUp", previous=previous), up.ScaleUp(w, 2)).workloads[0].restored
+    assert up.status(observed("ScaleUp", previous=previous), up.ScaleUp(w, 2), NOW).workloads[0].restored
     deleting = observed("ScaleUp", previous=previous, deleting=True)
-    assert not up.status(deleting, up.ScaleUp(w, 2)).workloads[0].restored
+    assert not up.status(deleting, up.ScaleUp(w, 2), NOW).workloads[0].restored

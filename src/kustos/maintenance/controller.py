@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
-
-from pydantic import ValidationError
 
 from kustos.api.maintenance import (
     POLICY_NAME,
     MaintenancePolicy,
-    MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
 from kustos.maintenance import planner, rook
-from kustos.maintenance.nodes import node_view, taints
+from kustos.maintenance.nodes import node_view
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
     OUT_OF_SERVICE_TAINT,
@@ -40,14 +36,14 @@ from kustos.runtime import faults, objects
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.cloud import CloudProvider, InstanceState, NotFound, ProviderError
 from kustos.runtime.conditions import Condition as RawCondition
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.controller import Controller
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.manager import Manager
+from kustos.runtime.reconciler import FamilyReconciler
 from kustos.runtime.record import Note, record, warning
 from kustos.runtime.resources import CLAIMS, NODES, PODS, STATEFULSETS, VOLUMES
-from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
@@ -56,6 +52,7 @@ POLICIES = MaintenancePolicy.crd.ref
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOUNCED = frozenset({"Degraded", "Ready", "FencingAnnotationsValid", "PurgeInterrupted"})
 UNSCHEDULED_INDEX = "maintenance-unscheduled"
+Obj = dict[str, Any]
 
 
 def _unscheduled(pod: dict[str, Any]) -> Iterable[str]:
@@ -82,13 +79,16 @@ def pinned_node(volume: dict[str, Any] | None) -> str | None:
     return None
 
 
-class MaintenanceReconciler:
+class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, Step]):
+    """Node maintenance under the MaintenancePolicy (etcd's defragmentation is another family's)."""
+
+    model = MaintenancePolicy
+    announce = ANNOUNCED
+
     def __init__(self, manager: Manager, deps: Deps) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = deps.clock
+        super().__init__(manager, deps)
         self.cloud: CloudProvider | None = deps.cloud
-        self.policies = manager.informer(POLICIES)
+        self.policies = self.cache
         self.nodes = manager.informer(NODES)
         self.pods = manager.informer(PODS)
         self.pods_by_node = self.pods.index_by_node_name()
@@ -97,64 +97,36 @@ class MaintenanceReconciler:
         self.volumes = manager.informer(VOLUMES)
         self.statefulsets = manager.informer(STATEFULSETS)
 
-    async def reconcile(self, key: str) -> Result | None:
-        raw = self.policies.get(key)
-        if raw is None or objects.deleting(raw):
-            return None
-        now = self.clock.now()
+    def plan(self, observed: Observed) -> Step:
+        return planner.plan(observed)
+
+    def status(self, observed: Observed, step: Step, now: datetime, failure: ReconcileError | None) -> Obj:
+        return planner.status(observed, step, now, failure).model_dump(by_alias=True)
+
+    def requeue_after(self, observed: Observed, step: Step) -> float | None:
+        return planner.requeue_after(step)
+
+    async def write_status(self, raw: Obj, status: Obj, notes: list[Note]) -> None:
+        """The one write, with an Event for an action recorded anew. A conflict (a stale cache)
+        must not lose the record of a step taken: once more on the policy as it is now
+        (nothing else writes its status)."""
+        old = MaintenancePolicyStatus.model_validate(raw.get("status") or {})
+        told = notes + planner.action_notes(old, MaintenancePolicyStatus.model_validate(status))
         try:
-            policy = MaintenancePolicy.model_validate(raw)
-        except ValidationError as err:
-            log.warning("MaintenancePolicy %s is invalid: %s", key, err)
-            return None
-        previous = policy.status or MaintenancePolicyStatus()
-        observed = await self.observe(policy, previous, now)
-        step = planner.plan(observed)
-        failure: ReconcileError | None = None
-        done: str | None = None
-        try:
-            done = await self.act(policy.spec, step)
-        except ReconcileError as err:
-            failure = err
-        try:
-            await self._record(raw, observed, step, failure, done)
+            await record(self.api, POLICIES, raw, status, self.manager.events, notes=told, announce=ANNOUNCED,
+                         is_warning=_warning)  # fmt: skip
         except ApiStatusError as err:
             if not err.conflict:
                 raise
-            # The step is done (or failed): a stale cache must not lose its record. Once more
-            # on the policy as it is now (nothing else writes its status).
             fresh = await self.api.get(POLICIES, None, objects.name(raw))
-            if fresh is None:
-                return None
-            current = MaintenancePolicy.model_validate(fresh).status or MaintenancePolicyStatus()
-            await self._record(fresh, replace(observed, previous=current), step, failure, done)
-        if failure is not None:
-            raise failure
-        match step:
-            case Wait(_, seconds):
-                return Result(requeue_after=seconds)
-            case Done() | planner.Ignored():
-                return Result(requeue_after=planner.RESYNC)
-            case planner.Refuse():
-                return Result(requeue_after=planner.POLL * 2)
-        if done is not None and done.startswith("refused:"):
-            return Result(requeue_after=planner.POLL * 2)
-        return Result(requeue_after=0.2)
-
-    async def _record(
-        self, raw: dict[str, Any], observed: Observed, step: Step, failure: ReconcileError | None,
-        done: str | None,
-    ) -> None:  # fmt: skip
-        status = planner.status(observed, step, failure, done)
-        notes = self._notes(observed, step, status, failure)
-        await record(self.api, POLICIES, raw, status.model_dump(by_alias=True), self.manager.events,
-                     notes=notes, announce=ANNOUNCED, is_warning=_warning)  # fmt: skip
+            if fresh is not None:
+                await record(self.api, POLICIES, fresh, status, self.manager.events, notes=told,
+                             announce=ANNOUNCED, is_warning=_warning)  # fmt: skip
 
     # ---- observe -----------------------------------------------------------------------
 
-    async def observe(
-        self, policy: MaintenancePolicy, previous: MaintenancePolicyStatus, now: datetime
-    ) -> Observed:
+    async def observe(self, policy: MaintenancePolicy, now: datetime) -> Observed:
+        previous = policy.status or MaintenancePolicyStatus()
         spec = policy.spec
         views = []
         unreachable: list[str] = []
@@ -227,7 +199,7 @@ class MaintenanceReconciler:
 
     # ---- act ---------------------------------------------------------------------------
 
-    async def act(self, spec: MaintenancePolicySpec, step: Step) -> str | None:
+    async def act(self, policy: MaintenancePolicy, observed: Observed, step: Step, notes: list[Note]) -> Step:
         match step:
             case planner.TaintOutOfService(node, evidence):
                 log.info("step: TaintOutOfService %s (%s)", node, evidence)
@@ -243,11 +215,11 @@ class MaintenanceReconciler:
                 log.info("step: ReleaseClaim %s/%s pinned to %s for %s", namespace, name, node, pod)
                 await self.api.delete(CLAIMS, namespace, name, uid=uid)
             case planner.Purge(node):
-                options = PurgeOptions.from_spec(spec)
+                options = PurgeOptions.from_spec(policy.spec)
                 purger = Purger(self.api, options, self._announce, await self._toolbox(options))
                 outcome = await purger.next(node)
-                return f"refused: {outcome.message}" if outcome.refused else outcome.message
-        return None
+                return planner.Purged(node, outcome.message, outcome.refused)
+        return step
 
     async def _toolbox(self, options: PurgeOptions) -> rook.CephToolbox | None:
         """Exec in Rook's toolbox pod through the API server; None (the Ceph commands are
@@ -264,7 +236,7 @@ class MaintenanceReconciler:
         node = await self.api.get(NODES, None, name)
         if node is None:
             return
-        current = taints(node)
+        current = objects.node_taints(node)
         others = [t for t in current if t.get("key") != OUT_OF_SERVICE_TAINT]
         if wanted:
             others.append({"key": OUT_OF_SERVICE_TAINT, "value": OUT_OF_SERVICE_VALUE, "effect": "NoExecute",
@@ -293,20 +265,6 @@ class MaintenanceReconciler:
         type_ = WARNING if reason.endswith("Refused") else NORMAL
         await self.manager.events.record({"apiVersion": "v1", "kind": "Node", **node}, type_, reason, message)
 
-    def _notes(
-        self, o: Observed, step: Step, status: MaintenancePolicyStatus, failure: ReconcileError | None
-    ) -> list[Note]:
-        if failure is not None or status.last_action is None:
-            return []
-        last = status.last_action
-        if o.previous.last_action is not None and o.previous.last_action == last:
-            return []
-        if isinstance(step, Wait | Done | planner.Ignored):
-            return []
-        refused = last.outcome == "Refused"
-        reason = last.action + ("Refused" if refused else "")
-        return [Note(reason, f"{last.node}: {last.message}", WARNING if refused else NORMAL)]
-
 
 def _warning(condition: RawCondition) -> bool:
     """A node back Ready mid-purge warns as Degraded does (an Event when it turns True)."""
@@ -320,7 +278,7 @@ def _policy(_: dict[str, Any]) -> list[str]:
 
 
 def register(manager: Manager, deps: Deps) -> None:
-    reconciler = MaintenanceReconciler(manager, deps)
+    reconciler = NodeMaintenanceReconciler(manager, deps)
     controller = Controller("maintenance", POLICIES, reconciler.reconcile, workers=1)
     controller.watch(NODES, _policy)
     controller.watch(PODS, _policy)

@@ -6,8 +6,10 @@ not ready. A change to a selected pod, or to the policy, wakes it; a pending dea
 re-queue. What it counts lives on the pods (``envoy.NOT_READY_ANNOTATION``), written with the
 pod's resourceVersion as a precondition so a stale cache never restarts the count.
 
-It records no status: the policy's status belongs to the node-maintenance controller. What it
-does is an Event on the pod and one on the policy (when there is one).
+It records no status: the policy's status belongs to the node-maintenance controller, and
+the policy may be absent (the defaults apply), so it is not a ``runtime.reconciler`` family.
+What it does is an Event on the pod and one on the policy (when there is one); unusable
+settings are an Event on the policy and a ``TerminalError`` (the policy's next change wakes it).
 """
 
 from __future__ import annotations
@@ -22,10 +24,9 @@ from kustos.api.maintenance import POLICY_NAME, MaintenancePolicy, MaintenancePo
 from kustos.maintenance import envoy
 from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.clock import Clock
 from kustos.runtime.controller import Controller, Result
 from kustos.runtime.deps import Deps
-from kustos.runtime.errors import ReconcileError
+from kustos.runtime.errors import ReconcileError, TerminalError
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.manager import Manager
 from kustos.runtime.resources import NODES, PODS
@@ -40,10 +41,10 @@ AFTER_STEP = 0.2  # seconds: the next pass after a step, once the watch has show
 
 
 class EnvoyRestartReconciler:
-    def __init__(self, manager: Manager, clock: Clock) -> None:
+    def __init__(self, manager: Manager, deps: Deps) -> None:
         self.manager = manager
         self.api = manager.api
-        self.clock = clock
+        self.clock = deps.clock
         self.policies = manager.informer(POLICIES)
         self.pods = manager.informer(PODS)
         self.nodes = manager.informer(NODES)
@@ -118,8 +119,7 @@ class EnvoyRestartReconciler:
             case envoy.Invalid(message=message):
                 if policy is not None:
                     await self.manager.events.record(policy, WARNING, "InvalidEnvoySettings", message)
-                log.warning("envoy restarts: %s", message)
-                return None  # the policy's next change wakes us
+                raise TerminalError(f"envoy restarts: {message}", "InvalidEnvoySettings")
             case envoy.Mark(pod=pod, since=since):
                 await self._annotate(pod, rfc3339(since))
             case envoy.Unmark(pod=pod):
@@ -173,7 +173,7 @@ class EnvoyRestartReconciler:
 
 
 def register(manager: Manager, deps: Deps) -> None:
-    reconciler = EnvoyRestartReconciler(manager, deps.clock)
+    reconciler = EnvoyRestartReconciler(manager, deps)
 
     def pod_keys(pod: dict[str, Any]) -> list[str]:
         """Selected pods, and pods kustos annotated, wake the one key."""

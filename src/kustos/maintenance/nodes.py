@@ -7,7 +7,6 @@ from typing import Any
 
 from kustos.api.maintenance import FENCED_ANNOTATION
 from kustos.maintenance.planner import (
-    CONTROL_PLANE_LABELS,
     OUT_OF_SERVICE_OWNER,
     OUT_OF_SERVICE_TAINT,
     PURGE_ANNOTATION,
@@ -19,18 +18,8 @@ from kustos.runtime.cloud import InstanceState
 from kustos.runtime.times import parse_rfc3339
 
 
-def is_control_plane(node: Mapping[str, Any]) -> bool:
-    """kubeadm's role label (and the one it used before 1.20)."""
-    labels = objects.labels(node)
-    return any(label in labels for label in CONTROL_PLANE_LABELS)
-
-
-def taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return list((node.get("spec") or {}).get("taints") or [])
-
-
 def node_view(node: Mapping[str, Any], instance: InstanceState | None = None) -> NodeView:
-    unreachable = [t for t in taints(node) if t.get("key") == UNREACHABLE_TAINT]
+    unreachable = [t for t in objects.node_taints(node) if t.get("key") == UNREACHABLE_TAINT]
     since = None
     if unreachable:
         # The node lifecycle controller stamps timeAdded on the NoExecute taint; the NoSchedule
@@ -45,12 +34,12 @@ def node_view(node: Mapping[str, Any], instance: InstanceState | None = None) ->
             fenced_at = parse_rfc3339(raw)
         except ValueError:
             problem = f"annotation {FENCED_ANNOTATION}={raw!r} is not an RFC 3339 time"
-    out_of_service = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints(node))
+    out_of_service = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in objects.node_taints(node))
     done = tuple(s for s in annotations.get(PURGE_ANNOTATION, "").split(",") if s)
     return NodeView(
         name=objects.name(node),
         ready=objects.node_ready(node),
-        control_plane=is_control_plane(node),
+        control_plane=objects.is_control_plane(node),
         unreachable_since=since,
         out_of_service=out_of_service,
         out_of_service_ours=out_of_service and OUT_OF_SERVICE_OWNER in annotations,
@@ -69,4 +58,4 @@ def _not_ready_since(node: Mapping[str, Any]) -> Any:
     return None
 
 
-__all__ = ["is_control_plane", "node_view", "taints"]
+__all__ = ["node_view"]

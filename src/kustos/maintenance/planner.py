@@ -31,7 +31,7 @@ from kustos.api.maintenance import (
 from kustos.runtime.cloud import InstanceState
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.steps import Done, Wait
+from kustos.runtime.steps import Done, Note, Wait
 from kustos.runtime.times import parse_duration, rfc3339
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -45,7 +45,6 @@ PURGE_ANNOTATION = "kustos.dev/purge"
 RELEASE_CLAIMS_ANNOTATION = "kustos.dev/release-pinned-claims"
 """On a StatefulSet ("true"): the workload replicates its own data, so a claim pinned to a
 fenced node may be deleted for its pod to start elsewhere with a fresh volume."""
-CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 LEGACY_TERMINATING = timedelta(seconds=30)
 """EKCO force-deletes pods Terminating for this long on a dead node (legacy clear)."""
 POLL = 5.0
@@ -154,10 +153,19 @@ class ReleaseClaim:
 
 @dataclass(frozen=True)
 class Purge:
-    """Purge the node, one step at a time (``purge.next_step`` picks which from live facts)."""
+    """Purge the node, one step at a time (``purge.Purger.next`` picks which from live facts)."""
 
     node: str
-    control_plane: bool
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What one purge step did (the act's account of a ``Purge``): ``refused`` when a safety
+    check (etcd quorum, Ceph's ok-to-stop) kept it from acting."""
+
+    node: str
+    message: str
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -177,7 +185,8 @@ class Ignored:
 
 
 Step = (
-    TaintOutOfService
+    Purged
+    | TaintOutOfService
     | RemoveOutOfService
     | ForceDeletePod
     | ReleaseClaim
@@ -308,7 +317,7 @@ def plan(o: Observed) -> Step:
         if spec.should_enable_purge_nodes and past_toleration(spec, node, o.now):
             refusal = purge_refusal(spec, o.nodes, node) if source is not None else not_fenced(node)
             if refusal is None:
-                return Purge(node.name, node.control_plane)
+                return Purge(node.name)
             refusals.append(Refuse(node.name, "Purge", refusal))
         if not clear:
             continue
@@ -371,16 +380,16 @@ def describe(step: Step) -> tuple[str, str, str] | None:
 
 
 def status(
-    o: Observed, step: Step, failure: ReconcileError | None = None, done: str | None = None
+    o: Observed, step: Step, when: datetime, failure: ReconcileError | None = None
 ) -> MaintenancePolicyStatus:
-    """The status after ``step``; ``done`` is what a purge step said it did (the controller knows)."""
+    """The status after ``step`` (a ``Purge`` acted on is the ``Purged`` that says what it did)."""
     result = o.previous.model_copy(deep=True)
-    now = rfc3339(o.now)
+    now = rfc3339(when)
     result.dead_nodes = sorted(n.name for n in dead_nodes(o))
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
-            Condition, result.conditions, type_, value, reason, message, o.generation, o.now
+            Condition, result.conditions, type_, value, reason, message, o.generation, when
         )
 
     if isinstance(step, Ignored):
@@ -415,7 +424,9 @@ def status(
         result.conditions = conditions("PurgeInterrupted", False, "AsExpected", "")
     described = describe(step)
     if isinstance(step, Purge):
-        described = (step.node, "Purge", done or "purge step")
+        described = (step.node, "Purge", "purge step")
+    elif isinstance(step, Purged):
+        described = (step.node, "Purge", step.message)
     if described is None:
         if failure is None:
             result.conditions = conditions("Degraded", False, "AsExpected", "")
@@ -426,10 +437,8 @@ def status(
                                                message=failure.message[:1000])  # fmt: skip
         result.conditions = conditions("Degraded", True, failure.reason, failure.message[:1000])
         return result
-    outcome: Literal["Done", "Refused"] = "Refused" if isinstance(step, Refuse) else "Done"
-    if isinstance(step, Purge) and done is not None and done.startswith("refused:"):
-        outcome = "Refused"
-        message = done.removeprefix("refused:").strip()
+    refused = isinstance(step, Refuse) or (isinstance(step, Purged) and step.refused)
+    outcome: Literal["Done", "Refused"] = "Refused" if refused else "Done"
     action_record = MaintenanceAction(
         time=now, node=node, action=action, outcome=outcome, message=message[:1000]
     )
@@ -448,6 +457,30 @@ def status(
     return result
 
 
+def action_notes(old: MaintenancePolicyStatus, new: MaintenancePolicyStatus) -> list[Note]:
+    """An Event for an action the status records anew (a failure shows on Degraded instead)."""
+    last = new.last_action
+    if last is None or last == old.last_action or last.outcome == "Failed":
+        return []
+    refused = last.outcome == "Refused"
+    return [Note(last.action + ("Refused" if refused else ""), f"{last.node}: {last.message}",
+                 "Warning" if refused else "Normal")]  # fmt: skip
+
+
+def requeue_after(step: Step) -> float:
+    """Seconds until the next pass after ``step`` was taken."""
+    match step:
+        case Wait(_, seconds):
+            return seconds
+        case Done() | Ignored():
+            return RESYNC
+        case Refuse():
+            return POLL * 2
+        case Purged(refused=True):
+            return POLL * 2
+    return 0.2
+
+
 __all__ = [
     "ClaimView",
     "ForceDeletePod",
@@ -456,6 +489,7 @@ __all__ = [
     "Observed",
     "PodView",
     "Purge",
+    "Purged",
     "Refuse",
     "ReleaseClaim",
     "RemoveOutOfService",

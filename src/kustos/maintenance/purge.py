@@ -4,8 +4,9 @@ The order (EKCO's, with a quorum check it lacks): with Rook storage nodes mainta
 (``rookShouldUseAllNodes: false``, EKCO's ``--maintain_rook_storage_nodes``), remove the node
 from each CephCluster's ``storage.nodes``, delete its OSD Deployments (their OSD IDs recorded
 on the Node first) and run ``ceph osd down/purge`` and ``ceph osd crush rm`` through the Ceph
-toolbox (``rook.CephToolbox``, one command per step, how many ran recorded on the Node; as in
-EKCO, a failed Ceph command is a warning, not a stop);
+toolbox (``rook.CephToolbox``, one command per step, how many ran recorded on the Node; unlike
+EKCO, a failed ``osd purge`` or ``crush rm``, or no toolbox at all, stops the purge there: a
+refusal, retried, rather than a Node deleted while Ceph still counts its OSDs);
 then remember the node's control-plane
 address on the Node (so a crash after the endpoint is gone still finds its etcd member),
 remove its API endpoint from kubeadm's ClusterStatus, remove its stacked etcd member
@@ -19,25 +20,19 @@ members on lost nodes.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import logging
-import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kustos.api.maintenance import MaintenancePolicySpec
-from kustos.etcd import membership
-from kustos.etcd.client import EtcdTLS
-from kustos.maintenance import kubeadm, rook
-from kustos.maintenance.nodes import is_control_plane
+from kustos.etcd import kubeadm
+from kustos.maintenance import rook
 from kustos.maintenance.planner import PURGE_ANNOTATION
 from kustos.runtime import faults, objects
 from kustos.runtime.api import Api
-from kustos.runtime.errors import ReconcileError
-from kustos.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NODES, PODS, SECRETS
+from kustos.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NODES, PODS
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +84,7 @@ def steps_for(node: dict[str, Any] | None, options: PurgeOptions) -> tuple[str, 
     if node is None:
         return ()
     rook = ROOK_STEPS if options.maintain_rook else ()
-    control_plane = CONTROL_PLANE_STEPS if is_control_plane(node) else ()
+    control_plane = CONTROL_PLANE_STEPS if objects.is_control_plane(node) else ()
     return (*rook, *control_plane, NODE)
 
 
@@ -112,7 +107,7 @@ class Purger:
         if node is None:
             return []
         done = _done(node)
-        ceph = "through the Ceph toolbox" if self.toolbox else "(no toolbox: printed to run by hand)"
+        ceph = "through the Ceph toolbox" if self.toolbox else "(no toolbox: printed, the purge waits)"
         lines = {
             ROOK_NODES: f"remove it from storage.nodes of the CephClusters in {self.options.rook_namespace}",
             ROOK_OSDS: "delete its OSD Deployments (app=rook-ceph-osd), their OSD IDs recorded first",
@@ -192,12 +187,18 @@ class Purger:
         ids = [i for i in annotations.get(OSDS_ANNOTATION, "").split(",") if i]
         todo = rook.commands(ids, name)
         if self.toolbox is None:
-            await self._mark(node, CEPH_PURGE, {CEPH_ANNOTATION: None})
-            return await self._said(node, Outcome(CEPH_PURGE, rook.by_hand(todo)))
+            # Not done: a Node deleted while Ceph still counts its OSDs leaves them in the map.
+            message = (
+                f"{rook.by_hand(todo)}; then add {CEPH_PURGE} to the Node's {PURGE_ANNOTATION} annotation, "
+                f"or start Rook's toolbox in {self.options.rook_namespace}, for the purge to go on"
+            )
+            return await self._said(node, Outcome(CEPH_PURGE, message, refused=True))
         recorded = annotations.get(CEPH_ANNOTATION, "")
         ran = min(int(recorded), len(todo) - 1) if recorded.isdigit() else 0
-        clause = await rook.run_one(self.toolbox, todo[ran])
+        clause, go_on = await rook.run_one(self.toolbox, todo[ran])
         message = f"{clause} ({ran + 1}/{len(todo)})"
+        if not go_on:  # the count stays: the same command runs again on a later pass
+            return await self._said(node, Outcome(CEPH_PURGE, message, refused=True))
         if ran + 1 >= len(todo):
             await self._mark(node, CEPH_PURGE, {CEPH_ANNOTATION: None})
         else:
@@ -262,59 +263,14 @@ class Purger:
                 "pods): no stacked etcd member to remove"
             ), False
         where = await self._addresses(name)
-        dead = objects.annotations(node).get(ADDRESS_ANNOTATION) or where.dead
-        if not where.remaining:
-            return f"no other control-plane address to reach etcd through; {name}'s member is left", True
+        dead = objects.annotations(node).get(ADDRESS_ANNOTATION) or where.dead or ""
         endpoints = [kubeadm.client_url(ip) for ip in where.remaining]
-        async with self._tls() as tls:
-            statuses = await membership.statuses_of(endpoints, tls)
-            members = await membership.member_list(statuses, tls)
-            if members is None:
-                return membership.why_no_member_list(endpoints, statuses), True
-            victim = members.by_name(name)
-            if victim is None and dead:
-                victim = next(
-                    (m for m in members.members if any(kubeadm.url_host(u) == dead for u in m.peer_urls)),
-                    None,
-                )
-            if victim is None:
-                return (
-                    f"etcd has no member named {name} or with peer address {dead}: nothing to remove",
-                    False,
-                )
-            refusal = await membership.remove_keeping_quorum(endpoints, tls, victim.id)
-        if refusal is not None:
-            return f"etcd member {victim.name or hex(victim.id)} kept: {refusal}", True
-        return f"removed etcd member {victim.name or hex(victim.id)} ({', '.join(victim.peer_urls)})", False
-
-    @contextlib.asynccontextmanager
-    async def _tls(self) -> AsyncIterator[EtcdTLS]:
-        secret_name = self.options.etcd_certificates_secret
-        if not secret_name:
-            ca, cert, key = kubeadm.certificate_files(self.options.certificates_dir)
-            missing = [str(p) for p in (ca, cert, key) if not p.is_file()]
-            if missing:
-                raise ReconcileError(f"kubeadm's etcd certificates are missing: {', '.join(missing)}",
-                                     reason="EtcdCertificatesMissing")  # fmt: skip
-            yield EtcdTLS(ca, cert, key)
-            return
-        namespace, _, secret = secret_name.partition("/")
-        found = await self.api.get(SECRETS, namespace, secret)
-        data = (found or {}).get("data") or {}
-        missing = [k for k in kubeadm.SECRET_KEYS if k not in data]
-        if found is None or missing:
-            what = "does not exist" if found is None else f"lacks {', '.join(missing)}"
-            raise ReconcileError(
-                f"etcdCertificatesSecret {secret_name} {what}", reason="EtcdCertificatesMissing"
-            )
-        with tempfile.TemporaryDirectory(prefix="kustos-etcd-") as directory:
-            paths = []
-            for item in kubeadm.SECRET_KEYS:
-                path = Path(directory) / item
-                path.write_bytes(base64.b64decode(data[item]))
-                path.chmod(0o600)
-                paths.append(path)
-            yield EtcdTLS(paths[0], paths[1], paths[2])
+        options = self.options
+        async with kubeadm.client_tls(
+            self.api, options.certificates_dir, options.etcd_certificates_secret
+        ) as tls:
+            removal = await kubeadm.remove_member(endpoints, tls, name=name, address=dead)
+        return removal.message, removal.refused
 
 
 def _numeric(osd_id: str) -> tuple[int, str]:

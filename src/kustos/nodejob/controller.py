@@ -3,34 +3,34 @@
 The job's pods belong to a DaemonSet the job owns, so deleting the job removes them
 (garbage collection through owner references). Which nodes are done lives in the
 status, so a restarted operator never forgets a node it saw finish, and never needs
-that pod's log again. Each pass writes the status once (``runtime.record``), computed
-by ``planner.status``.
+that pod's log again. Each pass writes the status once, computed by ``planner.status``: the
+reconcile itself is the runtime's (``runtime.reconciler.FamilyReconciler``).
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
-
-from pydantic import ValidationError
 
 from kustos.api.nodejob import NodeJob, NodeJobStatus
 from kustos.nodejob import planner
-from kustos.nodejob.planner import JOB_LABEL, NodeView, Observed, Plan, PodView, Taint
+from kustos.nodejob.planner import JOB_LABEL, NodeView, Observed, Plan, PodView
 from kustos.runtime import faults, objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.clock import Clock
-from kustos.runtime.controller import Controller, Result, label_keys
+from kustos.runtime.controller import Controller, label_keys
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import Note, record
+from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
+from kustos.runtime.record import Note
 from kustos.runtime.resources import DAEMONSETS, NODES, PODS
 
 log = logging.getLogger(__name__)
 
 NODEJOBS = NodeJob.crd.ref
+Obj = dict[str, Any]
 
 POLL = 2.0  # logs change without any watch event: look again this often until complete
 LOG_LINES = 500
@@ -40,70 +40,58 @@ ANNOUNCED = frozenset({"Degraded"})
 
 
 def _node_view(node: dict[str, Any]) -> NodeView:
-    taints = tuple(
-        Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule"))
-        for t in (node.get("spec") or {}).get("taints") or []
-    )
-    return NodeView(objects.name(node), objects.labels(node), taints)
+    return NodeView(objects.name(node), objects.labels(node), objects.taints(node))
 
 
-class NodeJobReconciler:
-    def __init__(self, manager: Manager, clock: Clock) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = clock
-        self.jobs = manager.informer(NODEJOBS)
+class NodeJobReconciler(FamilyReconciler[NodeJob, Observed, Plan]):
+    model = NodeJob
+    announce = ANNOUNCED
+
+    def __init__(self, manager: Manager, deps: Deps) -> None:
+        super().__init__(manager, deps)
+        self.jobs = self.cache
         self.daemon_sets = manager.informer(DAEMONSETS, InformerOptions(label_selector=JOB_LABEL))
         self.pods = manager.informer(PODS, InformerOptions(label_selector=JOB_LABEL))
         self.pods_by_job = self.pods.index_by_label(JOB_LABEL)
         self.nodes = manager.informer(NODES)
 
-    async def reconcile(self, key: str) -> Result | None:
-        raw = self.jobs.get(key)
-        if raw is None or objects.deleting(raw):
-            return None  # owner references take the DaemonSet and its pods along
-        try:
-            job = NodeJob.model_validate(raw)
-        except ValidationError as err:
-            status = planner.invalid(
-                NodeJobStatus(), f"invalid spec: {err}", objects.generation(raw), self.clock.now()
-            )
-            await record(self.api, NODEJOBS, raw, status.model_dump(by_alias=True), self.manager.events,
-                         announce=ANNOUNCED)  # fmt: skip
+    def settled(self, obj: NodeJob) -> bool:
+        status = obj.status or NodeJobStatus()
+        return bool(status.completed and status.phase == "Completed")
+
+    def plan(self, observed: Observed) -> Plan:
+        return planner.plan(observed)
+
+    def status(self, observed: Observed, step: Plan, now: datetime, failure: ReconcileError | None) -> Obj:
+        return planner.status(observed, step, now, failure).model_dump(by_alias=True)
+
+    def rejected(self, raw: Obj, failure: InvalidSpec, now: datetime) -> Obj:
+        previous = NodeJobStatus.model_validate(raw.get("status") or {})
+        status = planner.invalid(previous, failure.message, objects.generation(raw), now)
+        return status.model_dump(by_alias=True)
+
+    def requeue_after(self, observed: Observed, step: Plan) -> float | None:
+        if step.action == "Invalid" or step.completed:
             return None
-        status = job.status or NodeJobStatus()
-        if status.completed and status.phase == "Completed":
-            return None
-        observed = await self.observe(job, status)
-        step = planner.plan(observed)
-        failure: ReconcileError | None = None
-        notes: list[Note] = []
+        return 1.0 if step.action == "CreateDaemonSet" else POLL
+
+    async def act(self, job: NodeJob, observed: Observed, step: Plan, notes: list[Note]) -> Plan:
         if step.action == "CreateDaemonSet":
-            try:
-                refused = await self._create_daemon_set(job)
-            except ReconcileError as err:
-                failure = err
-            else:
-                if refused is not None:
-                    step = Plan("Invalid", message=f"the DaemonSet was refused: {refused}")
-                else:
-                    message = planner.status(observed, step).message or ""
-                    notes.append(Note("JobStarted", message))
+            refused = await self._create_daemon_set(job)
+            if refused is not None:
+                return Plan("Invalid", message=f"the DaemonSet was refused: {refused}")
+            notes.append(Note("JobStarted", planner.status(observed, step, observed.now).message or ""))
         for node in step.newly_done:
             notes.append(Note("NodeDone", f"{job.spec.completion_word!r} seen on node {node}"))
         if step.newly_completed:
             log.info("step: JobCompleted (%s)", step.message)
             notes.append(Note("JobCompleted", f"Job completed ({step.message}). Safe to delete."))
-        await self._record(raw, observed, step, failure, notes)
-        if failure is not None:
-            raise failure
-        if step.action == "Invalid" or step.completed:
-            return None
-        return Result(requeue_after=1.0 if step.action == "CreateDaemonSet" else POLL)
+        return step
 
     # ---- observe -----------------------------------------------------------------------
 
-    async def observe(self, job: NodeJob, status: NodeJobStatus) -> Observed:
+    async def observe(self, job: NodeJob, now: datetime) -> Observed:
+        status = job.status or NodeJobStatus()
         namespace, name = objects.namespace(job), objects.name(job)
         daemon_set = self.daemon_sets.get(f"{namespace}/{planner.daemon_set_name(name)}")
         nodes = tuple(_node_view(n) for n in self.nodes.list())
@@ -128,7 +116,7 @@ class NodeJobReconciler:
             pods=tuple(pods),
             recorded=tuple(status.nodes),
             completed=status.completed,
-            now=self.clock.now(),
+            now=now,
             name=name,
             generation=objects.generation(job),
             previous=status,
@@ -158,16 +146,6 @@ class NodeJobReconciler:
         faults.exit_after("CreateDaemonSet")
         return None
 
-    # ---- record ------------------------------------------------------------------------
-
-    async def _record(
-        self, raw: dict[str, Any], o: Observed, step: Plan, failure: ReconcileError | None = None,
-        notes: list[Note] | None = None,
-    ) -> None:  # fmt: skip
-        status = planner.status(o, step, failure)
-        await record(self.api, NODEJOBS, raw, status.model_dump(by_alias=True), self.manager.events,
-                     notes=notes or (), announce=ANNOUNCED)  # fmt: skip
-
 
 def _jobs_for_node(reconciler: NodeJobReconciler) -> Any:
     """A node change (new node, new labels, taints) wakes every job not yet complete."""
@@ -181,7 +159,7 @@ def _jobs_for_node(reconciler: NodeJobReconciler) -> Any:
 
 
 def register(manager: Manager, deps: Deps) -> None:
-    reconciler = NodeJobReconciler(manager, deps.clock)
+    reconciler = NodeJobReconciler(manager, deps)
     controller = Controller("nodejob", NODEJOBS, reconciler.reconcile, workers=2)
     controller.watch(PODS, label_keys(JOB_LABEL), InformerOptions(label_selector=JOB_LABEL))
     controller.owns(DAEMONSETS, InformerOptions(label_selector=JOB_LABEL))

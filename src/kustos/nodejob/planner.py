@@ -26,6 +26,7 @@ from kustos.api.nodejob import (
 from kustos.api.nodejob import Toleration as TolerationSpec
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
+from kustos.runtime.objects import Taint
 from kustos.runtime.times import rfc3339
 
 JOB_LABEL = "kustos.dev/nodejob"
@@ -44,13 +45,6 @@ DAEMONSET_TOLERATED = frozenset(
         "node.kubernetes.io/unschedulable",
     }
 )
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
 
 
 @dataclass(frozen=True)
@@ -313,12 +307,12 @@ def _recovered(o: Observed, conditions: list[Condition]) -> list[Condition]:
     return _set(conditions, "Degraded", False, "AsExpected", "", o.generation, o.now)
 
 
-def status(o: Observed, step: Plan, failure: ReconcileError | None = None) -> NodeJobStatus:
+def status(o: Observed, step: Plan, now: datetime, failure: ReconcileError | None = None) -> NodeJobStatus:
     """The whole status after ``step`` (acted on, unless ``failure`` says it failed)."""
     result = o.previous.model_copy(deep=True)
-    now = rfc3339(o.now)
     if step.action == "Invalid":
-        return invalid(o.previous, step.message, o.generation, o.now)
+        return invalid(o.previous, step.message, o.generation, now)
+    stamp = rfc3339(now)
     if failure is not None:
         result.message = failure.message[:1000]
         result.conditions = _conditions(o, "Degraded", True, failure.reason, result.message)
@@ -326,7 +320,7 @@ def status(o: Observed, step: Plan, failure: ReconcileError | None = None) -> No
     if step.action == "CreateDaemonSet":
         result.phase = "Running"
         result.daemon_set = daemon_set_name(o.name)
-        result.start_time = result.start_time or now
+        result.start_time = result.start_time or stamp
         result.message = f"running {o.spec.image} through DaemonSet {result.daemon_set}"
         result.conditions = _conditions(o, "Completed", False, "Running", result.message)
         result.conditions = _recovered(o, result.conditions)
@@ -338,7 +332,7 @@ def status(o: Observed, step: Plan, failure: ReconcileError | None = None) -> No
     if step.completed:
         result.completed = True
         result.phase = "Completed"
-        result.completion_time = result.completion_time or now
+        result.completion_time = result.completion_time or stamp
         result.conditions = _conditions(o, "Completed", True, "AllNodesDone", step.message)
     else:
         result.phase = "Running"

@@ -48,6 +48,19 @@ class ApiStatusError(ReconcileError):
         return self.code == 429
 
 
+class ApiUnreachable(ReconcileError):
+    """The request never got an answer: a refused or dropped connection, a timeout.
+
+    A ``ReconcileError`` like a refusal, so the pass that met it records it in the object's
+    conditions and backs off, instead of escaping as an untyped exception.
+    """
+
+    def __init__(self, method: str, path: str, err: Exception) -> None:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        what = f"{type(err).__name__}: {detail}" if detail else type(err).__name__
+        super().__init__(f"API server unreachable ({method} {path}): {what}", "ApiUnreachable")
+
+
 def _raise_for(response: httpx2.Response) -> None:
     if response.status_code < 400:
         return
@@ -69,13 +82,20 @@ class Api:
         self._raw = raw
         self.field_manager = field_manager
 
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
+        """One request; a transport failure (connect, read, timeout) raises ``ApiUnreachable``."""
+        try:
+            return await self._raw.request(method, path, **kwargs)
+        except httpx2.TransportError as err:
+            raise ApiUnreachable(method, path, err) from err
+
     @staticmethod
     def path(ref: ResourceRef, namespace: str | None, name: str = "", sub: str = "") -> str:
         path = api_path(ref.group, ref.version, ref.plural, namespace if ref.namespaced else None, name)
         return f"{path}/{sub}" if sub else path
 
     async def get(self, ref: ResourceRef, namespace: str | None, name: str) -> Obj | None:
-        response = await self._raw.get(self.path(ref, namespace, name))
+        response = await self._send("GET", self.path(ref, namespace, name))
         if response.status_code == 404:
             return None
         _raise_for(response)
@@ -94,7 +114,7 @@ class Api:
             params["fieldSelector"] = field_selector
         items: list[Obj] = []
         while True:
-            response = await self._raw.get(self.path(ref, namespace), params=params)
+            response = await self._send("GET", self.path(ref, namespace), params=params)
             _raise_for(response)
             body = response.json()
             for item in body.get("items") or []:
@@ -119,21 +139,23 @@ class Api:
         if grace_seconds is not None:
             body["deleteOptions"] = {"gracePeriodSeconds": grace_seconds}
         path = api_path("", "v1", "pods", namespace, name) + "/eviction"
-        response = await self._raw.post(
-            path, content=json.dumps(body), headers={"Content-Type": "application/json"}
+        response = await self._send(
+            "POST", path, content=json.dumps(body), headers={"Content-Type": "application/json"}
         )
         _raise_for(response)
 
     async def logs(self, namespace: str, pod: str, container: str, tail_lines: int = 50) -> str:
         """The tail of a container's log (agent pods report their result there)."""
         path = api_path("", "v1", "pods", namespace, pod) + "/log"
-        response = await self._raw.get(path, params={"container": container, "tailLines": str(tail_lines)})
+        response = await self._send(
+            "GET", path, params={"container": container, "tailLines": str(tail_lines)}
+        )
         _raise_for(response)
         return response.text
 
     async def create(self, ref: ResourceRef, obj: Obj) -> Obj:
         namespace = obj["metadata"].get("namespace")
-        response = await self._raw.post(self.path(ref, namespace), json=obj,
+        response = await self._send("POST", self.path(ref, namespace), json=obj,
                                          params={"fieldManager": self.field_manager})  # fmt: skip
         _raise_for(response)
         result: Obj = response.json()
@@ -146,7 +168,8 @@ class Api:
         params = {"fieldManager": self.field_manager}
         if force:
             params["force"] = "true"
-        response = await self._raw.patch(
+        response = await self._send(
+            "PATCH",
             self.path(ref, meta.get("namespace"), meta["name"], subresource),
             content=json.dumps(body),
             params=params,
@@ -165,7 +188,8 @@ class Api:
             "json": "application/json-patch+json",
             "strategic": "application/strategic-merge-patch+json",
         }[kind]
-        response = await self._raw.patch(
+        response = await self._send(
+            "PATCH",
             self.path(ref, namespace, name, subresource),
             content=json.dumps(patch),
             params={"fieldManager": self.field_manager},
@@ -193,7 +217,8 @@ class Api:
         }
         if body["spec"] is None:
             del body["spec"]
-        response = await self._raw.put(
+        response = await self._send(
+            "PUT",
             self.path(ref, meta.get("namespace"), meta["name"], "status"),
             content=json.dumps(body),
             params={"fieldManager": self.field_manager},
@@ -213,7 +238,7 @@ class Api:
             body["preconditions"] = {"uid": uid}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
-        response = await self._raw.request(
+        response = await self._send(
             "DELETE", self.path(ref, namespace, name), content=json.dumps(body),
             headers={"Content-Type": "application/json"},
         )  # fmt: skip

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
-from kustos.runtime.errors import ReconcileError
+from kustos.runtime.errors import ReconcileError, RetryAfter
 
 
 class Role(StrEnum):
@@ -82,11 +82,14 @@ class CapacityError(ProviderError):
         super().__init__(message, reason="ProviderCapacity")
 
 
-class Throttled(ProviderError):
-    """The provider asked us to slow down; ``retry_after`` seconds when it said how long."""
+class Throttled(ProviderError, RetryAfter):
+    """The provider asked us to slow down; ``retry_after`` seconds when it said how long.
+
+    A ``RetryAfter``: the runtime retries the key no sooner than the provider asked.
+    """
 
     def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message, reason="ProviderThrottled")
+        ReconcileError.__init__(self, message, reason="ProviderThrottled")
         self.retry_after = retry_after
 
 

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.times import rfc3339
 
 M = TypeVar("M", bound=BaseModel)
@@ -65,3 +66,13 @@ def set_model_condition(
     plain = [c.model_dump(by_alias=True, exclude_none=True) for c in conditions]
     updated = set_condition(plain, type_, status, reason, message, observed_generation, now)
     return [model.model_validate(c) for c in updated]
+
+
+def note_failure(
+    conditions: list[Condition] | None, failure: ReconcileError | None, now: datetime | str | None = None,
+    generation: int | None = None, type_: str = "Progressing", status: bool | str = True,
+) -> list[Condition]:  # fmt: skip
+    """Put the last failure's reason and message on ``type_`` (unchanged when there is none)."""
+    if failure is None:
+        return [dict(c) for c in conditions or []]
+    return set_condition(conditions, type_, status, failure.reason, failure.message[:1000], generation, now)

@@ -8,7 +8,8 @@ Failures (controller-runtime's reconcileHandler): every error is counted in
 ``controller_runtime_reconcile_errors_total`` and retried with the key's own
 exponential backoff, capped. An expected failure (``ReconcileError``, an API or
 network error) is logged as one line; anything else is a bug and keeps its
-traceback. A ``TerminalError`` is not retried: the object's next change wakes it.
+traceback. A ``RetryAfter`` that says how long is retried after exactly that, not its
+growing backoff. A ``TerminalError`` is not retried: the object's next change wakes it.
 A pass longer than the controller's ``timeout`` is cancelled as a
 ``ReconcileTimeout``, so one hung call cannot hold a worker.
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 import httpx2
 
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.errors import ReconcileError, ReconcileTimeout, TerminalError
+from kustos.runtime.errors import ReconcileError, ReconcileTimeout, RetryAfter, TerminalError
 from kustos.runtime.informer import Informer, InformerOptions, Obj, ResourceRef
 from kustos.runtime.logs import reconcile_context
 from kustos.runtime.metrics import Metrics
@@ -193,6 +194,8 @@ class ControllerRunner:
                 self._log_failure(key, err)
                 if isinstance(err, TerminalError):
                     self.queue.forget(key)  # not retried: the object's next change wakes it
+                elif isinstance(err, RetryAfter) and err.retry_after:
+                    self.queue.add_rate_limited(key, retry_after=err.retry_after)
                 else:
                     self.queue.add_rate_limited(key)
                 return

@@ -7,6 +7,9 @@
 - ``TerminalError``: retrying cannot help until the object changes (an invalid spec).
   Recorded and counted, not retried; a change to the object wakes it again.
 - ``ReconcileTimeout``: the pass took longer than the controller's timeout.
+- ``RetryAfter``: the answer said how long to wait (a cloud API's Retry-After, a PDB that
+  blocks a drain for now): the key is retried after that many seconds instead of its
+  growing backoff (counted as a failure all the same).
 
 Any other exception is a bug: it is retried the same way but logged with its traceback.
 """
@@ -27,6 +30,14 @@ class TerminalError(ReconcileError):
     """Retrying will not help until the object changes."""
 
 
+class RetryAfter(ReconcileError):
+    """A failure whose answer said when to ask again (``retry_after`` seconds; None: not said)."""
+
+    def __init__(self, message: str, retry_after: float | None = None, reason: str = "RetryAfter") -> None:
+        super().__init__(message, reason)
+        self.retry_after = retry_after
+
+
 class ReconcileTimeout(ReconcileError):
     """The reconcile ran past its controller's timeout and was cancelled."""
 
@@ -42,4 +53,4 @@ def as_reconcile_error(err: Exception) -> ReconcileError:
     return ReconcileError(f"{type(err).__name__}: {err}", reason=type(err).__name__)
 
 
-__all__ = ["ReconcileError", "ReconcileTimeout", "TerminalError", "as_reconcile_error"]
+__all__ = ["ReconcileError", "ReconcileTimeout", "RetryAfter", "TerminalError", "as_reconcile_error"]

@@ -109,7 +109,17 @@ class Manager:
         runner = ControllerRunner(controller, self.metrics)
         primary = self.informer(controller.primary, controller.primary_options)
         sources = self._sources.setdefault(controller.name, [primary])
-        primary.add_handler(lambda _kind, obj, _old: runner.enqueue(object_key(obj)))
+
+        def enqueue_primary(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+            key = object_key(obj)
+            if (
+                kind == "MODIFIED" and old is not None and runner.queue.failures(key)
+                and not objects.changed_beyond_status(old, obj)
+            ):  # fmt: skip
+                return  # the failed pass's own status record: its backoff decides the next pass
+            runner.enqueue(key)
+
+        primary.add_handler(enqueue_primary)
         for watch in controller.watches:
 
             def enqueue_mapped(

@@ -6,6 +6,7 @@ judgements every family makes (is this pod ready, is that node lost), in one pla
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -15,6 +16,8 @@ Obj = dict[str, Any]
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+# kubeadm's control-plane role label, and the one it used before 1.20.
+CONTROL_PLANE_LABELS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
 
 
 class HasMetadata(Protocol):
@@ -156,10 +159,102 @@ def node_unschedulable(node: Mapping[str, Any] | None) -> bool:
     return bool(node is not None and (node.get("spec") or {}).get("unschedulable"))
 
 
+# ---- nodes: the facts every family reads off a Node ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A Node taint as a planner compares it (timeAdded left out: it is when, not what)."""
+
+    key: str
+    value: str = ""
+    effect: str = "NoSchedule"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"key": self.key, "value": self.value, "effect": self.effect} if self.value else {
+            "key": self.key, "effect": self.effect,
+        }  # fmt: skip
+
+
+def node_taints(node: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The Node's taints as the API server has them (timeAdded included)."""
+    return list(((node or {}).get("spec") or {}).get("taints") or [])
+
+
+def taints(node: Mapping[str, Any] | None) -> tuple[Taint, ...]:
+    return tuple(
+        Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule")) for t in node_taints(node)
+    )
+
+
+def provider_id(node: Mapping[str, Any] | None) -> str:
+    """``spec.providerID`` (e.g. ``aws:///us-east-1a/i-0abc``); "" when the Node has none."""
+    return str(((node or {}).get("spec") or {}).get("providerID") or "")
+
+
+def internal_ip(node: Mapping[str, Any] | None) -> str:
+    """The Node's InternalIP address; "" when it reports none."""
+    for address in ((node or {}).get("status") or {}).get("addresses") or []:
+        if address.get("type") == "InternalIP":
+            return str(address.get("address") or "")
+    return ""
+
+
+def is_control_plane(node: Mapping[str, Any]) -> bool:
+    """kubeadm's role label (or the one it used before 1.20)."""
+    found = labels(node)
+    return any(label in found for label in CONTROL_PLANE_LABELS)
+
+
+def annotation_time(
+    obj: Object | None, key: str, malformed: list[str] | None = None, kind: str = "node"
+) -> datetime | None:
+    """An RFC 3339 annotation; one that is not (a hand edit, another tool) is taken as absent and
+    said in ``malformed``, instead of failing every pass over every node."""
+    if obj is None:
+        return None
+    text = annotations(obj).get(key)
+    if not text:
+        return None
+    try:
+        moment = parse_rfc3339(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        if malformed is not None:
+            malformed.append(f"{kind} {name(obj)} annotation {key}={text[:64]!r} is not an RFC 3339 time")
+        return None
+    return moment
+
+
 __all__ = [
-    "annotations", "deleting", "generation", "key", "labels", "mirror_pod", "name", "namespace",
-    "node_lost", "node_ready", "node_unschedulable", "owner_of", "pod_node", "pod_ready", "pod_running",
-    "resource_version", "running_since", "split_key", "uid",
+    "CONTROL_PLANE_LABELS",
+    "Taint",
+    "annotation_time",
+    "annotations",
+    "deleting",
+    "generation",
+    "internal_ip",
+    "is_control_plane",
+    "key",
+    "labels",
+    "mirror_pod",
+    "name",
+    "namespace",
+    "node_lost",
+    "node_ready",
+    "node_taints",
+    "node_unschedulable",
+    "owner_of",
+    "pod_node",
+    "pod_ready",
+    "pod_running",
+    "provider_id",
+    "resource_version",
+    "running_since",
+    "split_key",
+    "taints",
+    "uid",
 ]  # fmt: skip
 
 
@@ -179,3 +274,16 @@ def changed_beyond_heartbeat(old: Mapping[str, Any], new: Mapping[str, Any]) -> 
     resourceVersion: with many nodes those arrive several times a second, and waking every
     controller that watches nodes for them turns a failing reconcile's backoff into a hot loop."""
     return _without_heartbeat(old) != _without_heartbeat(new)
+
+
+def changed_beyond_status(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether an update changed more than the status (and resourceVersion, managedFields): its
+    spec (generation), labels, annotations, finalizers, owners, deletion. A status-only change to
+    a controller's own object is usually that controller's record of a pass."""
+    ignored = ("resourceVersion", "managedFields")
+
+    def rest(obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ignored}
+        return {**{k: v for k, v in obj.items() if k != "status"}, "metadata": meta}
+
+    return rest(old) != rest(new)

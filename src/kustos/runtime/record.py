@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from kustos.runtime.api import Api, ApiStatusError, without_nulls
-from kustos.runtime.conditions import Condition, set_condition
-from kustos.runtime.errors import ReconcileError
+from kustos.runtime.conditions import Condition, note_failure
 from kustos.runtime.events import NORMAL, WARNING, EventRecorder
 from kustos.runtime.informer import ResourceRef
+from kustos.runtime.steps import Note
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +38,6 @@ Obj = dict[str, Any]
 
 # Conditions that are bad news when True (the rest are bad news when False).
 NEGATIVE_POLARITY = frozenset({"Degraded", "Failed", "Stalled", "Blocked"})
-
-
-@dataclass(frozen=True)
-class Note:
-    """An Event a pass wants emitted once its status is written (e.g. "Upgraded")."""
-
-    reason: str
-    message: str
-    type: str = NORMAL
 
 
 def warning(condition: Condition) -> bool:
@@ -75,16 +64,6 @@ def transitions(old: Iterable[Condition] | None, new: Iterable[Condition] | None
         elif any(previous.get(field) != condition.get(field) for field in ("status", "reason")):
             changed.append(condition)
     return changed
-
-
-def note_failure(
-    conditions: list[Condition] | None, failure: ReconcileError | None, now: datetime | str | None = None,
-    generation: int | None = None, type_: str = "Progressing", status: bool | str = True,
-) -> list[Condition]:  # fmt: skip
-    """Put the last failure's reason and message on ``type_`` (unchanged when there is none)."""
-    if failure is None:
-        return [dict(c) for c in conditions or []]
-    return set_condition(conditions, type_, status, failure.reason, failure.message[:1000], generation, now)
 
 
 def status_changed(obj: Obj, status: Obj) -> bool:

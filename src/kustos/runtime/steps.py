@@ -22,4 +22,14 @@ class Done:
     """Everything is as the spec asks: nothing to do until something changes."""
 
 
-__all__ = ["Done", "Wait"]
+@dataclass(frozen=True)
+class Note:
+    """An Event a pass wants emitted once its status is written (e.g. "Upgraded"); pure, so that
+    a planner may say which transitions deserve one."""
+
+    reason: str
+    message: str
+    type: str = "Normal"  # or "Warning" (runtime.events.NORMAL, WARNING)
+
+
+__all__ = ["Done", "Note", "Wait"]

@@ -131,10 +131,13 @@ class WorkQueue:
         self._waiting.pop(key, None)
         self.add(key)
 
-    def add_rate_limited(self, key: str) -> None:
+    def add_rate_limited(self, key: str, retry_after: float | None = None) -> None:
+        """Retry ``key`` after its backoff, or after ``retry_after`` seconds when the failure's
+        answer said when (a Retry-After); the failure counts toward the backoff either way."""
         if self._metrics is not None:
             self._metrics.retries.labels(self.name).inc()
-        self.add_after(key, self.limiter.when(key))
+        backoff = self.limiter.when(key)
+        self.add_after(key, backoff if retry_after is None else retry_after)
 
     def forget(self, key: str) -> None:
         self.limiter.forget(key)

@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import datetime
 from typing import Any
-
-from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster
 from kustos.api.storage import StorageCluster
 from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.clock import Clock
-from kustos.runtime.conditions import get_condition, is_true, set_condition
-from kustos.runtime.controller import Controller, KeyMapper, Result, through_index
+from kustos.runtime.conditions import is_true, set_condition
+from kustos.runtime.controller import Controller, KeyMapper, through_index
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager, ManagerOptions
+from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
 from kustos.runtime.record import Note, record
 from kustos.runtime.resources import (
     CLUSTER_ROLE_BINDINGS,
@@ -65,9 +63,8 @@ OWNED: dict[str, ResourceRef] = {
     )
 }  # fmt: skip
 
-STEADY_RESYNC = 15.0
 UNSEEN = "?"  # not a namespace/name: the cluster-wide cache has not seen this StorageCluster yet
-AFTER_STEP = 0.2
+Obj = dict[str, Any]
 
 
 def ref_for(obj: dict[str, Any]) -> ResourceRef:
@@ -88,15 +85,17 @@ def cluster_key_to_object_key(value: str) -> str:
     return f"{namespace}/{name}"
 
 
-class StorageClusterReconciler:
-    def __init__(self, manager: Manager, clock: Clock) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = clock
+class StorageClusterReconciler(FamilyReconciler[StorageCluster, Observed, Step]):
+    model = StorageCluster
+    failure_condition = "Progressing"
+    plans_deletion = True  # the planner cleans up what lives out of owner references' reach
+
+    def __init__(self, manager: Manager, deps: Deps) -> None:
+        super().__init__(manager, deps)
         # The chart's node and CSI helper ClusterRoles (its Deployment names them): bound, not
         # generated. Unset (kustos run outside the chart): generated per StorageCluster.
         self.shipped_roles = manifests.shipped_roles(os.environ)
-        self.clusters = manager.informer(STORAGECLUSTERS)
+        self.clusters = self.cache
         # Every StorageCluster in the Kubernetes cluster: only one may be active.
         self.all_clusters = manager.informer(STORAGECLUSTERS, InformerOptions(namespace=""))
         self.owned: dict[str, Informer] = {
@@ -214,11 +213,12 @@ class StorageClusterReconciler:
             )
         return tuple(views)
 
-    async def observe(self, raw: dict[str, Any], cluster: StorageCluster) -> Observed:
+    async def observe(self, cluster: StorageCluster, now: datetime) -> Observed:
         meta, spec = cluster.metadata, cluster.spec
         key = names.cluster_key(cluster)
         deleting = objects.deleting(cluster)
         current, images, daemonset = self._current(key)
+        raw = self.clusters.get(objects.key(cluster)) or {}
         old_status = raw.get("status") or {}
         common: dict[str, Any] = {
             "generation": int(meta.get("generation") or 0),
@@ -262,113 +262,67 @@ class StorageClusterReconciler:
         desired = tuple(manifests.desired(inputs)) if not refusals else ()
         return Observed(**common, refusals=refusals, waiting=waiting, desired=desired, kv_endpoints=endpoints)
 
-    # ---- reconcile ---------------------------------------------------------------------
+    # ---- plan, act, record -------------------------------------------------------------
 
-    async def reconcile(self, key: str) -> Result | None:
-        raw = self.clusters.get(key)
-        if raw is None:
-            return None
-        try:
-            cluster = StorageCluster.model_validate(raw)
-        except ValidationError as err:
-            await self._reject(raw, f"invalid spec: {err}")
-            return None
-        observed = await self.observe(raw, cluster)
+    def plan(self, observed: Observed) -> Step:
         step = planner.plan(observed)
         if not isinstance(step, Done | Wait):
             log.info("step: %s", planner.describe(step))
-        failure: ReconcileError | None = None
-        requeue = AFTER_STEP
-        try:
-            requeue = await self.act(raw, observed, step)
-        except ReconcileError as err:
-            failure = err
-        if not isinstance(step, planner.RemoveFinalizer):
-            await self._record(key, raw, observed, step, failure)
-        if failure is not None:
-            raise failure
-        return Result(requeue_after=requeue)
+        return step
 
-    async def act(self, raw: dict[str, Any], o: Observed, step: Step) -> float:
-        """Take ``step``; the seconds until the next pass. Its Events are emitted here: each is an
-        action taken, not a pass (the status's transitions are ``_record``'s)."""
+    async def act(self, cluster: StorageCluster, o: Observed, step: Step, notes: list[Note]) -> Step:
+        """Take ``step``. Its Events say an action was taken, not that a pass ran; the status's
+        transitions have theirs (``write_status``)."""
+        raw = self.clusters.get(objects.key(cluster))
+        if raw is None:
+            return step
         match step:
-            case Done() | planner.Inactive() | planner.Refuse() | planner.Hold():
-                return STEADY_RESYNC
-            case Wait(seconds=seconds):
-                return seconds
             case planner.AddFinalizer():
                 await self.api.add_finalizer(STORAGECLUSTERS, raw, names.FINALIZER)
             case planner.Apply(objects=applied):
                 for obj in applied:
                     await self.api.apply(ref_for(obj), obj)
-                await self._event(raw, NORMAL, "Applied", planner.describe(step))
+                notes.append(Note("Applied", planner.describe(step)))
             case planner.Prune(keys=keys) | planner.Cleanup(keys=keys):
                 for kind, namespace, name in keys:
-                    ref = OWNED[kind]
-                    await self.api.delete(ref, namespace or None, name)
+                    await self.api.delete(OWNED[kind], namespace or None, name)
                 reason = "Pruned" if isinstance(step, planner.Prune) else "CleaningUp"
-                await self._event(raw, NORMAL, reason, planner.describe(step))
-                return 1.0
+                notes.append(Note(reason, planner.describe(step)))
             case planner.RemoveFinalizer():
                 try:
                     await self.api.remove_finalizer(STORAGECLUSTERS, raw, names.FINALIZER)
                 except ApiStatusError as err:
                     if not err.not_found:
                         raise
-                return STEADY_RESYNC
-        return AFTER_STEP
+        return step
 
-    async def _event(self, raw: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        await self.manager.events.record(raw, type_, reason, message)
+    def status(self, observed: Observed, step: Step, now: datetime, failure: ReconcileError | None) -> Obj:
+        return planner.status(observed, step, now, failure)
 
-    async def _reject(self, raw: dict[str, Any], message: str) -> None:
+    def requeue_after(self, observed: Observed, step: Step) -> float | None:
+        return planner.requeue_after(step)
+
+    def rejected(self, raw: Obj, failure: InvalidSpec, now: datetime) -> Obj:
         status = dict(raw.get("status") or {})
+        status.pop("observedGeneration", None)
         status["phase"] = "Pending"
         status["conditions"] = set_condition(
-            status.get("conditions"), "SpecValid", False, "InvalidSpec", message[:1000],
-            objects.generation(raw), self.clock.now(),
+            status.get("conditions"), "SpecValid", False, "InvalidSpec", failure.message[:1000],
+            objects.generation(raw), now,
         )  # fmt: skip
-        previous = get_condition((raw.get("status") or {}).get("conditions"), "SpecValid") or {}
-        news = (previous.get("status"), previous.get("message")) != ("False", message[:1000])
-        notes = [Note("InvalidSpec", message[:500], WARNING)] if news else []
-        await record(self.api, STORAGECLUSTERS, raw, status, self.manager.events, notes=notes, announce=())
+        return status
 
-    async def _record(
-        self, key: str, raw: dict[str, Any], o: Observed, step: Step, failure: ReconcileError | None
-    ) -> None:
-        fresh = self.clusters.get(key) or raw
-        old = dict(fresh.get("status") or {})
-        payload = planner.status(o, step, self.clock.now(), failure)
+    async def write_status(self, raw: Obj, status: Obj, notes: list[Note]) -> None:
+        """Written over the freshest copy the cache has (a finalizer added this pass), with an
+        Event for each transition the status shows; a conflict is left to the next pass."""
+        fresh = self.clusters.get(objects.key(raw)) or raw
+        told = notes + planner.status_notes(fresh.get("status") or {}, status)
         try:
-            await record(self.api, STORAGECLUSTERS, fresh, payload, self.manager.events,
-                         notes=_notes(o, step, old, payload), announce=())  # fmt: skip
-        except ApiStatusError as err:  # a conflict: the next pass writes it (and says what changed)
+            await record(
+                self.api, STORAGECLUSTERS, fresh, status, self.manager.events, notes=told, announce=()
+            )
+        except ApiStatusError as err:  # the next pass writes it (and says what changed)
             log.debug("status not written: %s", err)
-
-
-def _notes(o: Observed, step: Step, old: dict[str, Any], new: dict[str, Any]) -> list[Note]:
-    """Events for what the status now says that it did not: a transition, not a pass."""
-    notes = []
-    match step:
-        case planner.Inactive():
-            if _news(o, "Active", "False", planner.describe(step)):
-                notes.append(Note("AnotherClusterActive", planner.describe(step), WARNING))
-        case planner.Refuse():
-            if _news(o, "SpecValid", "False", planner.describe(step)):
-                notes.append(Note("InvalidSpec", planner.describe(step), WARNING))
-        case planner.Hold(reason=reason, message=message):
-            if _news(o, "Maintenance", "True", message):
-                notes.append(Note("Maintenance" if reason == "StorageUpgrade" else "Paused", message))
-    if new.get("phase") != old.get("phase") and old.get("phase"):
-        notes.append(Note("PhaseChanged", f"{old.get('phase')} -> {new['phase']}"))
-    return notes
-
-
-def _news(o: Observed, type_: str, status: str, message: str) -> bool:
-    """Whether the status does not say this yet (an Event per transition, not per pass)."""
-    current = next((c for c in o.previous_conditions if c.get("type") == type_), None)
-    return current is None or current.get("status") != status or current.get("message") != message
 
 
 def _node_image(daemonset: dict[str, Any] | None) -> str | None:
@@ -415,7 +369,7 @@ def _all_others(reconciler: StorageClusterReconciler) -> Any:
 def register(manager: Manager, deps: Deps) -> None:
     from kustos.storage.webhook import scheduler_webhook  # the webhook reads this controller's caches
 
-    reconciler = StorageClusterReconciler(manager, deps.clock)
+    reconciler = StorageClusterReconciler(manager, deps)
     controller = Controller("storagecluster", STORAGECLUSTERS, reconciler.reconcile, workers=2)
     for ref in OWNED.values():
         controller.watch(ref, _by_label, _labelled())

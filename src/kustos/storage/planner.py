@@ -18,7 +18,7 @@ from typing import Any
 
 from kustos.runtime.conditions import set_condition
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.steps import Done, Wait
+from kustos.runtime.steps import Done, Note, Wait
 from kustos.storage.manifests import HASH_ANNOTATION
 
 Obj = dict[str, Any]
@@ -306,6 +306,47 @@ def status(o: Observed, step: Step, now: datetime, failure: ReconcileError | Non
     return result
 
 
+def status_notes(old: Obj, new: Obj) -> list[Note]:
+    """Events for what the new status says that the old did not: a transition, not a pass."""
+
+    def became(type_: str, value: str) -> Obj | None:
+        before = next((c for c in old.get("conditions") or [] if c.get("type") == type_), None) or {}
+        after = next((c for c in new.get("conditions") or [] if c.get("type") == type_), None) or {}
+        if after.get("status") != value:
+            return None
+        same = (before.get("status"), before.get("message")) == (value, after.get("message"))
+        return None if same else after
+
+    notes = []
+    if (active := became("Active", "False")) is not None:
+        notes.append(Note("AnotherClusterActive", str(active.get("message", "")), WARNING))
+    if (invalid := became("SpecValid", "False")) is not None:
+        notes.append(Note("InvalidSpec", str(invalid.get("message", ""))[:500], WARNING))
+    if (held := became("Maintenance", "True")) is not None:
+        reason = "Maintenance" if held.get("reason") == "StorageUpgrade" else "Paused"
+        notes.append(Note(reason, str(held.get("message", ""))))
+    if new.get("phase") != old.get("phase") and old.get("phase"):
+        notes.append(Note("PhaseChanged", f"{old.get('phase')} -> {new['phase']}"))
+    return notes
+
+
+STEADY_RESYNC = 15.0
+AFTER_STEP = 0.2
+WARNING = "Warning"
+
+
+def requeue_after(step: Step) -> float:
+    """Seconds until the next pass after ``step`` was taken."""
+    match step:
+        case Done() | Inactive() | Refuse() | Hold() | RemoveFinalizer():
+            return STEADY_RESYNC
+        case Wait(seconds=seconds):
+            return seconds
+        case Prune() | Cleanup():
+            return 1.0
+    return AFTER_STEP
+
+
 __all__ = [
     "AddFinalizer",
     "Apply",
@@ -324,5 +365,7 @@ __all__ = [
     "choose_active",
     "key_of",
     "plan",
+    "requeue_after",
     "status",
+    "status_notes",
 ]

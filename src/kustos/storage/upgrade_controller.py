@@ -21,7 +21,6 @@ from kustos.api.storage import StorageCluster
 from kustos.api.storageupgrade import StorageUpgrade, StorageUpgradeStatus, UpgradeStep, WorkloadStatus
 from kustos.runtime import faults, objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.clock import Clock
 from kustos.runtime.conditions import is_true
 from kustos.runtime.controller import Controller, Result
 from kustos.runtime.deps import Deps
@@ -29,6 +28,7 @@ from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import WARNING
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.manager import Manager
+from kustos.runtime.reconciler import invalid_spec
 from kustos.runtime.record import Note, record
 from kustos.runtime.resources import CLAIMS, DAEMONSETS, DEPLOYMENTS, PODS, STATEFULSETS, STORAGE_CLASSES
 from kustos.runtime.steps import Done, Wait
@@ -62,10 +62,10 @@ def pull_job_name(upgrade: str) -> str:
 
 
 class StorageUpgradeReconciler:
-    def __init__(self, manager: Manager, clock: Clock) -> None:
+    def __init__(self, manager: Manager, deps: Deps) -> None:
         self.manager = manager
         self.api = manager.api
-        self.clock = clock
+        self.clock = deps.clock
         self.upgrades = manager.informer(STORAGEUPGRADES)
         self.clusters = manager.informer(STORAGECLUSTERS)
         self.jobs = manager.informer(NODEJOBS)
@@ -238,13 +238,18 @@ class StorageUpgradeReconciler:
             if deleting:
                 await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
                 return None
-            what, now, generation = f"invalid spec: {err}", self.clock.now(), objects.generation(raw)
-            status = up.failed(StorageUpgradeStatus(), objects.key(raw), what, now, generation, "InvalidSpec")
+            invalid = invalid_spec(err)
+            now, generation = self.clock.now(), objects.generation(raw)
+            try:  # what earlier passes recorded (the workloads scaled down) stays
+                previous = StorageUpgradeStatus.model_validate(raw.get("status") or {})
+            except ValidationError:
+                previous = StorageUpgradeStatus()
+            status = up.failed(previous, objects.key(raw), invalid.message, now, generation, "InvalidSpec")
             news = (raw.get("status") or {}).get("message") != status.message
             await self._record(
                 raw, status, [Note("InvalidSpec", status.message or "", WARNING)] if news else []
             )
-            return None
+            raise invalid from None
         if not deleting and up.FINALIZER not in (raw["metadata"].get("finalizers") or []):
             updated = await self.api.add_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
             raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
@@ -266,7 +271,7 @@ class StorageUpgradeReconciler:
             failure = err
         if failure is None and not isinstance(step, Wait | up.Fail | up.Advance):
             faults.exit_after(type(step).__name__)  # acted, not yet recorded
-        status = up.status(observed, step, failure)
+        status = up.status(observed, step, observed.now, failure)
         notes += self._notes(observed, step, status, failure)
         try:
             await self._record(raw, status, notes)
@@ -441,7 +446,7 @@ def _upgrades_in_namespace(reconciler: StorageUpgradeReconciler) -> Any:
 
 
 def register(manager: Manager, deps: Deps) -> None:
-    reconciler = StorageUpgradeReconciler(manager, deps.clock)
+    reconciler = StorageUpgradeReconciler(manager, deps)
     controller = Controller("storageupgrade", STORAGEUPGRADES, reconciler.reconcile, workers=2)
     controller.owns(NODEJOBS)
     controller.watch(STORAGECLUSTERS, _upgrades_in_namespace(reconciler))

@@ -497,18 +497,18 @@ def enter_message(o: Observed, step: Advance, workloads: int) -> tuple[str, str]
     return reason, template.format(image=o.new_image, cluster=o.cluster.name, count=workloads)
 
 
-def status(o: Observed, step: Step, failure: ReconcileError | None = None) -> StorageUpgradeStatus:
+def status(
+    o: Observed, step: Step, when: datetime, failure: ReconcileError | None = None
+) -> StorageUpgradeStatus:
     """The whole status after ``step`` (acted on, unless ``failure`` says it failed)."""
     result = o.previous.model_copy(deep=True)
-    now = rfc3339(o.now)
+    now = rfc3339(when)
     if failure is not None:
         result.message = f"{type(step).__name__} failed: {failure.message}"[:2000]
-        result.conditions = _set(
-            result, "Degraded", True, failure.reason, result.message, o.generation, o.now
-        )
+        result.conditions = _set(result, "Degraded", True, failure.reason, result.message, o.generation, when)
         return result
     if any(c.type == "Degraded" and c.status == "True" for c in result.conditions):
-        result.conditions = _set(result, "Degraded", False, "AsExpected", "", o.generation, o.now)
+        result.conditions = _set(result, "Degraded", False, "AsExpected", "", o.generation, when)
     match step:
         case Wait():
             result.message = wait_message(o, step)
@@ -516,7 +516,7 @@ def status(o: Observed, step: Step, failure: ReconcileError | None = None) -> St
                 ready, desired = node_progress(o)
                 result.nodes_ready = f"{ready}/{desired}"
         case Fail(reason=reason):
-            return failed(result, o.upgrade, reason, o.now, o.generation)
+            return failed(result, o.upgrade, reason, when, o.generation)
         case Advance():
             assert o.cluster is not None
             if step.to == "PullImage":
@@ -536,10 +536,10 @@ def status(o: Observed, step: Step, failure: ReconcileError | None = None) -> St
             if step.to == "Completed":
                 result.completion_time = now
                 result.conditions = _set(
-                    result, "Completed", True, "UpgradeComplete", message, o.generation, o.now
+                    result, "Completed", True, "UpgradeComplete", message, o.generation, when
                 )
             else:
-                result.conditions = _set(result, "Completed", False, step.to, message, o.generation, o.now)
+                result.conditions = _set(result, "Completed", False, step.to, message, o.generation, when)
         case ScaleUp(workload=w) if not o.deleting:
             for recorded in result.workloads:
                 if (recorded.kind, recorded.namespace, recorded.name) == w.key:

@@ -2,53 +2,57 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from kustos.api.autoscaling import PAUSED_ANNOTATION, AutoscalingStrategy
 from kustos.api.nodeimage import NodeImage
 from kustos.nodes.autoscaling import planner
-from kustos.nodes.autoscaling.planner import Observed, Pause, Restore
+from kustos.nodes.autoscaling.planner import Observed, Pause, Restore, Step
 from kustos.runtime import objects
-from kustos.runtime.conditions import set_condition
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.controller import Controller
 from kustos.runtime.deps import Deps
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import Note, record
+from kustos.runtime.reconciler import FamilyReconciler
+from kustos.runtime.record import Note
 from kustos.runtime.resources import DEPLOYMENTS
 
 STRATEGIES = AutoscalingStrategy.crd.ref
 NODEIMAGES = NodeImage.crd.ref
+RESYNC = 30.0
+Obj = dict[str, Any]
 
 
-class AutoscalingReconciler:
+class AutoscalingReconciler(FamilyReconciler[AutoscalingStrategy, Observed, Step]):
+    model = AutoscalingStrategy
+
     def __init__(self, manager: Manager, deps: Deps) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = deps.clock
+        super().__init__(manager, deps)
         self.cloud = deps.cloud
-        self.strategies = manager.informer(STRATEGIES)
+        self.strategies = self.cache
         self.images = manager.informer(NODEIMAGES)
 
-    async def reconcile(self, key: str) -> Result | None:
-        raw = self.strategies.get(key)
-        if raw is None or objects.deleting(raw):
-            return None
-        spec = raw.get("spec") or {}
-        namespace = spec.get("deploymentNamespace", "kube-system")
-        name = spec.get("deploymentName", "cluster-autoscaler")
-        deployment = await self.api.get(DEPLOYMENTS, namespace, name)
+    async def observe(self, obj: AutoscalingStrategy, now: datetime) -> Observed:
+        spec = obj.spec
+        deployment = await self.api.get(DEPLOYMENTS, spec.deployment_namespace, spec.deployment_name)
         saved_text = objects.annotations(deployment).get(PAUSED_ANNOTATION) if deployment else None
-        replicas = int(((deployment or {}).get("spec") or {}).get("replicas", 1))
-        o = Observed(
-            enabled=bool(spec.get("enabled", True)),
+        return Observed(
+            enabled=spec.enabled,
             rolling_out=bool(planner.in_flight(self.images.list(), provider=self.cloud is not None)),
             deployment_exists=deployment is not None,
-            replicas=replicas,
+            replicas=int(((deployment or {}).get("spec") or {}).get("replicas", 1)),
             saved=int(saved_text) if saved_text and saved_text.isdigit() else None,
+            deployment=f"{spec.deployment_namespace}/{spec.deployment_name}",
+            previous=obj.status.model_dump(by_alias=True, exclude_none=True) if obj.status else {},
+            generation=objects.generation(obj),
         )
-        step = planner.plan(o)
-        notes: list[Note] = []
-        status: dict[str, Any] = dict(raw.get("status") or {})
+
+    def plan(self, observed: Observed) -> Step:
+        return planner.plan(observed)
+
+    async def act(self, obj: AutoscalingStrategy, observed: Observed, step: Step, notes: list[Note]) -> Step:
+        namespace, name = obj.spec.deployment_namespace, obj.spec.deployment_name
         match step:
             case Pause():
                 # One patch: the saved replicas and the 0 land together.
@@ -57,7 +61,6 @@ class AutoscalingReconciler:
                     "spec": {"replicas": 0},
                 }
                 await self.api.patch(DEPLOYMENTS, namespace, name, patch)
-                status.update(paused=True, savedReplicas=step.save, replicas=0)
                 notes.append(Note("AutoscalerPaused", f"{namespace}/{name} held at 0 (was {step.save})"))
             case Restore():
                 patch = {
@@ -65,21 +68,16 @@ class AutoscalingReconciler:
                     "spec": {"replicas": step.replicas},
                 }
                 await self.api.patch(DEPLOYMENTS, namespace, name, patch)
-                status.update(paused=False, savedReplicas=None, replicas=step.replicas)
                 notes.append(
                     Note("AutoscalerRestored", f"{namespace}/{name} back to {step.replicas} replica(s)")
                 )
-            case _:
-                status.update(paused=o.saved is not None, savedReplicas=o.saved, replicas=replicas)
-        exists = o.deployment_exists
-        reason = "AsExpected" if exists else "DeploymentMissing"
-        message = "" if exists else f"Deployment {namespace}/{name} not found"
-        status["conditions"] = set_condition(
-            status.get("conditions"), "Degraded", not exists, reason, message, objects.generation(raw),
-            self.clock.now(),
-        )  # fmt: skip
-        await record(self.api, STRATEGIES, raw, status, self.manager.events, notes=notes)
-        return Result(requeue_after=30.0)
+        return step
+
+    def status(self, observed: Observed, step: Step, now: datetime, failure: ReconcileError | None) -> Obj:
+        return planner.status(observed, step, now, failure)
+
+    def requeue_after(self, observed: Observed, step: Step) -> float | None:
+        return RESYNC
 
 
 def _all(reconciler: AutoscalingReconciler) -> Any:

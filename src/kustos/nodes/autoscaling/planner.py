@@ -16,9 +16,12 @@ for capacity, and the autoscaler would be held at 0 for as long as those last.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from kustos.runtime.conditions import note_failure, set_condition
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.steps import Done, Wait
 
 # The NodeImage status fields (written by the NodeImage controller, api/nodeimage.py) that
@@ -49,6 +52,9 @@ class Observed:
     replicas: int
     saved: int | None
     """The annotation kustos wrote when it paused the Deployment (None: not paused by kustos)."""
+    deployment: str = "kube-system/cluster-autoscaler"
+    previous: Mapping[str, Any] = field(default_factory=dict)
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,4 +81,24 @@ def plan(o: Observed) -> Step:
     return Done()
 
 
-__all__ = ["IN_FLIGHT_FIELDS", "Observed", "Pause", "Restore", "Step", "in_flight", "plan"]
+def status(o: Observed, step: Step, now: datetime, failure: ReconcileError | None = None) -> dict[str, Any]:
+    """The whole status after ``step`` (acted on unless ``failure`` says it failed)."""
+    result: dict[str, Any] = dict(o.previous)
+    match step:
+        case Pause() if failure is None:
+            result.update(paused=True, savedReplicas=step.save, replicas=0)
+        case Restore() if failure is None:
+            result.update(paused=False, savedReplicas=None, replicas=step.replicas)
+        case _:
+            result.update(paused=o.saved is not None, savedReplicas=o.saved, replicas=o.replicas)
+    exists = o.deployment_exists
+    reason = "AsExpected" if exists else "DeploymentMissing"
+    message = "" if exists else f"Deployment {o.deployment} not found"
+    conditions = set_condition(
+        result.get("conditions"), "Degraded", not exists, reason, message, o.generation, now
+    )
+    result["conditions"] = note_failure(conditions, failure, now, o.generation, "Degraded")
+    return result
+
+
+__all__ = ["IN_FLIGHT_FIELDS", "Observed", "Pause", "Restore", "Step", "in_flight", "plan", "status"]

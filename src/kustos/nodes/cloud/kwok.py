@@ -90,8 +90,13 @@ def label_value(text: str) -> str:
 
 
 def node_name_of(provider_id: str) -> str:
+    """The Node a kwok providerID names. Another provider's ID is a ``ProviderError``, never
+    ``NotFound``: node maintenance takes NotFound for "gone", which fences a node that may run."""
     if not provider_id.startswith(PROVIDER_PREFIX):
-        raise NotFound(f"{provider_id!r} is not a kwok providerID ({PROVIDER_PREFIX}<node>)")
+        raise ProviderError(
+            f"{provider_id!r} is not a kwok providerID ({PROVIDER_PREFIX}<node>): kwok cannot say what it is",
+            reason="ProviderForeignID",
+        )
     return provider_id[len(PROVIDER_PREFIX) :]
 
 

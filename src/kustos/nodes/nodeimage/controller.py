@@ -12,15 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from kustos.api.etcd import EtcdCluster
-from kustos.api.nodeimage import NodeImage, NodeImageSpec, NodeImageStatus
+from kustos.api.nodeimage import NodeImage, NodeImageStatus
 from kustos.api.pendingnode import PendingNode
 from kustos.api.scalinggroup import ScalingGroup
 from kustos.api.storage import StorageCluster
+from kustos.etcd import kubeadm
 from kustos.nodes import labels as marks
 from kustos.nodes.nodeimage import planner
 from kustos.nodes.nodeimage.planner import (
@@ -39,82 +39,59 @@ from kustos.nodes.nodeimage.planner import (
     RemoveEtcdMember,
     RetireObsolete,
     Step,
-    Taint,
 )
 from kustos.runtime import drain as draining
 from kustos.runtime import faults, objects
-from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.api import ApiStatusError
 from kustos.runtime.cloud import CloudProvider, Instance, InstanceState, NotFound, Role
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.controller import Controller
 from kustos.runtime.deps import Deps
-from kustos.runtime.errors import ReconcileError
+from kustos.runtime.errors import ReconcileError, RetryAfter
 from kustos.runtime.events import WARNING
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import Note, record
+from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
+from kustos.runtime.record import Note
 from kustos.runtime.resources import NODES, PODS
 from kustos.runtime.steps import Done, Wait
-from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
+from kustos.runtime.times import parse_duration, rfc3339
 
 log = logging.getLogger(__name__)
 
 NODEIMAGES = NodeImage.crd.ref
+Obj = dict[str, Any]
 PENDINGNODES = PendingNode.crd.ref
 SCALINGGROUPS = ScalingGroup.crd.ref
 ETCDCLUSTERS = EtcdCluster.crd.ref
 STORAGECLUSTERS = StorageCluster.crd.ref
 ANNOUNCED = frozenset({"Degraded", "Available", "Paused"})
 ETCD_POD_LABEL = "kustos.dev/cluster"
-# Failures that are a wait for something outside kustos (a budget, etcd's quorum): recorded
-# in Degraded and retried every BLOCKED_RETRY seconds, not with growing backoff.
-BLOCKED = frozenset({"DrainBlocked", "EtcdMemberKept"})
+# Failures that are a wait for something outside kustos (a budget, etcd's quorum) are
+# RetryAfter errors: recorded in Degraded and retried every BLOCKED_RETRY seconds, not with
+# growing backoff, which would leave a freed PodDisruptionBudget unnoticed for minutes.
 BLOCKED_RETRY = 5.0
-
-
-def _taints(node: dict[str, Any]) -> tuple[Taint, ...]:
-    return tuple(
-        Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule"))
-        for t in (node.get("spec") or {}).get("taints") or []
-    )
-
-
-def _internal_ip(node: dict[str, Any]) -> str:
-    for address in (node.get("status") or {}).get("addresses") or []:
-        if address.get("type") == "InternalIP":
-            return str(address.get("address", ""))
-    return ""
-
-
-def annotation_time(node: dict[str, Any], key: str, malformed: list[str] | None = None) -> datetime | None:
-    """An RFC 3339 annotation of ``node``; one that is not (a hand edit, another tool) is taken as
-    absent, and said in ``malformed``, instead of failing every pass over every node."""
-    text = objects.annotations(node).get(key)
-    if not text:
-        return None
-    try:
-        moment = parse_rfc3339(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        problem = f"node {objects.name(node)} annotation {key}={text[:64]!r} is not an RFC 3339 time"
-        log.warning("%s", problem)
-        if malformed is not None:
-            malformed.append(problem)
-        return None
-    return moment
 
 
 def pending_name_for_leave(node: str) -> str:
     return f"{node}-leave"[:253]
 
 
-class NodeImageReconciler:
+def status_kept(raw: Obj, failure: ReconcileError, now: datetime) -> Obj:
+    """The status of a pass that observed nothing (an invalid spec, a provider that refused):
+    what was known stays (heirs and donors: AutoscalingStrategy reads them to keep the
+    autoscaler off mid-rollout); Degraded and waitingFor say why nothing moves."""
+    previous = NodeImageStatus.model_validate(raw.get("status") or {})
+    return planner.unobserved(previous, failure, objects.generation(raw), now).model_dump(by_alias=True)
+
+
+class NodeImageReconciler(FamilyReconciler[NodeImage, Observed, Step]):
+    model = NodeImage
+    announce = ANNOUNCED
+
     def __init__(self, manager: Manager, deps: Deps) -> None:
-        self.manager = manager
-        self.api: Api = manager.api
-        self.clock = deps.clock
+        super().__init__(manager, deps)
         self.cloud: CloudProvider | None = deps.cloud
-        self.images = manager.informer(NODEIMAGES)
+        self.images = self.cache
         self.nodes = manager.informer(NODES)
         self.pendings = manager.informer(PENDINGNODES)
         self.groups = manager.informer(SCALINGGROUPS)
@@ -122,58 +99,28 @@ class NodeImageReconciler:
         self.storages = manager.informer(STORAGECLUSTERS)
         self.etcd_pods = manager.informer(PODS, InformerOptions(label_selector=ETCD_POD_LABEL))
 
-    # ---- reconcile ----------------------------------------------------------------------
-
-    async def reconcile(self, key: str) -> Result | None:
-        raw = self.images.get(key)
-        if raw is None or objects.deleting(raw):
-            return None
-        try:
-            image = NodeImage.model_validate(raw)
-        except ValidationError as err:
-            observed = Observed(objects.name(raw), NodeImageSpec(image="-"), (), (), now=self.clock.now())
-            step: Step = Invalid(f"invalid spec: {err}")
-            await self._record(raw, observed, step, None, [])
-            return None
-        try:
-            observed = await self.observe(image)
-        except ReconcileError as err:
-            status = planner.unobserved(image.status or NodeImageStatus(), err, objects.generation(raw),
-                                        self.clock.now())  # fmt: skip
-            await record(self.api, NODEIMAGES, raw, status.model_dump(by_alias=True), self.manager.events,
-                         announce=ANNOUNCED)  # fmt: skip
-            raise
+    def plan(self, observed: Observed) -> Step:
         step = planner.plan(observed)
         if not isinstance(step, Wait | Done):
             log.info("step: %s", step)
-        failure: ReconcileError | None = None
-        notes: list[Note] = []
-        try:
-            step = await self.act(image, observed, step, notes)
-        except ReconcileError as err:
-            failure = err
-        await self._record(raw, observed, step, failure, notes)
-        if failure is not None and failure.reason in BLOCKED:
-            # Recorded (Degraded names what blocks), then looked at again at a steady pace:
-            # exponential backoff would leave a freed PodDisruptionBudget unnoticed for minutes.
-            return Result(requeue_after=BLOCKED_RETRY)
-        if failure is not None:
-            raise failure
-        after = planner.requeue_after(step)
-        return Result(requeue_after=after) if after is not None else None
+        return step
 
-    async def _record(
-        self, raw: dict[str, Any], o: Observed, step: Step, failure: ReconcileError | None, notes: list[Note]
-    ) -> None:
-        status = planner.status(o, step, failure)
-        await record(self.api, NODEIMAGES, raw, status.model_dump(by_alias=True), self.manager.events,
-                     notes=notes, announce=ANNOUNCED)  # fmt: skip
+    def status(self, observed: Observed, step: Step, now: datetime, failure: ReconcileError | None) -> Obj:
+        return planner.status(observed, step, now, failure).model_dump(by_alias=True)
+
+    def unobserved(self, raw: Obj, failure: ReconcileError, now: datetime) -> Obj:
+        return status_kept(raw, failure, now)
+
+    def rejected(self, raw: Obj, failure: InvalidSpec, now: datetime) -> Obj:
+        return status_kept(raw, failure, now)
+
+    def requeue_after(self, observed: Observed, step: Step) -> float | None:
+        return planner.requeue_after(step)
 
     # ---- observe ---------------------------------------------------------------------------
 
-    async def observe(self, image: NodeImage) -> Observed:
+    async def observe(self, image: NodeImage, now: datetime) -> Observed:
         name = objects.name(image)
-        now = self.clock.now()
         status = image.status or NodeImageStatus()
         if self.cloud is None:
             return Observed(name, image.spec, (), (), now=now, generation=objects.generation(image),
@@ -200,7 +147,7 @@ class NodeImageReconciler:
         nodes = []
         malformed: list[str] = []
         for node in self.nodes.list():
-            provider_id = (node.get("spec") or {}).get("providerID") or ""
+            provider_id = objects.provider_id(node)
             if not provider_id:
                 continue  # not a provider's node: not this controller's business
             instance = instances.get(provider_id)
@@ -215,14 +162,16 @@ class NodeImageReconciler:
                     unschedulable=objects.node_unschedulable(node),
                     donor=annotations.get(marks.DONOR),
                     labels=objects.labels(node),
-                    taints=_taints(node),
-                    drain_started=annotation_time(node, marks.DRAIN_STARTED, malformed),
+                    taints=objects.taints(node),
+                    drain_started=objects.annotation_time(node, marks.DRAIN_STARTED, malformed),
                     drained=marks.DRAINED in annotations,
                     etcd_member_removed=marks.ETCD_MEMBER_REMOVED in annotations,
-                    internal_ip=_internal_ip(node),
+                    internal_ip=objects.internal_ip(node),
                     deleting=objects.deleting(node),
                 )
             )
+        for problem in malformed:
+            log.warning("%s", problem)
         pending = []
         for p in self.pendings.list():
             spec = p.get("spec") or {}
@@ -438,12 +387,13 @@ class NodeImageReconciler:
                     )
                 return Wait(f"drain of {step.donor}: forced {len(forced)} pod(s) off", 1)
             node = self.nodes.get(step.donor)
-            started = annotation_time(node, marks.DRAIN_STARTED) if node else None
+            started = objects.annotation_time(node, marks.DRAIN_STARTED)
             timeout = parse_duration(image.spec.drain_timeout)
             if started is not None and now - started >= timeout:
-                raise ReconcileError(
+                raise RetryAfter(
                     f"drain of {step.donor} blocked past drainTimeout {image.spec.drain_timeout} "
                     f"(onDrainTimeout: wait): {blocked.report.describe()}",
+                    BLOCKED_RETRY,
                     "DrainBlocked",
                 ) from blocked
             return Wait(f"draining {step.donor}: {blocked.report.describe()}", 2)
@@ -456,14 +406,22 @@ class NodeImageReconciler:
     async def _remove_etcd_member(
         self, image: NodeImage, o: Observed, step: RemoveEtcdMember, notes: list[Note]
     ) -> None:
-        from kustos.nodes.nodeimage.stacked_etcd import remove_member_at
-
-        assert image.spec.etcd is not None
+        spec = image.spec.etcd
+        assert spec is not None
         view = planner.classify(o)
         ips = [n.internal_ip for n in o.nodes if view.role(n) == Role.CONTROL_PLANE and not n.deleting]
-        refusal = await remove_member_at(self.api, image.spec.etcd, step.internal_ip, ips, step.heir_ip)
+        refusal: str | None = "the donor has no InternalIP to find its etcd member by"
+        if step.internal_ip:
+            endpoints = [kubeadm.client_url(ip, spec.scheme, spec.client_port) for ip in ips if ip]
+            certificates = Path(spec.certificates_dir), spec.certificates_secret, spec.scheme
+            async with kubeadm.client_tls(self.api, *certificates) as tls:
+                removal = await kubeadm.remove_member(
+                    endpoints, tls, address=step.internal_ip, heir_address=step.heir_ip
+                )
+            refusal = removal.message if removal.refused else None
         if refusal is not None:
-            raise ReconcileError(f"etcd member of {step.donor} not removed: {refusal}", "EtcdMemberKept")
+            message = f"etcd member of {step.donor} not removed: {refusal}"
+            raise RetryAfter(message, BLOCKED_RETRY, "EtcdMemberKept")
         await self.api.patch(
             NODES,
             None,

@@ -34,7 +34,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from kustos.api.common import Condition
 from kustos.api.nodeimage import NodeImageSpec, NodeImageStatus, ReplacementStatus, RolloutPolicy
@@ -42,6 +42,7 @@ from kustos.nodes.labels import user_key
 from kustos.runtime.cloud import Role
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
+from kustos.runtime.objects import Taint
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration
 
@@ -50,13 +51,6 @@ ROLES = (Role.CONTROL_PLANE, Role.WORKER)
 
 
 # ---- what the controller observes ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: str = "NoSchedule"
 
 
 @dataclass(frozen=True)
@@ -561,16 +555,16 @@ def _phase(o: Observed, donor: NodeView) -> str:
     return "Draining" if donor.unschedulable or donor.drain_started else "WaitingForHeir"
 
 
-def _set(
-    o: Observed, conditions: list[Condition], type_: str, value: bool, reason: str, message: str
-) -> list[Condition]:
-    return set_model_condition(
-        Condition, conditions, type_, value, reason, message[:1000], o.generation, o.now
-    )
-
-
-def status(o: Observed, step: Step, failure: ReconcileError | None = None) -> NodeImageStatus:
+def status(o: Observed, step: Step, now: datetime, failure: ReconcileError | None = None) -> NodeImageStatus:
     """The whole status after ``step`` (acted on unless ``failure`` says it failed)."""
+
+    def _set(
+        o: Observed, conditions: list[Condition], type_: str, value: bool, reason: str, message: str
+    ) -> list[Condition]:
+        return set_model_condition(
+            Condition, conditions, type_, value, reason, message[:1000], o.generation, now
+        )
+
     view = classify(o)
     result = o.previous.model_copy(deep=True)
     result.up_to_date = view.up_to_date
@@ -652,10 +646,6 @@ def requeue_after(step: Step) -> float | None:
     if isinstance(step, Done):
         return 60.0
     return 0.5
-
-
-def since(moment: datetime | None, now: datetime) -> timedelta:
-    return now - moment if moment else timedelta(0)
 
 
 __all__ = [

@@ -4,42 +4,42 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from kustos.api.pendingnode import PendingNode
 from kustos.nodes.pendingnode import planner
-from kustos.nodes.pendingnode.planner import DeleteInstance, Forget, Observed
+from kustos.nodes.pendingnode.planner import DeleteInstance, Forget, Observed, Step
 from kustos.runtime import faults, objects
 from kustos.runtime.cloud import CloudProvider, InstanceState, NotFound
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.controller import Controller
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import WARNING
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import Note, record
+from kustos.runtime.reconciler import FamilyReconciler
+from kustos.runtime.record import Note
 from kustos.runtime.resources import NODES
 from kustos.runtime.steps import Wait
 from kustos.runtime.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 PENDINGNODES = PendingNode.crd.ref
+Obj = dict[str, Any]
 
 
-class PendingNodeReconciler:
+class PendingNodeReconciler(FamilyReconciler[PendingNode, Observed, Step]):
+    model = PendingNode
+
     def __init__(self, manager: Manager, deps: Deps) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = deps.clock
+        super().__init__(manager, deps)
         self.cloud: CloudProvider | None = deps.cloud
-        self.pendings = manager.informer(PENDINGNODES)
+        self.pendings = self.cache
         self.nodes = manager.informer(NODES)
 
-    def _node(self, spec: dict[str, Any]) -> dict[str, Any] | None:
-        provider_id = spec.get("providerID")
+    def _node(self, provider_id: str, name: str) -> dict[str, Any] | None:
         if not provider_id:
             return None
-        name = spec.get("nodeName")
         if name:
             node = self.nodes.get(name)
             if node is not None and (node.get("spec") or {}).get("providerID") == provider_id:
@@ -48,83 +48,75 @@ class PendingNodeReconciler:
             (n for n in self.nodes.list() if (n.get("spec") or {}).get("providerID") == provider_id), None
         )
 
-    async def reconcile(self, key: str) -> Result | None:
-        raw = self.pendings.get(key)
-        if raw is None or objects.deleting(raw) or self.cloud is None:
-            return None
-        spec = raw.get("spec") or {}
-        provider_id = spec.get("providerID") or ""
-        previous = dict(raw.get("status") or {})
-        generation = objects.generation(raw)
-        node = self._node(spec)
+    def settled(self, obj: PendingNode) -> bool:
+        return self.cloud is None  # nothing to ask about an instance without a provider
+
+    async def observe(self, obj: PendingNode, now: datetime) -> Observed:
+        assert self.cloud is not None
+        spec = obj.spec
+        node = self._node(spec.provider_id, spec.node_name)
         instance = None
-        if provider_id:
+        if spec.provider_id:
             try:
-                instance = (await self.cloud.instance(provider_id)).state
-            except NotFound:
+                instance = (await self.cloud.instance(spec.provider_id)).state
+            except NotFound:  # never any other failure: that is said (Degraded) and retried
                 instance = InstanceState.GONE
-            except ReconcileError as err:
-                # Never taken for gone (that is NotFound only): said, then retried.
-                await self._refused(
-                    raw, planner.status(previous, None, None, generation, self.clock.now(), err), err
-                )
-                raise
-        now = self.clock.now()
-        o = Observed(spec.get("goal", "Join"), provider_id, parse_rfc3339(spec.get("deadline")), now,
-                     objects.node_ready(node) if node else False, node is not None, instance)  # fmt: skip
-        step = planner.plan(o)
-        notes: list[Note] = []
+        return Observed(
+            spec.goal, spec.provider_id, parse_rfc3339(spec.deadline), now,
+            objects.node_ready(node) if node else False, node is not None, instance,
+            node=objects.name(node) if node else None, group_id=spec.group_id,
+            previous=obj.status.model_dump(by_alias=True, exclude_none=True) if obj.status else {},
+            generation=objects.generation(obj),
+        )  # fmt: skip
+
+    def plan(self, observed: Observed) -> Step:
+        return planner.plan(observed)
+
+    async def act(self, obj: PendingNode, observed: Observed, step: Step, notes: list[Note]) -> Step:
+        assert self.cloud is not None
+        name, goal = objects.name(obj), observed.goal
         match step:
             case Forget():
-                log.info("PendingNode %s: %s", key, step.reason)
-                await self.api.delete(PENDINGNODES, None, objects.name(raw))
-                return None
+                log.info("PendingNode %s: %s", name, step.reason)
+                await self.api.delete(PENDINGNODES, None, name)
             case DeleteInstance():
-                notes.append(
-                    Note("DeadlineExceeded", f"{spec.get('goal')} {provider_id}: {step.reason}", WARNING)
-                )
+                told = f"{goal} {observed.provider_id}: {step.reason}"
                 # The instance first, then its Node: a Node deleted while its instance still
                 # runs is registered again by its kubelet, and a refused delete (the group at
                 # its minimum, access denied, throttled) would leave the instance without the
                 # Node that shows it. The refusal is recorded before it is retried.
                 try:
                     with contextlib.suppress(NotFound):
-                        await self.cloud.delete_instance(spec.get("groupId", ""), provider_id)
-                except ReconcileError as err:
-                    status = planner.status(previous, o, step, generation, now, err)
-                    await self._refused(raw, status, err, notes)
+                        await self.cloud.delete_instance(observed.group_id, observed.provider_id)
+                except ReconcileError:
+                    notes.append(Note("DeadlineExceeded", told, WARNING))
                     raise
-                if node is not None:
-                    await self.api.delete(NODES, None, objects.name(node))
+                if observed.node is not None:
+                    await self.api.delete(NODES, None, observed.node)
                 faults.exit_after("DeleteInstance")
-                status = planner.status(previous, o, step, generation, now)
-                if spec.get("goal") == "Join":
-                    # The slot is free at once: the NodeImage controller asks for a new node.
-                    await record(self.api, PENDINGNODES, raw, status, self.manager.events, notes=notes)
-                    await self.api.delete(PENDINGNODES, None, objects.name(raw))
-                    return None
-                later = rfc3339(now + timedelta(minutes=2))
-                await self.api.patch(PENDINGNODES, None, objects.name(raw), {"spec": {"deadline": later}})
-                await record(self.api, PENDINGNODES, raw, status, self.manager.events, notes=notes)
-                return Result(requeue_after=5.0)
-        status = planner.status(previous, o, step, generation, now)
-        await record(self.api, PENDINGNODES, raw, status, self.manager.events, notes=notes)
-        return Result(requeue_after=step.seconds if isinstance(step, Wait) else 5.0)
+                if goal == "Join":
+                    # The slot is free at once: the NodeImage controller asks for a new node. The
+                    # object goes, so its Event is said here rather than with a status record.
+                    raw = self.cache.get(objects.key(obj))
+                    if raw is not None:
+                        await self.manager.events.record(raw, WARNING, "DeadlineExceeded", told)
+                    await self.api.delete(PENDINGNODES, None, name)
+                    return step
+                notes.append(Note("DeadlineExceeded", told, WARNING))
+                later = rfc3339(observed.now + timedelta(minutes=2))
+                await self.api.patch(PENDINGNODES, None, name, {"spec": {"deadline": later}})
+        return step
 
-    async def _refused(
-        self,
-        raw: dict[str, Any],
-        status: dict[str, Any],
-        err: ReconcileError,
-        notes: list[Note] | None = None,
-    ) -> None:
-        """Record a provider's refusal (Degraded, its reason, an Event) before it is retried."""
-        spec = raw.get("spec") or {}
-        told = [
-            *(notes or []),
-            Note(err.reason, f"{spec.get('goal')} {spec.get('providerID')}: {err.message}", WARNING),
-        ]
-        await record(self.api, PENDINGNODES, raw, status, self.manager.events, notes=told)
+    def status(self, observed: Observed, step: Step, now: datetime, failure: ReconcileError | None) -> Obj:
+        return planner.status(observed, step, now, failure)
+
+    def unobserved(self, raw: Obj, failure: ReconcileError, now: datetime) -> Obj:
+        return planner.unobserved(raw.get("status") or {}, objects.generation(raw), now, failure)
+
+    def requeue_after(self, observed: Observed, step: Step) -> float | None:
+        if isinstance(step, Forget) or (isinstance(step, DeleteInstance) and observed.goal == "Join"):
+            return None  # the object is gone
+        return step.seconds if isinstance(step, Wait) else 5.0
 
 
 def _by_node(reconciler: PendingNodeReconciler) -> Any:

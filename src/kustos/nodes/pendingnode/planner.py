@@ -13,7 +13,8 @@ refusal is recorded, Degraded with the provider's reason, before the error is re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +34,11 @@ class Observed:
     node_exists: bool
     instance: InstanceState | None
     """None while the Join has no provider ID yet."""
+    node: str | None = None
+    """The Node's name, when one shows the instance."""
+    group_id: str = ""
+    previous: Mapping[str, Any] = field(default_factory=dict)
+    generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,15 +81,23 @@ def plan(o: Observed) -> Step:
     return Wait("leaving", 5)
 
 
-def status(
-    previous: dict[str, Any], o: Observed | None, step: Step | None, generation: int | None, now: datetime,
+def status(o: Observed, step: Step, now: datetime, failure: ReconcileError | None = None) -> dict[str, Any]:
+    """The status after ``step`` (acted on unless ``failure`` says the provider refused it). A
+    refused delete still counts as an attempt: the next pass past the deadline tries again."""
+    return _status(o.previous, o, step, o.generation, now, failure)
+
+
+def unobserved(
+    previous: Mapping[str, Any], generation: int | None, now: datetime, failure: ReconcileError
+) -> dict[str, Any]:
+    """The status when the instance could not even be looked up: the rest kept, Degraded says why."""
+    return _status(previous, None, None, generation, now, failure)
+
+
+def _status(
+    previous: Mapping[str, Any], o: Observed | None, step: Step | None, generation: int | None, now: datetime,
     failure: ReconcileError | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The status after ``step`` (acted on unless ``failure`` says the provider refused it).
-
-    ``o`` and ``step`` are None when the instance could not even be looked up. A refused
-    delete still counts as an attempt: the next pass past the deadline tries again.
-    """
     result = dict(previous)
     if o is not None:
         result["instanceState"] = str(o.instance) if o.instance else None
@@ -115,4 +129,4 @@ def status(
     return result
 
 
-__all__ = ["DeleteInstance", "Forget", "MarkJoined", "Observed", "Step", "plan", "status"]
+__all__ = ["DeleteInstance", "Forget", "MarkJoined", "Observed", "Step", "plan", "status", "unobserved"]

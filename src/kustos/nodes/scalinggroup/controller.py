@@ -1,86 +1,74 @@
-"""The ScalingGroup controller: the group's image at the provider follows its NodeImage.
-
-One step per pass: if the provider creates new instances of the group from another image
-than the NodeImage's, set it (the NodeImage controller waits for this before it asks the
-group for a heir, so no heir is born outdated).
-"""
+"""The ScalingGroup controller: the group's image at the provider follows its NodeImage (see
+planner); one step per pass."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from kustos.api.nodeimage import NodeImage
 from kustos.api.scalinggroup import ScalingGroup
+from kustos.nodes.scalinggroup import planner
+from kustos.nodes.scalinggroup.planner import Missing, Observed, SetImage, Step
 from kustos.runtime import objects
 from kustos.runtime.cloud import CloudProvider
-from kustos.runtime.conditions import set_condition
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.controller import Controller
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import Note, note_failure, record
+from kustos.runtime.reconciler import FamilyReconciler
+from kustos.runtime.record import Note
 
 SCALINGGROUPS = ScalingGroup.crd.ref
 NODEIMAGES = NodeImage.crd.ref
 RESYNC = 30.0
+Obj = dict[str, Any]
 
 
-def want_image(current: str, desired: str | None) -> str | None:
-    """The image to set (None: nothing to do). Pure."""
-    if not desired or current == desired:
-        return None
-    return desired
+class ScalingGroupReconciler(FamilyReconciler[ScalingGroup, Observed, Step]):
+    model = ScalingGroup
 
-
-class ScalingGroupReconciler:
     def __init__(self, manager: Manager, deps: Deps) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = deps.clock
+        super().__init__(manager, deps)
         self.cloud: CloudProvider | None = deps.cloud
-        self.groups = manager.informer(SCALINGGROUPS)
+        self.groups = self.cache
         self.images = manager.informer(NODEIMAGES)
 
-    async def reconcile(self, key: str) -> Result | None:
-        raw = self.groups.get(key)
-        if raw is None or objects.deleting(raw) or self.cloud is None:
-            return None
-        spec = raw.get("spec") or {}
-        group_id = spec.get("groupId", "")
-        image = self.images.get(spec.get("nodeImage", ""))
-        desired = (image.get("spec") or {}).get("image") if image else None
-        status: dict[str, Any] = dict(raw.get("status") or {})
-        now = self.clock.now()
-        notes: list[Note] = []
-        failure: ReconcileError | None = None
-        try:
-            group = next((g for g in await self.cloud.groups() if g.group_id == group_id), None)
-            if group is None:
-                raise ReconcileError(f"the provider has no group {group_id!r}", "GroupNotFound")
-            status["image"], status["instances"] = group.image, group.desired
-            target = want_image(group.image, desired)
-            if target is not None:
-                await self.cloud.set_image(group_id, target)
-                status["image"] = target
-                notes.append(Note("ImageSet", f"new instances of {group_id} are created from {target}"))
-        except ReconcileError as err:
-            failure = err
-        in_sync = desired is not None and status.get("image") == desired
-        message = (
-            f"new instances use {desired}"
-            if in_sync
-            else f"image {status.get('image')}, NodeImage wants {desired}"
+    def settled(self, obj: ScalingGroup) -> bool:
+        return self.cloud is None  # without a provider there is no group to look at
+
+    async def observe(self, obj: ScalingGroup, now: datetime) -> Observed:
+        assert self.cloud is not None
+        group_id = obj.spec.group_id
+        image = self.images.get(obj.spec.node_image)
+        return Observed(
+            group_id=group_id,
+            group=next((g for g in await self.cloud.groups() if g.group_id == group_id), None),
+            desired=(image.get("spec") or {}).get("image") if image else None,
+            previous=obj.status.model_dump(by_alias=True, exclude_none=True) if obj.status else {},
+            generation=objects.generation(obj),
         )
-        reason = "InSync" if in_sync else "NotInSync"
-        generation = objects.generation(raw)
-        conditions = set_condition(
-            status.get("conditions"), "ImageInSync", in_sync, reason, message, generation, now
-        )
-        status["conditions"] = note_failure(conditions, failure, now, objects.generation(raw), "Degraded")
-        await record(self.api, SCALINGGROUPS, raw, status, self.manager.events, notes=notes)
-        if failure is not None:
-            raise failure
-        return Result(requeue_after=RESYNC)
+
+    def plan(self, observed: Observed) -> Step:
+        return planner.plan(observed)
+
+    async def act(self, obj: ScalingGroup, observed: Observed, step: Step, notes: list[Note]) -> Step:
+        assert self.cloud is not None
+        match step:
+            case Missing():
+                raise ReconcileError(f"the provider has no group {observed.group_id!r}", "GroupNotFound")
+            case SetImage():
+                await self.cloud.set_image(observed.group_id, step.image)
+                notes.append(
+                    Note("ImageSet", f"new instances of {observed.group_id} are created from {step.image}")
+                )
+        return step
+
+    def status(self, observed: Observed, step: Step, now: datetime, failure: ReconcileError | None) -> Obj:
+        return planner.status(observed, step, now, failure)
+
+    def requeue_after(self, observed: Observed, step: Step) -> float | None:
+        return RESYNC
 
 
 def _groups_of_image(reconciler: ScalingGroupReconciler) -> Any:
