@@ -257,6 +257,17 @@ class MemberStatus(KubeModel):
     """When it was first seen unhealthy (RFC 3339); kept across operator restarts."""
 
 
+class StuckPod(KubeModel):
+    """A pod of the cluster that cannot start or run, and why."""
+
+    pod: str
+    """The pod's name."""
+    reason: str
+    """ImagePullFailed, CrashLoopBackOff, Unschedulable or VolumePending."""
+    message: str = ""
+    """What is wrong and what would fix it."""
+
+
 class RecoveryStatus(KubeModel):
     """A disaster recovery: where it rebuilds from, and how far it got."""
 
@@ -356,6 +367,9 @@ class EtcdClusterStatus(KubeModel):
 
     maintenance: MaintenanceStatus | None = None
     """Defragmentations (written by the maintenance controller)."""
+    stuck: list[StuckPod] = Field(default_factory=list, json_schema_extra=list_map("pod"))
+    """Pods of the cluster that cannot start or run (image pull, crash loop, unschedulable,
+    volume pending), each with what to do; empty when none is."""
     observed_generation: int | None = None
     """The generation of the spec this status describes."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
@@ -376,6 +390,7 @@ class EtcdCluster(CustomResource[EtcdClusterSpec, EtcdClusterStatus]):
             PrinterColumn("READY", ".status.ready", description="Healthy members over size"),
             PrinterColumn("VERSION", ".status.currentVersion"),
             PrinterColumn("PHASE", ".status.phase"),
+            PrinterColumn("STUCK", ".status.stuck[0].reason", description="Why a pod cannot start or run"),
             PrinterColumn("AGE", ".metadata.creationTimestamp", "date"),
         ),
     )

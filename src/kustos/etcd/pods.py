@@ -203,6 +203,30 @@ def member_claim(cluster: EtcdCluster, pod: str, epoch: int = 0) -> Obj:
     }
 
 
+def disruption_budget(cluster: EtcdCluster, min_available: int) -> Obj:
+    """The cluster's PodDisruptionBudget over its member pods (``disruption.min_available``
+    says why the number moves); owned by the cluster, so it goes with it."""
+    name = cluster.metadata["name"]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": name,
+            "namespace": cluster.metadata["namespace"],
+            "labels": labels(cluster),
+            "ownerReferences": [owner_reference(cluster)],
+        },
+        "spec": {
+            "minAvailable": min_available,
+            "selector": {
+                "matchLabels": {CLUSTER_LABEL: name},
+                "matchExpressions": [{"key": MEMBER_LABEL, "operator": "Exists"}],
+            },
+            "unhealthyPodEvictionPolicy": "IfHealthyBudget",
+        },
+    }
+
+
 def services(cluster: EtcdCluster) -> list[Obj]:
     """The client Service and the headless peer Service that gives members DNS names."""
     name = cluster.metadata["name"]

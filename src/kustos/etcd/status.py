@@ -34,6 +34,8 @@ from kustos.etcd.planner import Observed, Step
 from kustos.etcd.pods import CLUSTER_LABEL, EPOCH_LABEL
 from kustos.etcd.recovery import RecoveryStep, Source
 from kustos.etcd.restore import SnapshotSource
+from kustos.etcd.stuck import REASONS as STUCK_REASONS
+from kustos.etcd.stuck import Stuck, summary
 from kustos.etcd.versions import agreed_version, rollback_target, version_refusal
 from kustos.runtime.conditions import get_condition, set_condition
 from kustos.runtime.errors import ReconcileError
@@ -65,6 +67,7 @@ class Seen:
     observed: Observed | None = None  # the planner's input (membership passes)
     etcd: EtcdView | None = None
     client_urls: Mapping[str, str] = field(default_factory=dict)
+    stuck: tuple[Stuck, ...] = ()  # pods that cannot start or run (``stuck.classify``)
 
 
 # ---- the steps of a pass beyond the planner's -----------------------------------------------
@@ -186,9 +189,40 @@ def status(seen: Seen, step: ClusterStep, now: datetime, failure: ReconcileError
             result = _rebuild(seen, step, stamp)
         case _:
             result = _membership(seen, step, now)
+    if not isinstance(step, Unobserved):
+        result = _stuck(seen, result, step, stamp)
     if failure is not None:
         result["conditions"] = note_failure(result.get("conditions"), failure, stamp, seen.generation)
     return result
+
+
+def _stuck(seen: Seen, result: Obj, step: ClusterStep, stamp: str) -> Obj:
+    """Pods that cannot start or run: listed, and named in Degraded and Progressing (a quorum
+    loss, a halted upgrade or a failed rebuild keep their reason; the pods are added to it)."""
+    result = dict(result)
+    if not seen.stuck:
+        result.pop("stuck", None)
+        return result
+    result["stuck"] = [{"pod": s.pod, "reason": s.reason, "message": s.message[:1000]} for s in seen.stuck]
+    first, message = seen.stuck[0], summary(seen.stuck)
+    conditions = result.get("conditions")
+    degraded = get_condition(conditions, "Degraded") or {}
+    if degraded.get("status") == "True" and degraded.get("reason") in KEPT_REASONS:
+        said = degraded.get("message") or ""
+        reason, message = str(degraded["reason"]), (message if not said else f"{said}; {message}")[:1000]
+    else:
+        reason = first.reason
+    conditions = set_condition(conditions, "Degraded", True, reason, message, seen.generation, stamp)
+    if not isinstance(step, Done):
+        conditions = set_condition(conditions, "Progressing", False, first.reason, message, seen.generation,
+                                   stamp)  # fmt: skip
+    result["conditions"] = conditions
+    return result
+
+
+# Degraded reasons worse than a stuck pod: they stay, and the pods are added to their message.
+KEPT_REASONS = ("QuorumLost", "UpgradeHalted", "RecoveryFailed", "InvalidSpec", "RestoreWaiting",
+                "AdoptionWaiting")  # fmt: skip
 
 
 def _degraded(seen: Seen, reason: str, message: str, stamp: str) -> Obj:
@@ -496,6 +530,10 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
     accepted = _condition(new, "VersionAccepted")
     if accepted.get("status") == "False" and _turned(old, new, "VersionAccepted"):
         found.append(Note("UpgradeRefused", accepted.get("message") or "", WARNING))
+    if degraded.get("reason") in STUCK_REASONS and _turned(
+        old, new, "Degraded", ("status", "reason", "message")
+    ):
+        found.append(Note(str(degraded["reason"]), degraded.get("message") or "", WARNING))
     if isinstance(step, Rebuild):
         if isinstance(step.step, recovery.RecoveryFailed):
             found.append(Note("RecoveryFailed", step.step.message, WARNING))
