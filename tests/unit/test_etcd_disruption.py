@@ -25,10 +25,14 @@ def test_numbers_per_size_while_steady() -> None:
     wanted = {1: 1, 2: 2, 3: 2, 4: 3, 5: 4, 7: 6, 9: 8}
     for size, min_available in wanted.items():
         members, pods = healthy_cluster(size)
-        o = observed(members, pods, size)
+        o = observed(members, pods, size, migrate=False)
         assert planner.plan(o) == planner.Done()
         assert disruption.min_available(o, planner.Done(), size, size) == min_available
         assert allowed(o, planner.Done()) == (1 if size >= 3 else 0)
+        # Migrating members: no eviction ever; drains wait for the operator to move them.
+        moving = observed(members, pods, size)
+        assert disruption.min_available(moving, planner.Done(), size, size) == size
+        assert allowed(moving, planner.Done()) == 0
 
 
 def test_a_joining_learner_allows_no_eviction_even_when_its_pod_is_ready() -> None:
@@ -51,7 +55,7 @@ def test_after_one_eviction_the_next_waits_for_the_replacement() -> None:
 def test_a_pod_not_ready_blocks_even_a_steady_looking_plan() -> None:
     members, pods = healthy_cluster(3)
     pods[2] = dataclasses.replace(pods[2], ready=False)
-    o = observed(members, pods, 3)
+    o = observed(members, pods, 3, migrate=False)
     assert allowed(o, planner.Done()) == 0
 
 
@@ -74,7 +78,7 @@ def clusters(draw: st.DrawFn) -> Observed:
         if draw(st.booleans()):  # some members without a pod
             pods.append(PodView(f"e-{i}", i, uid=f"u{i}", ip=ip, running=True, ready=ready,
                                 member_id=100 + i, deleting=deleting))  # fmt: skip
-    return observed(members, pods, size)
+    return observed(members, pods, size, migrate=draw(st.booleans()))
 
 
 @given(clusters())

@@ -125,3 +125,22 @@ def test_quorum_loss_keeps_its_reason_and_names_the_stuck_pod() -> None:
     later = status(replace(seen, previous=first), lost, NOW + timedelta(seconds=10))
     degraded = condition(later, "Degraded")
     assert degraded["reason"] == "QuorumLost" and PULL.message in degraded["message"]
+
+
+def test_a_replacement_with_no_node_to_go_to_says_which_drain_waits_and_why() -> None:
+    seen = formed()
+    assert seen.observed is not None
+    pods = list(seen.observed.pods)
+    pods[1] = replace(pods[1], node="w-1", draining=True)
+    unplaced = Stuck("e-3", "Unschedulable", "member pod e-3 cannot be scheduled: 0/4 nodes are available")
+    seen = replace(seen, observed=replace(seen.observed, pods=tuple(pods)), stuck=(unplaced,))
+    result = status(seen, Wait("a member is joining", 1.0), NOW)
+    degraded = condition(result, "Degraded")
+    assert degraded["reason"] == "NoSpareNode" and result["stuck"][0]["reason"] == "NoSpareNode"
+    message = degraded["message"]
+    assert "member e-1 cannot leave node w-1" in message and "0/4 nodes are available" in message
+    assert "uncordon w-1" in message
+    assert [n.reason for n in notes(seen, Wait("a member is joining", 1.0), result)] == ["NoSpareNode"]
+    # Without migration the same pod is just unschedulable.
+    kept = replace(seen, observed=replace(seen.observed, migrate=False))
+    assert condition(status(kept, Wait("x", 1.0), NOW), "Degraded")["reason"] == "Unschedulable"

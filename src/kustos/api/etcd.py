@@ -141,6 +141,16 @@ class MaintenanceSpec(KubeModel):
     """Defragmentation by the operator."""
 
 
+class DisruptionSpec(KubeModel):
+    """How the cluster meets voluntary disruptions: drains, node upgrades, autoscalers."""
+
+    migrate: bool = True
+    """Move a member off a node that is cordoned or tainted for removal, by adding its
+    replacement elsewhere first; the PodDisruptionBudget then allows no eviction, so drains
+    wait for the move. False: the budget allows one eviction at a time while the cluster is
+    healthy, and an evicted member is replaced after it has gone."""
+
+
 class EtcdClusterSpec(KubeModel):
     """The etcd cluster the user wants."""
 
@@ -228,6 +238,8 @@ class EtcdClusterSpec(KubeModel):
 
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
     """Automatic compaction and defragmentation."""
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
+    """Drains and other voluntary disruptions (see docs/etcdcluster.md, Disruptions)."""
     tls: TLSSpec | None = None
     """Peer and client TLS with client certificate authentication (see docs/etcdcluster.md)."""
 

@@ -162,6 +162,19 @@ async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList,
 # ---- pods and volumes -------------------------------------------------------------------------
 
 
+# Taints of the node removers that do not cordon: the cluster-autoscaler, and karpenter
+# (v1 and before). ``kubectl drain`` and most others cordon (spec.unschedulable).
+REMOVAL_TAINTS = ("ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted", "karpenter.sh/disruption")
+
+
+def draining_node(node: Obj | None) -> bool:
+    """Cordoned, or tainted by a node remover: its pods are about to be evicted."""
+    if node is None:
+        return False
+    taints = (node.get("spec") or {}).get("taints") or []
+    return objects.node_unschedulable(node) or any(t.get("key") in REMOVAL_TAINTS for t in taints)
+
+
 def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodView | None:
     """The planner's view of a member pod (None: not a member pod of ``cluster``)."""
     name = objects.name(pod)
@@ -183,6 +196,8 @@ def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodVi
         ready=objects.pod_ready(pod),
         member_id=int(member_id, 16) if member_id else None,
         node_lost=node_name is not None and objects.node_lost(node(node_name)),
+        node=node_name,
+        draining=node_name is not None and draining_node(node(node_name)),
         version=version,
         running_since=objects.running_since(pod),
     )
@@ -277,6 +292,6 @@ class Observer:
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
             rollback=rollback(cluster),
             downgrade_enabled=any(s.downgrade_enabled for s in etcd.statuses.values()),
-            claims=self.claims_of(cluster),
+            claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
         )  # fmt: skip
         return observed, etcd, client_urls

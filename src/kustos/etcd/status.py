@@ -200,11 +200,12 @@ def _stuck(seen: Seen, result: Obj, step: ClusterStep, stamp: str) -> Obj:
     """Pods that cannot start or run: listed, and named in Degraded and Progressing (a quorum
     loss, a halted upgrade or a failed rebuild keep their reason; the pods are added to it)."""
     result = dict(result)
-    if not seen.stuck:
+    found = _no_spare_node(seen)
+    if not found:
         result.pop("stuck", None)
         return result
-    result["stuck"] = [{"pod": s.pod, "reason": s.reason, "message": s.message[:1000]} for s in seen.stuck]
-    first, message = seen.stuck[0], summary(seen.stuck)
+    result["stuck"] = [{"pod": s.pod, "reason": s.reason, "message": s.message[:1000]} for s in found]
+    first, message = found[0], summary(found)
     conditions = result.get("conditions")
     degraded = get_condition(conditions, "Degraded") or {}
     if degraded.get("status") == "True" and degraded.get("reason") in KEPT_REASONS:
@@ -218,6 +219,23 @@ def _stuck(seen: Seen, result: Obj, step: ClusterStep, stamp: str) -> Obj:
                                    stamp)  # fmt: skip
     result["conditions"] = conditions
     return result
+
+
+def _no_spare_node(seen: Seen) -> tuple[Stuck, ...]:
+    """A member that must leave a draining node whose replacement cannot be scheduled: said
+    as what blocks the drain, naming the node."""
+    o = seen.observed
+    leaving = next((p for p in o.pods if p.draining and not p.deleting), None) if o and o.migrate else None
+    if leaving is None:
+        return seen.stuck
+    return tuple(
+        Stuck(s.pod, "NoSpareNode", (
+            f"member {leaving.name} cannot leave node {leaving.node} (cordoned or being removed): "
+            f"its replacement {s.message.removeprefix('member pod ')}; "
+            f"the drain of {leaving.node} waits until then, or uncordon {leaving.node}"
+        )) if s.reason == "Unschedulable" else s
+        for s in seen.stuck
+    )  # fmt: skip
 
 
 # Degraded reasons worse than a stuck pod: they stay, and the pods are added to their message.

@@ -28,7 +28,8 @@ PENDING_GRACE = timedelta(seconds=10)
 CRASH_RESTARTS = 2
 LOG_LINES = 5
 
-REASONS = ("ImagePullFailed", "CrashLoopBackOff", "Unschedulable", "VolumePending")
+# NoSpareNode: an Unschedulable replacement of a member leaving a draining node (status.py).
+REASONS = ("ImagePullFailed", "CrashLoopBackOff", "Unschedulable", "VolumePending", "NoSpareNode")
 
 
 @dataclass(frozen=True)
