@@ -336,6 +336,17 @@ class DefragmentationRecord(KubeModel):
     """Why it failed, if it did."""
 
 
+class NoSpaceRecovery(KubeModel):
+    """The recovery from etcd's NOSPACE alarm under way: compact, defragment each member, disarm."""
+
+    started_at: str
+    """When the alarm was first seen (RFC 3339)."""
+    compacted_revision: int = 0
+    """The revision the history was compacted to (0: not yet)."""
+    defragmented: list[str] = Field(default_factory=list)
+    """Members defragmented since it started."""
+
+
 class MaintenanceStatus(KubeModel):
     """What the maintenance controller did last (it writes only this subtree)."""
 
@@ -345,6 +356,8 @@ class MaintenanceStatus(KubeModel):
         default_factory=list, json_schema_extra=list_map("member")
     )
     """The last defragmentation of each member."""
+    no_space: NoSpaceRecovery | None = None
+    """The NOSPACE alarm being recovered from."""
     message: str | None = None
     """What the controller is waiting for, or did last."""
 

@@ -395,19 +395,20 @@ def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
     conditions = set_condition(conditions, "Progressing", progressing,
                                type(step).__name__, describe(step), generation, stamp)  # fmt: skip
     halted = isinstance(step, planner.UpgradeHalted)
-    degraded = confirmed or halted or any(not m.healthy for m in members)
+    no_space = bool(etcd.no_space) and not confirmed and not halted
+    degraded = confirmed or halted or no_space or any(not m.healthy for m in members)
     reason = (
-        "QuorumLost" if confirmed else "UpgradeHalted" if halted
+        "QuorumLost" if confirmed else "UpgradeHalted" if halted else "NoSpace" if no_space
         else "MemberUnhealthy" if degraded else "AllHealthy"
     )  # fmt: skip
-    conditions = set_condition(
-        conditions, "Degraded", degraded, reason, describe(step) if degraded else "", generation, stamp
-    )
+    message = NO_SPACE if no_space else describe(step) if degraded else ""
+    conditions = set_condition(conditions, "Degraded", degraded, reason, message, generation, stamp)
     refusal = version_refusal(cluster)
     conditions = set_condition(
         conditions, "VersionAccepted", refusal is None, "UpgradeRefused" if refusal else "Accepted",
         refusal or f"etcd {cluster.spec.version}", generation, stamp,
     )  # fmt: skip
+    conditions = _space(conditions, etcd, generation, stamp)
     unresolved = lasting_unresolved(seen, now)
     conditions = set_condition(
         conditions, "MembersResolvable", not unresolved,
@@ -430,6 +431,23 @@ def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
     if "maintenance" in old:
         result["maintenance"] = old["maintenance"]
     return result
+
+
+NO_SPACE = (
+    "etcd refuses writes: the NOSPACE alarm is raised (a member's database reached its quota, "
+    "--quota-backend-bytes); the operator compacts, defragments each member and disarms it"
+)
+
+
+def _space(conditions: list[Obj], etcd: EtcdView, generation: int | None, stamp: str) -> list[Obj]:
+    """SpaceAvailable: False while etcd's NOSPACE alarm is raised (the maintenance controller
+    recovers it; its Events say how)."""
+    if etcd.no_space:
+        return set_condition(conditions, "SpaceAvailable", False, "NoSpace", NO_SPACE, generation, stamp)
+    if etcd.statuses:
+        return set_condition(conditions, "SpaceAvailable", True, "UnderQuota", "no NOSPACE alarm", generation,
+                             stamp)  # fmt: skip
+    return conditions
 
 
 def lasting_unresolved(seen: Seen, now: datetime) -> tuple[str, ...]:
@@ -566,6 +584,9 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
     quorum_lost = degraded.get("reason") == "QuorumLost" and degraded.get("status") == "True"
     if quorum_lost and _turned(old, new, "Degraded", ("status", "reason")):
         found.append(Note("QuorumLost", degraded.get("message") or "", WARNING))
+    space = _condition(new, "SpaceAvailable")
+    if space.get("status") == "False" and _turned(old, new, "SpaceAvailable", ("status",)):
+        found.append(Note("NoSpace", space.get("message") or "", WARNING))
     if degraded.get("reason") == "UpgradeHalted" and _turned(old, new, "Degraded", ("status", "reason")):
         found.append(Note("UpgradeHalted", degraded.get("message") or "", WARNING))
     was, now_runs = old.get("currentVersion"), new.get("currentVersion")
