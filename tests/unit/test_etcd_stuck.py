@@ -60,11 +60,15 @@ def test_a_crash_loop_is_named_after_the_second_restart_with_its_exit_code() -> 
     found = classify(pod(waiting("CrashLoopBackOff", restarts=3, **last), node="w-1"), None, NOW)
     assert found is not None and found.reason == "CrashLoopBackOff" and found.container == "etcd"
     assert "exit code 2" in found.message and "spec.extraArgs" in found.message
-    logged = with_log(found, "line 1\n\nflag provided but not defined: -bogus\nUsage of etcd:\n")
-    assert logged.message.endswith(
-        "last log lines: line 1 | flag provided but not defined: -bogus | Usage of etcd:"
-    )
+    usage = "\n".join(f"  --option-{i}  what it does" for i in range(50))
+    logged = with_log(found, f"flag provided but not defined: -bogus\n\nUsage of etcd:\n{usage}\n")
+    assert logged.message.endswith("last log lines: flag provided but not defined: -bogus")
+    plain = with_log(found, "line 1\n\nline 2\n")
+    assert plain.message.endswith("last log lines: line 1 | line 2")
     assert with_log(found, "") == found
+    # The same crash loop later is the same message: no Event, no write per restart.
+    again = classify(pod(waiting("CrashLoopBackOff", restarts=9, **last), node="w-1"), None, NOW)
+    assert again == found
 
 
 def test_unschedulable_carries_the_schedulers_words_after_a_grace() -> None:

@@ -56,7 +56,7 @@ from kustos.etcd.status import (
     notes,
     status,
 )
-from kustos.etcd.stuck import LOG_LINES, Stuck, classify, with_log
+from kustos.etcd.stuck import LOG_TAIL, Stuck, classify, with_log
 from kustos.etcd.versions import creation_version, rollback, target_version, version_refusal
 from kustos.images import configured_agent_image
 from kustos.runtime import faults, objects
@@ -232,9 +232,7 @@ class EtcdClusterReconciler:
             stuck = classify(pod, claim, now)
             if stuck is not None and stuck.container:
                 try:
-                    stuck = with_log(
-                        stuck, await self.api.logs(namespace, name, stuck.container, LOG_LINES * 2)
-                    )
+                    stuck = with_log(stuck, await self.api.logs(namespace, name, stuck.container, LOG_TAIL))
                 except (ReconcileError, OSError) as err:  # the reason stands without its log
                     log.debug("could not read the log of %s: %s", name, err)
             if stuck is not None:

@@ -10,6 +10,7 @@ up, a claim a provisioner is about to bind) out of the conditions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +28,7 @@ PENDING_GRACE = timedelta(seconds=10)
 # One restart can be a member racing its own addition; a second is a crash loop.
 CRASH_RESTARTS = 2
 LOG_LINES = 5
+LOG_TAIL = 400  # lines read from a crashing container's log to find LOG_LINES that say why
 
 # NoSpareNode: an Unschedulable replacement of a member leaving a draining node (status.py).
 REASONS = ("ImagePullFailed", "CrashLoopBackOff", "Unschedulable", "VolumePending", "NoSpareNode")
@@ -59,8 +61,9 @@ def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod
             last = (container.get("lastState") or {}).get("terminated") or {}
             code = last.get("exitCode")
             ended = f"exit code {code}, " if code is not None else ""
+            # No restart count in the message: it would make every restart news (an Event, a write).
             return Stuck(name, "CrashLoopBackOff", (
-                f"{what} {name} keeps crashing ({ended}restarted {container.get('restartCount')} times); "
+                f"{what} {name} keeps crashing ({ended}restarted {CRASH_RESTARTS} times or more); "
                 f"check spec.extraArgs and `kubectl logs {name} --previous`"
             ), container=str(container.get("name") or ""))  # fmt: skip
     if status.get("phase", "Pending") != "Pending" or objects.pod_node(pod):
@@ -91,9 +94,17 @@ def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod
     return None
 
 
+# Lines that say why a process stopped; etcd prints a bad flag's error first, then its whole
+# usage text, and a fatal start error as a JSON line with "level":"fatal".
+TELLING = re.compile(r"error|fatal|panic|not defined|invalid|failed|cannot|unknown", re.IGNORECASE)
+
+
 def with_log(stuck: Stuck, log: str) -> Stuck:
-    """A crash loop's message with the last lines its container printed."""
-    lines = [line.strip() for line in log.splitlines() if line.strip()][-LOG_LINES:]
+    """A crash loop's message with the last lines its container printed that say why
+    (the last lines at all when none does)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    telling = [line for line in lines if TELLING.search(line)]
+    lines = (telling or lines)[-LOG_LINES:]
     if not lines:
         return stuck
     tail = " | ".join(line[:300] for line in lines)
