@@ -373,10 +373,14 @@ async def test_the_nospace_alarm_is_recovered_without_a_human(
                      cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
     events = kubectl("get", "events", "--field-selector", "involvedObject.name=full")
     assert "NoSpace" in events and "NoSpaceRecovering" in events and "Defragmented" in events, events
-    current = status_of(kubectl, "full")
+
+    async def space_said() -> dict[str, Any] | None:
+        current = status_of(kubectl, "full")
+        space = next(c for c in current["conditions"] if c["type"] == "SpaceAvailable")
+        return current if space["status"] == "True" else None
+
+    current = await wait_until(space_said, "SpaceAvailable back to True", timeout=30)
     assert current["phase"] == "Running"  # never reported as a quorum loss
-    space = next(c for c in current["conditions"] if c["type"] == "SpaceAvailable")
-    assert space["status"] == "True"
     assert sorted(current["maintenance"]["defragmentations"][i]["member"] for i in range(3)) == [
         m["name"] for m in sorted(current["members"], key=lambda m: m["name"])
     ]
