@@ -35,6 +35,8 @@ class Writer:
         i = 0
         while not self.stop:
             key = f"/drain/{i:07d}"
+            if not self.acknowledged and i == 0 and not self.endpoints:
+                raise RuntimeError("no endpoint to write to")
             for endpoint in list(self.endpoints):
                 try:
                     async with EtcdClient(endpoint, timeout=2.0) as client:
@@ -76,7 +78,8 @@ async def drain(cluster: DevCluster, node: str, name: str) -> float:
 
 
 async def one_run(cluster: DevCluster, name: str, migrate: bool) -> str:
-    create(cluster, name, 3, disruption={"migrate": migrate})
+    # Pod IPs: this process (the writer) does not resolve through the cluster DNS.
+    create(cluster, name, 3, addressing="podIP", disruption={"migrate": migrate})
     await asyncio.to_thread(wait, cluster, name, lambda st: healthy(st, 3), 180)
     writer = Writer([m["clientUrl"] for m in status(cluster, name)["members"]])
     task = asyncio.create_task(writer.run())
