@@ -152,7 +152,8 @@ async def test_pods_that_cannot_start_are_named_with_their_reason(
     kubectl: Kubectl, operator: OperatorProcess
 ) -> None:
     """Each state reproduced as it happens on any cluster: an image nobody has, a flag etcd
-    refuses, a nodeSelector no node matches, a StorageClass nothing provisions."""
+    refuses, a nodeSelector no node matches, a StorageClass nothing provisions (for a member
+    and for a backup agent)."""
     never = f"never-binds-{kubectl.namespace}"
     kubectl.cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump({
         "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": never},
@@ -170,7 +171,15 @@ async def test_pods_that_cannot_start_are_named_with_their_reason(
             etcd_cluster("crash", 1, extraArgs=["--no-such-flag"]),
             etcd_cluster("sched", 1, pod={"nodeSelector": {"kustos.dev/no-such-node": "true"}}),
             etcd_cluster("vol", 1, storage={"type": "pvc", "size": "1Gi", "storageClassName": never}),
+            etcd_cluster("bk", 1),
         )
+        await wait_healthy(kubectl, "bk", 1)
+        # A backup agent whose claim never binds: the scheduler cannot place it.
+        storage = {"pvc": {"size": "1Gi", "storageClassName": never}}
+        kubectl.apply({
+            "apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdBackup", "metadata": {"name": "agent"},
+            "spec": {"clusterName": "bk", "storage": storage},
+        })  # fmt: skip
 
         async def all_named() -> bool:
             for name, (reason, words) in expected.items():
@@ -181,7 +190,11 @@ async def test_pods_that_cannot_start_are_named_with_their_reason(
                     return False
                 if degraded.get("reason") != reason or words not in degraded.get("message", ""):
                     return False
-            return True
+            backup = kubectl.get("etcdbackup", "agent").get("status") or {}
+            said = next((c for c in backup.get("conditions") or [] if c["type"] == "Succeeded"), {})
+            return said.get("reason") == "Unschedulable" and "backup agent pod agent-" in said.get(
+                "message", ""
+            )
 
         await wait_until(all_named, "each cluster to name why its pod cannot start", timeout=60,
                          cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
@@ -194,5 +207,5 @@ async def test_pods_that_cannot_start_are_named_with_their_reason(
         for reason, _ in expected.values():
             assert reason in events, events
     finally:
-        kubectl("delete", "etcdclusters", "--all", "--wait=false")
+        kubectl("delete", "etcdbackups,etcdclusters", "--all", "--wait=false")
         kubectl.cluster.kubectl("delete", "storageclass", never, "--wait=false", check=False)
