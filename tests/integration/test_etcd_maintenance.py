@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kustos.etcd.client import Compacted, EtcdClient, EtcdTLS
+from kustos.etcd.client import Compacted, EtcdClient, EtcdTLS, NoSpace
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
     Writer,
@@ -339,3 +339,48 @@ async def test_a_defragmentation_interrupted_by_an_operator_restart_is_recorded(
     assert len(events) == 1 and "i-0" in events[0]["message"]
     final = status_of(kubectl, "i")
     assert final["phase"] == "Running" and final["ready"] == "1/1"
+
+
+async def test_the_nospace_alarm_is_recovered_without_a_human(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """A small quota reached on purpose by overwriting one key: etcd raises NOSPACE and refuses
+    writes; the operator compacts, defragments each member and disarms, and writes go on."""
+    kubectl.apply(etcd_cluster("full", 3, extraArgs=[f"--quota-backend-bytes={16 * MiB}"],
+                               maintenance={"defragmentation": {"enabled": False}}))  # fmt: skip
+    status = await wait_healthy(kubectl, "full", 3)
+    endpoint = status["members"][0]["clientUrl"]
+    refused = False
+    async with EtcdClient(endpoint, timeout=10.0) as client:
+        for i in itertools.count():  # history of one key: all of it is freed by a compaction
+            try:
+                await client.put("/big", VALUE + str(i).encode())
+            except NoSpace:
+                refused = True
+                break
+            assert i < 2000, "the quota was never reached"
+    assert refused
+
+    async def recovered() -> bool:
+        events = kubectl("get", "events", "--field-selector", "involvedObject.name=full")
+        if "SpaceRecovered" not in events:
+            return False
+        async with EtcdClient(endpoint, timeout=5.0) as client:
+            await client.put("/after", "accepted")
+        return True
+
+    await wait_until(recovered, "writes accepted again after the NOSPACE recovery", timeout=90,
+                     cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    events = kubectl("get", "events", "--field-selector", "involvedObject.name=full")
+    assert "NoSpace" in events and "NoSpaceRecovering" in events and "Defragmented" in events, events
+
+    async def space_said() -> dict[str, Any] | None:
+        current = status_of(kubectl, "full")
+        space = next(c for c in current["conditions"] if c["type"] == "SpaceAvailable")
+        return current if space["status"] == "True" else None
+
+    current = await wait_until(space_said, "SpaceAvailable back to True", timeout=30)
+    assert current["phase"] == "Running"  # never reported as a quorum loss
+    assert sorted(current["maintenance"]["defragmentations"][i]["member"] for i in range(3)) == [
+        m["name"] for m in sorted(current["members"], key=lambda m: m["name"])
+    ]

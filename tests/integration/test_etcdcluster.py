@@ -33,7 +33,7 @@ async def test_create(size: int, kubectl: Kubectl, operator: OperatorProcess) ->
     assert sorted(m["name"] for m in status["members"]) == [f"c-{i}" for i in range(size)]
     assert status["currentVersion"] == "3.6.16" and status["clusterId"]
     table = kubectl("get", "etcdclusters")
-    assert table.split("\n")[0].split() == ["NAME", "READY", "VERSION", "PHASE", "AGE"]
+    assert table.split("\n")[0].split() == ["NAME", "READY", "VERSION", "PHASE", "STUCK", "AGE"]
     assert f"{size}/{size}" in table and "Running" in table
     services = {s["metadata"]["name"]: s for s in kubectl.get("services")["items"]}
     assert services["c-client"]["spec"]["type"] == "ClusterIP"

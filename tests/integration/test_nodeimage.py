@@ -250,6 +250,10 @@ class Watcher:
                 self.max_extra[group] = max(self.max_extra.get(group, 0), extra)
                 self.max_unavailable[group] = max(self.max_unavailable.get(group, 0), total - usable)
             for pdb in await self.api.list_objects(pdbs, self.namespace):
+                if objects.owner_of(pdb, "EtcdCluster") is not None:
+                    # Its minAvailable is above the Ready members while it refuses evictions
+                    # (docs/etcdcluster.md, Disruptions); etcd_min_healthy checks its quorum.
+                    continue
                 status = pdb.get("status") or {}
                 if status.get("currentHealthy", 0) < status.get("desiredHealthy", 0):
                     self.pdb_breaches.append(f"{objects.name(pdb)}: {status}")

@@ -623,3 +623,60 @@ def test_only_the_volumes_of_members_that_left_are_collected_and_only_old_ones()
     # A member whose pod is gone keeps its volume: it comes back on it.
     gone = dataclasses.replace(o, pods=tuple(pods[:2]), claims=claims[:3])
     assert plan(gone) == planner.RecreatePod("e-2", 102)
+
+
+# ---- members move off draining nodes (rule 8b) ------------------------------------------------
+
+
+def migrate(model: Model, max_steps: int = 300) -> list[planner.Step]:
+    """Plan and apply until Done; at no moment fewer healthy voters than the cluster's size."""
+    taken: list[planner.Step] = []
+    for _ in range(max_steps):
+        step = plan(model.observe())
+        if isinstance(step, planner.Done):
+            return taken
+        assert not isinstance(step, planner.QuorumLost | planner.UpgradeHalted | planner.Wait), step
+        model.apply(step)
+        taken.append(step)
+        voters = [m for m in model.members.values() if not m.learner]
+        assert sum(m.healthy for m in voters) >= model.size, f"below size after {step}"
+        assert len(model.members) <= model.size + 1
+    raise AssertionError("the migration did not converge")
+
+
+@given(size=st.integers(1, 7), storage=st.sampled_from(["emptyDir", "pvc"]), leader=st.integers(0, 6))
+@settings(max_examples=60, deadline=None)
+def test_members_leave_draining_nodes_one_at_a_time_never_below_size(
+    size: int, storage: str, leader: int
+) -> None:
+    model = Model(size, storage)
+    model.run()
+    chosen = list(model.members.values())[leader % size]
+    for m in list(model.members.values()):
+        model.members[m.id] = dataclasses.replace(m, leader=m.id == chosen.id)
+    # Every node that holds a member is drained, one after another.
+    for name in sorted(model.pods):
+        model.pods[name] = dataclasses.replace(model.pods[name], node=f"node-{name}", draining=True)
+        steps = migrate(model)
+        assert name not in model.pods
+        removed = [s for s in steps if isinstance(s, planner.RemoveMember)]
+        assert [s.name for s in removed] == [name] and removed[
+            0
+        ].reason == f"moved off draining node node-{name}"
+    assert len(model.members) == size and not any(p.draining for p in model.pods.values())
+
+
+def test_without_migration_a_draining_node_is_left_to_the_drain() -> None:
+    members, pods = healthy_cluster(3)
+    pods[1] = dataclasses.replace(pods[1], node="w-1", draining=True)
+    assert plan(observed(members, pods, 3, migrate=False)) == planner.Done()
+    assert plan(observed(members, pods, 3)) == planner.CreatePod(3)
+
+
+def test_a_replacement_still_starting_is_not_what_leaves() -> None:
+    members, pods = healthy_cluster(3)
+    pods[1] = dataclasses.replace(pods[1], node="w-1", draining=True)
+    pods.append(PodView("e-3", 3, uid="u3", ip="127.1.1.4", running=True, member_id=103))
+    members.append(MemberView(103, "e-3", "http://127.1.1.4:2380"))  # promoted, not healthy yet
+    step = plan(observed(members, pods, 3))
+    assert isinstance(step, planner.Wait) and "e-3" in step.reason

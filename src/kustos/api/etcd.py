@@ -141,6 +141,16 @@ class MaintenanceSpec(KubeModel):
     """Defragmentation by the operator."""
 
 
+class DisruptionSpec(KubeModel):
+    """How the cluster meets voluntary disruptions: drains, node upgrades, autoscalers."""
+
+    migrate: bool = True
+    """Move a member off a node that is cordoned or tainted for removal, by adding its
+    replacement elsewhere first; the PodDisruptionBudget then allows no eviction, so drains
+    wait for the move. False: the budget allows one eviction at a time while the cluster is
+    healthy, and an evicted member is replaced after it has gone."""
+
+
 class EtcdClusterSpec(KubeModel):
     """The etcd cluster the user wants."""
 
@@ -228,6 +238,8 @@ class EtcdClusterSpec(KubeModel):
 
     maintenance: MaintenanceSpec = Field(default_factory=MaintenanceSpec)
     """Automatic compaction and defragmentation."""
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
+    """Drains and other voluntary disruptions (see docs/etcdcluster.md, Disruptions)."""
     tls: TLSSpec | None = None
     """Peer and client TLS with client certificate authentication (see docs/etcdcluster.md)."""
 
@@ -255,6 +267,17 @@ class MemberStatus(KubeModel):
     """The etcd version it runs."""
     unhealthy_since: str | None = None
     """When it was first seen unhealthy (RFC 3339); kept across operator restarts."""
+
+
+class StuckPod(KubeModel):
+    """A pod of the cluster that cannot start or run, and why."""
+
+    pod: str
+    """The pod's name."""
+    reason: str
+    """ImagePullFailed, CrashLoopBackOff, Unschedulable or VolumePending."""
+    message: str = ""
+    """What is wrong and what would fix it."""
 
 
 class RecoveryStatus(KubeModel):
@@ -313,6 +336,17 @@ class DefragmentationRecord(KubeModel):
     """Why it failed, if it did."""
 
 
+class NoSpaceRecovery(KubeModel):
+    """The recovery from etcd's NOSPACE alarm under way: compact, defragment each member, disarm."""
+
+    started_at: str
+    """When the alarm was first seen (RFC 3339)."""
+    compacted_revision: int = 0
+    """The revision the history was compacted to (0: not yet)."""
+    defragmented: list[str] = Field(default_factory=list)
+    """Members defragmented since it started."""
+
+
 class MaintenanceStatus(KubeModel):
     """What the maintenance controller did last (it writes only this subtree)."""
 
@@ -322,6 +356,8 @@ class MaintenanceStatus(KubeModel):
         default_factory=list, json_schema_extra=list_map("member")
     )
     """The last defragmentation of each member."""
+    no_space: NoSpaceRecovery | None = None
+    """The NOSPACE alarm being recovered from."""
     message: str | None = None
     """What the controller is waiting for, or did last."""
 
@@ -356,6 +392,9 @@ class EtcdClusterStatus(KubeModel):
 
     maintenance: MaintenanceStatus | None = None
     """Defragmentations (written by the maintenance controller)."""
+    stuck: list[StuckPod] = Field(default_factory=list, json_schema_extra=list_map("pod"))
+    """Pods of the cluster that cannot start or run (image pull, crash loop, unschedulable,
+    volume pending), each with what to do; empty when none is."""
     observed_generation: int | None = None
     """The generation of the spec this status describes."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
@@ -376,6 +415,7 @@ class EtcdCluster(CustomResource[EtcdClusterSpec, EtcdClusterStatus]):
             PrinterColumn("READY", ".status.ready", description="Healthy members over size"),
             PrinterColumn("VERSION", ".status.currentVersion"),
             PrinterColumn("PHASE", ".status.phase"),
+            PrinterColumn("STUCK", ".status.stuck[0].reason", description="Why a pod cannot start or run"),
             PrinterColumn("AGE", ".metadata.creationTimestamp", "date"),
         ),
     )

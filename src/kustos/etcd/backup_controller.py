@@ -20,6 +20,7 @@ from kustos.etcd import backup as plan
 from kustos.etcd.pods import CLUSTER_LABEL
 from kustos.etcd.resources import ETCDBACKUPS, ETCDCLUSTERS
 from kustos.etcd.snapshot import parse_error, parse_result, scheduled_name
+from kustos.etcd.stuck import classify
 from kustos.images import configured_agent_image
 from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
@@ -65,6 +66,12 @@ class EtcdBackupReconciler:
             if phase == "Succeeded":
                 return await self._succeeded(raw, backup, status, pod_name)
             if pod is not None and phase != "Failed":
+                stuck = classify(pod, None, self.clock.now(), what="backup agent pod")
+                if stuck is not None and status.message != stuck.message:
+                    # Said, not failed: the pod may yet start (an image pulled, a node added).
+                    status.message = stuck.message
+                    self._condition(raw, status, succeeded=False, reason=stuck.reason)
+                    await self._write(raw, status, Note(stuck.reason, stuck.message, WARNING))
                 return Result(requeue_after=5.0)  # running: its pod's changes wake us
             if status.next_attempt_time is None:
                 why = await self._failure_reason(namespace, pod) if pod else "the agent pod disappeared"

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import membership, planner, recovery, webhook
+from kustos.etcd import disruption, membership, planner, recovery, webhook
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
 from kustos.etcd.observe import EtcdView, Observer, adoption_check
@@ -34,6 +34,7 @@ from kustos.etcd.pods import (
     MEMBER_LABEL,
     VERSION_ANNOTATION,
     claim_name,
+    disruption_budget,
     image,
     member_pod,
     member_urls,
@@ -55,6 +56,7 @@ from kustos.etcd.status import (
     notes,
     status,
 )
+from kustos.etcd.stuck import LOG_TAIL, Stuck, classify, with_log
 from kustos.etcd.versions import creation_version, rollback, target_version, version_refusal
 from kustos.images import configured_agent_image
 from kustos.runtime import faults, objects
@@ -68,7 +70,7 @@ from kustos.runtime.expectations import Expectations
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.record import record
-from kustos.runtime.resources import CLAIMS, NODES, PODS, SECRETS, SERVICES
+from kustos.runtime.resources import CLAIMS, DISRUPTION_BUDGETS, NODES, PODS, SECRETS, SERVICES
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration, parse_rfc3339
 
@@ -95,6 +97,7 @@ class EtcdClusterReconciler:
         self.services = manager.informer(SERVICES)
         self.secrets = manager.informer(SECRETS, InformerOptions(label_selector=CLUSTER_LABEL))
         self.claims = manager.informer(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
+        self.budgets = manager.informer(DISRUPTION_BUDGETS, InformerOptions(label_selector=CLUSTER_LABEL))
         self.certs = operator_certificates(manager)  # its client files: a temp dir removed at exit
         self.observer = Observer(self.pods, self.nodes, self.claims, self.certs)
         # Pods created by a pass and not yet delivered by the pods informer: no pass plans without them.
@@ -131,6 +134,8 @@ class EtcdClusterReconciler:
         try:
             await self._ensure_services(cluster)
             seen, step = await self.plan(raw, cluster, now)
+            # Before the step: one that starts a change must find evictions already refused.
+            await self._ensure_budget(cluster, seen.observed, step)
         except Exception as err:  # nothing to plan from: the record says why, as it stood
             unobserved = as_reconcile_error(err)
             if unobserved is not err:
@@ -189,7 +194,12 @@ class EtcdClusterReconciler:
     ) -> tuple[Seen, ClusterStep]:
         """Observe, and choose the pass's one step: a rebuild's, the start of a restore, an
         adoption or a rebuild, or the planner's."""
-        base = Seen(dict(raw.get("status") or {}), objects.generation(raw), cluster)
+        base = Seen(
+            dict(raw.get("status") or {}),
+            objects.generation(raw),
+            cluster,
+            stuck=await self._stuck(cluster, now),
+        )
         rebuild = cluster.status.recovery if cluster.status else None
         if rebuild is not None and rebuild.phase == "Running":
             return base, await self.rebuilder.plan(cluster, rebuild, now)
@@ -206,6 +216,28 @@ class EtcdClusterReconciler:
         if isinstance(step, planner.QuorumLost):
             return seen, self._consider_recovery(raw, cluster, observed, etcd, client_urls, step, now)
         return seen, step
+
+    async def _stuck(self, cluster: EtcdCluster, now: datetime) -> tuple[Stuck, ...]:
+        """Member pods that cannot start or run, with why (a crash loop with its last log lines)."""
+        namespace, found = cluster.metadata["namespace"], []
+        for pod in sorted(self.observer.pods_of(cluster), key=objects.name):
+            if MEMBER_LABEL not in objects.labels(pod):
+                continue
+            name = objects.name(pod)
+            claim = (
+                self.claims.get(f"{namespace}/{claim_name(name)}")
+                if cluster.spec.storage.type == "pvc"
+                else None
+            )
+            stuck = classify(pod, claim, now)
+            if stuck is not None and stuck.container:
+                try:
+                    stuck = with_log(stuck, await self.api.logs(namespace, name, stuck.container, LOG_TAIL))
+                except (ReconcileError, OSError) as err:  # the reason stands without its log
+                    log.debug("could not read the log of %s: %s", name, err)
+            if stuck is not None:
+                found.append(stuck)
+        return tuple(found)
 
     def _restore(self, cluster: EtcdCluster) -> StartRebuild | Blocked:
         """A new cluster with spec.restore: its seed is rebuilt from the backup."""
@@ -275,6 +307,21 @@ class EtcdClusterReconciler:
             current = self.services.get(objects.key(service))
             if current is None or not _service_matches(current, service):
                 await self.api.apply(SERVICES, service)
+
+    async def _ensure_budget(
+        self, cluster: EtcdCluster, observed: Observed | None, step: ClusterStep
+    ) -> None:
+        """Apply the PodDisruptionBudget when missing or different (``disruption.py``)."""
+        shown = step.step if isinstance(step, Rebuild) else step
+        pods = sum(
+            1 for p in self.observer.pods_of(cluster)
+            if MEMBER_LABEL in objects.labels(p) and not objects.deleting(p)
+        )  # fmt: skip
+        wanted = disruption.min_available(observed, shown, cluster.spec.size, pods)
+        budget = disruption_budget(cluster, wanted)
+        current = (self.budgets.get(objects.key(budget)) or {}).get("spec") or {}
+        if any(current.get(k) != v for k, v in budget["spec"].items()):
+            await self.api.apply(DISRUPTION_BUDGETS, budget)
 
     async def event(self, cluster: EtcdCluster, reason: str, message: str, warning: bool = False) -> None:
         await self.manager.events.record(
@@ -483,6 +530,7 @@ def register(manager: Manager, deps: Deps) -> None:
     controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.owns(SERVICES)
     controller.owns(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
+    controller.owns(DISRUPTION_BUDGETS, InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(SECRETS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(NODES, _clusters_on_node(reconciler))
     controller.watch(ETCDBACKUPS, _clusters_of_backup(reconciler))

@@ -77,6 +77,10 @@ class MemberView:
     leader: bool = False
     db_size: int = 0
     db_size_in_use: int = 0
+    no_space: bool = False
+    """It reports etcd's NOSPACE alarm."""
+    member_id: int = 0
+    revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,14 @@ class Observed:
     window_open: bool = True
     in_progress: str | None = None
     """The member a recorded, unfinished defragmentation was started on."""
+    space: SpaceRecovery | None = None
+    """The NOSPACE recovery under way, as recorded."""
+
+
+@dataclass(frozen=True)
+class SpaceRecovery:
+    compacted_revision: int = 0
+    defragmented: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,50 @@ class Idle:
     reason: str
 
 
-Step = Defragment | FinishRecord | Wait | Idle
+@dataclass(frozen=True)
+class Compact:
+    """Drop the history before ``revision``: the first step out of NOSPACE (what a
+    defragmentation can then give back)."""
+
+    revision: int
+
+
+@dataclass(frozen=True)
+class Disarm:
+    """Every member defragmented: clear the NOSPACE alarm so that etcd takes writes again."""
+
+
+@dataclass(frozen=True)
+class FinishSpace:
+    """The alarm is gone (disarmed here or by someone else): close the record."""
+
+
+Step = Defragment | FinishRecord | Compact | Disarm | FinishSpace | Wait | Idle
+
+
+def alarmed(o: Observed) -> bool:
+    return any(m.no_space for m in o.members)
+
+
+def plan_space(o: Observed) -> Step | None:
+    """Out of etcd's NOSPACE alarm (writes refused) without a human, as etcd's own runbook
+    says: compact, defragment every member (one at a time, followers first, the leader
+    last), disarm. None: no alarm and nothing recorded."""
+    if not alarmed(o):
+        return FinishSpace() if o.space is not None else None
+    unhealthy = sorted(m.name for m in o.members if not m.healthy)
+    if unhealthy:
+        return Wait(f"NOSPACE: members not healthy: {', '.join(unhealthy)}")
+    if o.space is None or not o.space.compacted_revision:
+        return Compact(max(m.revision for m in o.members))
+    done = set(o.space.defragmented)
+    todo = sorted((m for m in o.members if m.name not in done), key=lambda m: (m.leader, m.name))
+    if todo:
+        member = todo[0]
+        free = member.db_size - member.db_size_in_use
+        role = "leader" if member.leader else "follower"
+        return Defragment(member, f"{role} {member.name} (NOSPACE: {free} of {member.db_size} bytes free)")
+    return Disarm()
 
 
 def wanting(o: Observed) -> list[MemberView]:
@@ -135,6 +190,9 @@ def plan(o: Observed) -> Step:
         if not member.healthy:
             return Wait(f"{o.in_progress} is still being defragmented or has not recovered")
         return FinishRecord(member)
+    space = plan_space(o)
+    if space is not None:
+        return space
     if not o.enabled:
         return Idle("defragmentation is disabled")
     if o.phase != "Running":

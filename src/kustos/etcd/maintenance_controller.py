@@ -23,10 +23,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kustos.api.etcd import DefragmentationRecord, EtcdCluster, MaintenanceStatus
+from kustos.api.etcd import DefragmentationRecord, EtcdCluster, MaintenanceStatus, NoSpaceRecovery
 from kustos.etcd import maintenance as plan
 from kustos.etcd.certs import operator_certificates
-from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
+from kustos.etcd.client import Compacted, EtcdClient, EtcdError, EtcdTLS
 from kustos.etcd.observe import member_health
 from kustos.etcd.resources import ETCDCLUSTERS
 from kustos.runtime import objects
@@ -67,7 +67,10 @@ class MaintenanceReconciler:
             return None  # the EtcdCluster controller reports an invalid spec
         settings = plan.settings(cluster.spec.maintenance)
         recorded = (cluster.status.maintenance if cluster.status else None) or MaintenanceStatus()
-        if not settings.enabled and recorded.in_progress is None:
+        # etcd's NOSPACE alarm (the EtcdCluster controller reports it) is recovered whatever the
+        # defragmentation settings: writes are refused until then.
+        space = _no_space_reported(cached) or recorded.no_space is not None
+        if not settings.enabled and recorded.in_progress is None and not space:
             return None
         interval = parse_duration(settings.check_interval).total_seconds() or 1.0
         now = self.clock.now()
@@ -78,7 +81,7 @@ class MaintenanceReconciler:
                 {**cached}, recorded, f"spec.maintenance.defragmentation.schedule: {err}", warning=True
             )
             return None  # a spec change wakes us
-        if recorded.in_progress is None:
+        if recorded.in_progress is None and not space:
             # Cheap gates first: no etcd calls and no writes while nothing could start anyway.
             if not window_open and next_tick is not None:
                 return Result(requeue_after=max(1.0, (next_tick - now).total_seconds()))
@@ -106,8 +109,12 @@ class MaintenanceReconciler:
             threshold=settings.threshold, min_db_size=plan.parse_quantity(settings.min_db_size),
             enabled=settings.enabled, window_open=window_open,
             in_progress=recorded.in_progress.member if recorded.in_progress else None,
+            space=_space_record(recorded),
         )  # fmt: skip
         step = plan.plan(observed)
+        if isinstance(step, plan.Compact | plan.Disarm | plan.FinishSpace):
+            await self._recover_space(raw, recorded, step, views, tls)
+            return Result(requeue_after=AFTER_STEP)
         if isinstance(step, plan.Defragment):
             await self._defragment(raw, recorded, step, tls)
             return Result(requeue_after=AFTER_STEP)
@@ -179,6 +186,12 @@ class MaintenanceReconciler:
             message = f"defragmenting {record.member} failed: {error}"
         log.info("%s", message)
         recorded.in_progress = None
+        if (
+            error is None
+            and recorded.no_space is not None
+            and record.member not in recorded.no_space.defragmented
+        ):
+            recorded.no_space.defragmented.append(record.member)
         recorded.defragmentations = [d for d in recorded.defragmentations if d.member != record.member]
         recorded.defragmentations.append(record)
         recorded.message = message
@@ -187,6 +200,47 @@ class MaintenanceReconciler:
             await self.manager.events.record(raw, NORMAL, "Defragmented", message)
         else:
             await self.manager.events.record(raw, WARNING, "DefragmentationFailed", message)
+
+    async def _recover_space(
+        self, raw: dict[str, Any], recorded: MaintenanceStatus, step: plan.Step,
+        views: list[plan.MemberView], tls: EtcdTLS | None,
+    ) -> None:  # fmt: skip
+        """Compact, or disarm, or close the record of a NOSPACE recovery (the defragmentations
+        between are ordinary ones, counted in the record)."""
+        url = next((m.url for m in views if m.healthy), views[0].url if views else "")
+        now = rfc3339(self.clock.now())
+        match step:
+            case plan.Compact(revision=revision):
+                try:
+                    async with EtcdClient(url, tls, timeout=DEFRAGMENT_TIMEOUT) as client:
+                        await client.compact(revision, physical=True)
+                except Compacted:
+                    pass  # compacted already (by etcd's auto-compaction, or a pass that stopped)
+                recorded.no_space = NoSpaceRecovery(started_at=now, compacted_revision=revision)
+                recorded.message = f"NOSPACE: compacted the history to revision {revision}"
+                await self._write(raw, recorded)
+                await self.manager.events.record(
+                    raw, WARNING, "NoSpaceRecovering",
+                    f"etcd's NOSPACE alarm is raised: compacted to revision {revision}; "
+                    "defragmenting each member, then disarming",
+                )  # fmt: skip
+            case plan.Disarm():
+                async with EtcdClient(url, tls, timeout=STATUS_TIMEOUT) as client:
+                    for alarm in await client.alarm_list():
+                        if alarm.alarm == "NOSPACE":
+                            await client.alarm_disarm(alarm.member_id, alarm.alarm)
+                done = recorded.no_space or NoSpaceRecovery(started_at=now)
+                message = (
+                    f"NOSPACE alarm disarmed after compacting to revision {done.compacted_revision} and "
+                    f"defragmenting {', '.join(done.defragmented) or 'no member'}: writes are accepted again"
+                )
+                recorded.no_space, recorded.message = None, message
+                await self._write(raw, recorded)
+                await self.manager.events.record(raw, NORMAL, "SpaceRecovered", message)
+            case plan.FinishSpace():
+                recorded.no_space, recorded.message = None, "the NOSPACE alarm is no longer raised"
+                await self._write(raw, recorded)
+                await self.manager.events.record(raw, NORMAL, "SpaceRecovered", recorded.message)
 
     # ---- record ------------------------------------------------------------------------
 
@@ -235,6 +289,17 @@ class MaintenanceReconciler:
             raw["metadata"] = updated["metadata"]
             raw["status"] = updated.get("status") or {}
             return
+
+
+def _space_record(recorded: MaintenanceStatus) -> plan.SpaceRecovery | None:
+    done = recorded.no_space
+    return plan.SpaceRecovery(done.compacted_revision, tuple(done.defragmented)) if done else None
+
+
+def _no_space_reported(cluster: dict[str, Any]) -> bool:
+    """The EtcdCluster controller saw etcd's NOSPACE alarm (its SpaceAvailable condition)."""
+    conditions = (cluster.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "SpaceAvailable" and c.get("status") == "False" for c in conditions)
 
 
 def register(manager: Manager, deps: Deps) -> None:

@@ -38,6 +38,7 @@ class EtcdView:
     answered: dict[str, Status]  # by client URL: every member that answered, with a leader or not
     tls: ClusterTLS | None = None  # spec.tls: how to connect, and the certificates to record
     unresolved: tuple[str, ...] = ()  # host names of member URLs the operator's resolver cannot resolve
+    no_space: tuple[str, ...] = ()  # client URLs of members that report the NOSPACE alarm
 
     @property
     def client_tls(self) -> EtcdTLS | None:
@@ -69,9 +70,17 @@ async def ask_members(urls: list[str], tls: EtcdTLS | None = None) -> EtcdView:
     members whose names did not resolve (DNS addressing with a resolver that lacks them)."""
     answers = await cluster_health(urls, tls, STATUS_TIMEOUT)
     answered = {url: s for url, s in answers.items() if isinstance(s, Status)}
-    statuses = {url: s for url, s in answered.items() if not s.errors}
+    # A raised NOSPACE alarm refuses writes, not quorum: its members still lead, replicate and
+    # serve reads. Counting them unhealthy would report (and automatically rebuild) a quorum loss.
+    statuses = {url: s for url, s in answered.items() if not [e for e in s.errors if not no_space_alarm(e)]}
     members = await membership.member_list(statuses, tls)
-    return EtcdView(members, statuses, answered, unresolved=unresolved_hosts(answers))
+    no_space = tuple(sorted(url for url, s in statuses.items() if any(map(no_space_alarm, s.errors))))
+    return EtcdView(members, statuses, answered, unresolved=unresolved_hosts(answers), no_space=no_space)
+
+
+def no_space_alarm(error: str) -> bool:
+    """A status error that is the NOSPACE alarm (etcd lists alarms as ``memberID:.. alarm:NOSPACE``)."""
+    return "NOSPACE" in error
 
 
 def member_views(etcd: EtcdView) -> tuple[MemberView, ...] | None:
@@ -105,12 +114,17 @@ async def member_health(name: str, url: str, tls: EtcdTLS | None = None) -> main
     try:
         async with EtcdClient(url, tls, timeout=HEALTH_TIMEOUT) as client:
             status = await client.status()
-            healthy = not status.errors and await client.health(serializable=True)
+            no_space = any(map(no_space_alarm, status.errors))
+            # /health fails while an alarm is raised: a member whose only error is NOSPACE
+            # is healthy enough to be compacted and defragmented (that is the cure).
+            other_errors = [e for e in status.errors if not no_space_alarm(e)]
+            healthy = not other_errors and (no_space or await client.health(serializable=True))
     except (EtcdError, OSError, TimeoutError):
         return maintenance.MemberView(name, url, healthy=False)
     return maintenance.MemberView(
         name, url, healthy=healthy, learner=status.is_learner, leader=status.is_leader,
-        db_size=status.db_size, db_size_in_use=status.db_size_in_use,
+        db_size=status.db_size, db_size_in_use=status.db_size_in_use, no_space=no_space,
+        member_id=status.member_id, revision=status.revision,
     )  # fmt: skip
 
 
@@ -162,6 +176,19 @@ async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList,
 # ---- pods and volumes -------------------------------------------------------------------------
 
 
+# Taints of the node removers that do not cordon: the cluster-autoscaler, and karpenter
+# (v1 and before). ``kubectl drain`` and most others cordon (spec.unschedulable).
+REMOVAL_TAINTS = ("ToBeDeletedByClusterAutoscaler", "karpenter.sh/disrupted", "karpenter.sh/disruption")
+
+
+def draining_node(node: Obj | None) -> bool:
+    """Cordoned, or tainted by a node remover: its pods are about to be evicted."""
+    if node is None:
+        return False
+    taints = (node.get("spec") or {}).get("taints") or []
+    return objects.node_unschedulable(node) or any(t.get("key") in REMOVAL_TAINTS for t in taints)
+
+
 def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodView | None:
     """The planner's view of a member pod (None: not a member pod of ``cluster``)."""
     name = objects.name(pod)
@@ -183,6 +210,8 @@ def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodVi
         ready=objects.pod_ready(pod),
         member_id=int(member_id, 16) if member_id else None,
         node_lost=node_name is not None and objects.node_lost(node(node_name)),
+        node=node_name,
+        draining=node_name is not None and draining_node(node(node_name)),
         version=version,
         running_since=objects.running_since(pod),
     )
@@ -277,6 +306,6 @@ class Observer:
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
             rollback=rollback(cluster),
             downgrade_enabled=any(s.downgrade_enabled for s in etcd.statuses.values()),
-            claims=self.claims_of(cluster),
+            claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
         )  # fmt: skip
         return observed, etcd, client_urls

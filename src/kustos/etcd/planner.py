@@ -24,6 +24,11 @@ The rules, in the order they are tried:
    follower; the leader only after moving leadership away. While an adopted
    cluster still has original members, grow one past size, then shrink: each of
    them is replaced by a member pod, one at a time.
+8b. A member on a draining node (cordoned, or tainted by a node remover) moves, unless
+   ``migrate`` is off: surge as for an upgrade (a new member joins as a learner elsewhere,
+   the scheduler keeps it off the draining node, and is promoted), then rule 8 removes the
+   member on the draining node (leadership moved first) and rule 5 deletes its pod. One
+   member at a time; the cluster never has fewer healthy voters than its size.
 9. Roll members onto ``version`` (or onto renewed certificates: ``PodView.tls_stale``)
    one at a time, followers first and the leader last, each once the previous one is
    healthy and caught up with the leader: with PVC storage restart a
@@ -82,6 +87,8 @@ class PodView:
     version: str | None = None  # the etcd version its container runs
     running_since: datetime | None = None  # when its etcd process last started
     tls_stale: str | None = None  # why it must restart onto a new certificate (certs.py)
+    node: str | None = None  # the node it runs on
+    draining: bool = False  # that node is cordoned or tainted for removal (``draining_node``)
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,7 @@ class Observed:
     rollback: str | None = None  # "3.5": ``version`` is the previous minor, reached by etcd's downgrade
     downgrade_enabled: bool = False  # etcd reports a downgrade in progress
     claims: tuple[ClaimView, ...] = ()  # member volumes of the current epoch (PVC storage)
+    migrate: bool = True  # spec.disruption.migrate: move members off draining nodes (rule 8b)
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -419,7 +427,9 @@ def plan(o: Observed) -> Step:
         return Wait("a member is joining", 1.0)
     adopting = any(m.id in o.external_ids for m in members)
     surge = len(members) == o.size and (
-        adopting or (o.storage != "pvc" and o.rollback is None and _rolling(o, pods))
+        adopting
+        or (o.storage != "pvc" and o.rollback is None and _rolling(o, pods))
+        or (o.rollback is None and _leaving(o, pods) is not None)
     )
     # While etcd's downgrade is enabled it refuses every new member, of either minor
     # ("incompatible with current running cluster"): a cluster short of a member then (one
@@ -446,9 +456,10 @@ def plan(o: Observed) -> Step:
         victim = _scale_down_victim(o, members, pods)
         if (
             not victim.healthy
-            and _rolling(o, pods)
+            and (_rolling(o, pods) or _leaving(o, pods) is not None)
             and victim.id in pods
             and not is_outdated(o, pods[victim.id])
+            and not pods[victim.id].draining
         ):
             # The member that surged in is still starting: removing it would only start the
             # surge over (rule 7 removes it if it never becomes healthy).
@@ -460,9 +471,12 @@ def plan(o: Observed) -> Step:
         if removal_keeps_quorum(members, victim):
             outdated = victim.id in pods and is_old_version(o, pods[victim.id])
             why = pods[victim.id].tls_stale if victim.id in pods else None
+            leaving = pods.get(victim.id)
             reason = (
                 "replaced by a member pod (adoption)"
                 if victim.id in o.external_ids
+                else f"moved off draining node {leaving.node}"
+                if leaving is not None and o.migrate and leaving.draining
                 else f"replaced by a member on etcd {o.version}"
                 if outdated
                 else f"replaced by a member with a new certificate ({why})"
@@ -533,6 +547,15 @@ def _plan_rollback(
         return Wait(f"etcd is downgrading the storage of {victim.name} to {target}", 1.0)
     pod = pods[victim.id]
     return ReplaceImage(pod.name, pod.uid, o.version or "")
+
+
+def _leaving(o: Observed, pods: dict[int, PodView]) -> PodView | None:
+    """The member pod to move off a draining node (rule 8b), if any."""
+    if not o.migrate:
+        return None
+    return next(
+        (p for p in sorted(pods.values(), key=lambda p: p.index) if p.draining and not p.deleting), None
+    )
 
 
 def _catching_up(members: tuple[MemberView, ...]) -> Wait | None:
@@ -626,9 +649,11 @@ def _scale_down_victim(o: Observed, members: tuple[MemberView, ...], pods: dict[
     if unhealthy:
         return unhealthy[0]
 
-    def adopted_then_outdated_then_newest_follower(m: MemberView) -> tuple[bool, bool, bool, int]:
+    def adopted_draining_outdated_then_newest_follower(m: MemberView) -> tuple[bool, bool, bool, bool, int]:
         pod = pods.get(m.id)
         external = m.id in o.external_ids
-        return (external, pod is not None and is_outdated(o, pod), not m.leader, pod.index if pod else -1)
+        leaving = pod is not None and o.migrate and pod.draining
+        outdated = pod is not None and is_outdated(o, pod)
+        return (external, leaving, outdated, not m.leader, pod.index if pod else -1)
 
-    return max(members, key=adopted_then_outdated_then_newest_follower)
+    return max(members, key=adopted_draining_outdated_then_newest_follower)

@@ -6,7 +6,7 @@ from typing import Any
 
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import secure_member_pod
-from kustos.etcd.maintenance import compaction_args
+from kustos.etcd.maintenance import compaction_args, parse_quantity
 from kustos.etcd.planner import dns_name, peer_service, pod_name
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
@@ -86,6 +86,27 @@ def pod_epoch(pod: Obj) -> int:
     return int(value) if str(value).isdigit() else 0
 
 
+MiB = 1024 * 1024
+# etcd's suggested maximum backend quota.
+MAX_QUOTA = 8 * 1024 * MiB
+
+
+def backend_quota(volume_bytes: int) -> int:
+    """etcd's --quota-backend-bytes for a member volume: half of what the WAL (five 64 MiB
+    files and snapshots, ~256 MiB) leaves, because a defragmentation writes a whole new copy
+    of the database beside the old one; at most etcd's suggested 8 GiB. So NOSPACE (which
+    the operator recovers) comes before the disk is full (which it cannot)."""
+    return max(16 * MiB, min(MAX_QUOTA, (volume_bytes - 256 * MiB) // 2))
+
+
+def quota_args(cluster: EtcdCluster) -> list[str]:
+    """The backend quota derived from the volume (PVC storage), unless extraArgs sets one."""
+    spec = cluster.spec
+    if spec.storage.type != "pvc" or any(a.startswith("--quota-backend-bytes") for a in spec.extra_args):
+        return []
+    return [f"--quota-backend-bytes={backend_quota(parse_quantity(spec.storage.size))}"]
+
+
 def member_pod(
     cluster: EtcdCluster,
     index: int,
@@ -110,6 +131,7 @@ def member_pod(
         f"--initial-cluster-state={state}",
         f"--initial-cluster-token={cluster_token(cluster, epoch)}",
         *compaction_args(spec.maintenance),
+        *quota_args(cluster),
         *spec.extra_args,
     ]
     container: Obj = {
@@ -200,6 +222,30 @@ def member_claim(cluster: EtcdCluster, pod: str, epoch: int = 0) -> Obj:
             "ownerReferences": [owner_reference(cluster)],
         },
         "spec": spec,
+    }
+
+
+def disruption_budget(cluster: EtcdCluster, min_available: int) -> Obj:
+    """The cluster's PodDisruptionBudget over its member pods (``disruption.min_available``
+    says why the number moves); owned by the cluster, so it goes with it."""
+    name = cluster.metadata["name"]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": name,
+            "namespace": cluster.metadata["namespace"],
+            "labels": labels(cluster),
+            "ownerReferences": [owner_reference(cluster)],
+        },
+        "spec": {
+            "minAvailable": min_available,
+            "selector": {
+                "matchLabels": {CLUSTER_LABEL: name},
+                "matchExpressions": [{"key": MEMBER_LABEL, "operator": "Exists"}],
+            },
+            "unhealthyPodEvictionPolicy": "IfHealthyBudget",
+        },
     }
 
 

@@ -34,6 +34,8 @@ from kustos.etcd.planner import Observed, Step
 from kustos.etcd.pods import CLUSTER_LABEL, EPOCH_LABEL
 from kustos.etcd.recovery import RecoveryStep, Source
 from kustos.etcd.restore import SnapshotSource
+from kustos.etcd.stuck import REASONS as STUCK_REASONS
+from kustos.etcd.stuck import Stuck, summary
 from kustos.etcd.versions import agreed_version, rollback_target, version_refusal
 from kustos.runtime.conditions import get_condition, set_condition
 from kustos.runtime.errors import ReconcileError
@@ -65,6 +67,7 @@ class Seen:
     observed: Observed | None = None  # the planner's input (membership passes)
     etcd: EtcdView | None = None
     client_urls: Mapping[str, str] = field(default_factory=dict)
+    stuck: tuple[Stuck, ...] = ()  # pods that cannot start or run (``stuck.classify``)
 
 
 # ---- the steps of a pass beyond the planner's -----------------------------------------------
@@ -186,9 +189,58 @@ def status(seen: Seen, step: ClusterStep, now: datetime, failure: ReconcileError
             result = _rebuild(seen, step, stamp)
         case _:
             result = _membership(seen, step, now)
+    if not isinstance(step, Unobserved):
+        result = _stuck(seen, result, step, stamp)
     if failure is not None:
         result["conditions"] = note_failure(result.get("conditions"), failure, stamp, seen.generation)
     return result
+
+
+def _stuck(seen: Seen, result: Obj, step: ClusterStep, stamp: str) -> Obj:
+    """Pods that cannot start or run: listed, and named in Degraded and Progressing (a quorum
+    loss, a halted upgrade or a failed rebuild keep their reason; the pods are added to it)."""
+    result = dict(result)
+    found = _no_spare_node(seen)
+    if not found:
+        result.pop("stuck", None)
+        return result
+    result["stuck"] = [{"pod": s.pod, "reason": s.reason, "message": s.message[:1000]} for s in found]
+    first, message = found[0], summary(found)
+    conditions = result.get("conditions")
+    degraded = get_condition(conditions, "Degraded") or {}
+    if degraded.get("status") == "True" and degraded.get("reason") in KEPT_REASONS:
+        said = degraded.get("message") or ""
+        reason, message = str(degraded["reason"]), (message if not said else f"{said}; {message}")[:1000]
+    else:
+        reason = first.reason
+    conditions = set_condition(conditions, "Degraded", True, reason, message, seen.generation, stamp)
+    if not isinstance(step, Done):
+        conditions = set_condition(conditions, "Progressing", False, first.reason, message, seen.generation,
+                                   stamp)  # fmt: skip
+    result["conditions"] = conditions
+    return result
+
+
+def _no_spare_node(seen: Seen) -> tuple[Stuck, ...]:
+    """A member that must leave a draining node whose replacement cannot be scheduled: said
+    as what blocks the drain, naming the node."""
+    o = seen.observed
+    leaving = next((p for p in o.pods if p.draining and not p.deleting), None) if o and o.migrate else None
+    if leaving is None:
+        return seen.stuck
+    return tuple(
+        Stuck(s.pod, "NoSpareNode", (
+            f"member {leaving.name} cannot leave node {leaving.node} (cordoned or being removed): "
+            f"its replacement {s.message.removeprefix('member pod ')}; "
+            f"the drain of {leaving.node} waits until then, or uncordon {leaving.node}"
+        )) if s.reason == "Unschedulable" else s
+        for s in seen.stuck
+    )  # fmt: skip
+
+
+# Degraded reasons worse than a stuck pod: they stay, and the pods are added to their message.
+KEPT_REASONS = ("QuorumLost", "UpgradeHalted", "RecoveryFailed", "InvalidSpec", "RestoreWaiting",
+                "AdoptionWaiting")  # fmt: skip
 
 
 def _degraded(seen: Seen, reason: str, message: str, stamp: str) -> Obj:
@@ -343,19 +395,20 @@ def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
     conditions = set_condition(conditions, "Progressing", progressing,
                                type(step).__name__, describe(step), generation, stamp)  # fmt: skip
     halted = isinstance(step, planner.UpgradeHalted)
-    degraded = confirmed or halted or any(not m.healthy for m in members)
+    no_space = bool(etcd.no_space) and not confirmed and not halted
+    degraded = confirmed or halted or no_space or any(not m.healthy for m in members)
     reason = (
-        "QuorumLost" if confirmed else "UpgradeHalted" if halted
+        "QuorumLost" if confirmed else "UpgradeHalted" if halted else "NoSpace" if no_space
         else "MemberUnhealthy" if degraded else "AllHealthy"
     )  # fmt: skip
-    conditions = set_condition(
-        conditions, "Degraded", degraded, reason, describe(step) if degraded else "", generation, stamp
-    )
+    message = NO_SPACE if no_space else describe(step) if degraded else ""
+    conditions = set_condition(conditions, "Degraded", degraded, reason, message, generation, stamp)
     refusal = version_refusal(cluster)
     conditions = set_condition(
         conditions, "VersionAccepted", refusal is None, "UpgradeRefused" if refusal else "Accepted",
         refusal or f"etcd {cluster.spec.version}", generation, stamp,
     )  # fmt: skip
+    conditions = _space(conditions, etcd, generation, stamp)
     unresolved = lasting_unresolved(seen, now)
     conditions = set_condition(
         conditions, "MembersResolvable", not unresolved,
@@ -378,6 +431,23 @@ def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
     if "maintenance" in old:
         result["maintenance"] = old["maintenance"]
     return result
+
+
+NO_SPACE = (
+    "etcd refuses writes: the NOSPACE alarm is raised (a member's database reached its quota, "
+    "--quota-backend-bytes); the operator compacts, defragments each member and disarms it"
+)
+
+
+def _space(conditions: list[Obj], etcd: EtcdView, generation: int | None, stamp: str) -> list[Obj]:
+    """SpaceAvailable: False while etcd's NOSPACE alarm is raised (the maintenance controller
+    recovers it; its Events say how)."""
+    if etcd.no_space:
+        return set_condition(conditions, "SpaceAvailable", False, "NoSpace", NO_SPACE, generation, stamp)
+    if etcd.statuses:
+        return set_condition(conditions, "SpaceAvailable", True, "UnderQuota", "no NOSPACE alarm", generation,
+                             stamp)  # fmt: skip
+    return conditions
 
 
 def lasting_unresolved(seen: Seen, now: datetime) -> tuple[str, ...]:
@@ -496,6 +566,10 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
     accepted = _condition(new, "VersionAccepted")
     if accepted.get("status") == "False" and _turned(old, new, "VersionAccepted"):
         found.append(Note("UpgradeRefused", accepted.get("message") or "", WARNING))
+    if degraded.get("reason") in STUCK_REASONS and _turned(
+        old, new, "Degraded", ("status", "reason", "message")
+    ):
+        found.append(Note(str(degraded["reason"]), degraded.get("message") or "", WARNING))
     if isinstance(step, Rebuild):
         if isinstance(step.step, recovery.RecoveryFailed):
             found.append(Note("RecoveryFailed", step.step.message, WARNING))
@@ -510,6 +584,9 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
     quorum_lost = degraded.get("reason") == "QuorumLost" and degraded.get("status") == "True"
     if quorum_lost and _turned(old, new, "Degraded", ("status", "reason")):
         found.append(Note("QuorumLost", degraded.get("message") or "", WARNING))
+    space = _condition(new, "SpaceAvailable")
+    if space.get("status") == "False" and _turned(old, new, "SpaceAvailable", ("status",)):
+        found.append(Note("NoSpace", space.get("message") or "", WARNING))
     if degraded.get("reason") == "UpgradeHalted" and _turned(old, new, "Degraded", ("status", "reason")):
         found.append(Note("UpgradeHalted", degraded.get("message") or "", WARNING))
     was, now_runs = old.get("currentVersion"), new.get("currentVersion")

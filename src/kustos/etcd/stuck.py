@@ -1,0 +1,115 @@
+"""Why a pod the etcd family made cannot start or run, in plain words with the next step
+(pure: the pod, its claim and the time in; a ``Stuck`` or None out).
+
+Without this a member whose image cannot be pulled reads "seed member latest-0 is
+starting" forever. What the kubelet, the scheduler and the volume controller already said
+is in the objects: a container's waiting reason, the PodScheduled condition's message, the
+claim's phase. A short grace keeps a moment's state (a scheduler retry while a node comes
+up, a claim a provisioner is about to bind) out of the conditions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from kustos.runtime import objects
+from kustos.runtime.times import parse_rfc3339
+
+Obj = Mapping[str, Any]
+
+IMAGE_PULL = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+# Unschedulable or a Pending claim for this long is not a scheduler's retry or a provisioner
+# about to bind.
+PENDING_GRACE = timedelta(seconds=10)
+# One restart can be a member racing its own addition; a second is a crash loop.
+CRASH_RESTARTS = 2
+LOG_LINES = 5
+LOG_TAIL = 400  # lines read from a crashing container's log to find LOG_LINES that say why
+
+# NoSpareNode: an Unschedulable replacement of a member leaving a draining node (status.py).
+REASONS = ("ImagePullFailed", "CrashLoopBackOff", "Unschedulable", "VolumePending", "NoSpareNode")
+
+
+@dataclass(frozen=True)
+class Stuck:
+    pod: str
+    reason: str  # one of REASONS
+    message: str  # what is wrong and what to do, naming the pod
+    container: str = ""  # CrashLoopBackOff: whose log the controller adds (``with_log``)
+
+
+def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod") -> Stuck | None:
+    """Why ``pod`` cannot start or run (``claim``: the PersistentVolumeClaim it mounts, if any)."""
+    if objects.deleting(pod):
+        return None
+    name = objects.name(pod)
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason") or ""
+        if reason in IMAGE_PULL:
+            detail = waiting.get("message") or reason
+            return Stuck(name, "ImagePullFailed", (
+                f"{what} {name} cannot pull image {container.get('image', '')} ({reason}: {detail}); "
+                "check spec.version and spec.repository, and that the nodes can reach the registry"
+            ))  # fmt: skip
+        if reason == "CrashLoopBackOff" and int(container.get("restartCount") or 0) >= CRASH_RESTARTS:
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            code = last.get("exitCode")
+            ended = f"exit code {code}, " if code is not None else ""
+            # No restart count in the message: it would make every restart news (an Event, a write).
+            return Stuck(name, "CrashLoopBackOff", (
+                f"{what} {name} keeps crashing ({ended}restarted {CRASH_RESTARTS} times or more); "
+                f"check spec.extraArgs and `kubectl logs {name} --previous`"
+            ), container=str(container.get("name") or ""))  # fmt: skip
+    if status.get("phase", "Pending") != "Pending" or objects.pod_node(pod):
+        return None
+    if claim is not None and (claim.get("status") or {}).get("phase", "Pending") == "Pending":
+        created = parse_rfc3339((claim.get("metadata") or {}).get("creationTimestamp"))
+        if created is not None and now - created >= PENDING_GRACE:
+            claim_name = objects.name(claim)
+            storage_class = (claim.get("spec") or {}).get("storageClassName") or "the default class"
+            return Stuck(name, "VolumePending", (
+                f"{what} {name} waits for its volume {claim_name}, which is Pending (storage class "
+                f"{storage_class}): check that the class exists and its provisioner runs "
+                f"(`kubectl describe pvc {claim_name}`), or set spec.storage.storageClassName"
+            ))  # fmt: skip
+    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    if (
+        scheduled is not None
+        and scheduled.get("status") == "False"
+        and scheduled.get("reason") == "Unschedulable"
+    ):
+        since = parse_rfc3339(scheduled.get("lastTransitionTime"))
+        if since is not None and now - since >= PENDING_GRACE:
+            said = (scheduled.get("message") or "no node fits").rstrip(".")
+            return Stuck(name, "Unschedulable", (
+                f"{what} {name} cannot be scheduled: {said}; add or free nodes that match "
+                "spec.pod (nodeSelector, tolerations, affinity, resources), or relax it"
+            ))  # fmt: skip
+    return None
+
+
+# Lines that say why a process stopped; etcd prints a bad flag's error first, then its whole
+# usage text, and a fatal start error as a JSON line with "level":"fatal".
+TELLING = re.compile(r"error|fatal|panic|not defined|invalid|failed|cannot|unknown", re.IGNORECASE)
+
+
+def with_log(stuck: Stuck, log: str) -> Stuck:
+    """A crash loop's message with the last lines its container printed that say why
+    (the last lines at all when none does)."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    telling = [line for line in lines if TELLING.search(line)]
+    lines = (telling or lines)[-LOG_LINES:]
+    if not lines:
+        return stuck
+    tail = " | ".join(line[:300] for line in lines)
+    return Stuck(stuck.pod, stuck.reason, f"{stuck.message}; last log lines: {tail}", stuck.container)
+
+
+def summary(stuck: tuple[Stuck, ...] | list[Stuck]) -> str:
+    return "; ".join(s.message for s in stuck)[:1000]

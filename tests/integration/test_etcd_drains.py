@@ -1,0 +1,211 @@
+"""EtcdClusters and the drains every cluster has (SPEC F-ETCD-15): the PodDisruptionBudget
+keeps quorum through `kubectl drain`, with a writer checking every acknowledged write; a pod
+that cannot start says why."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import yaml
+
+from tests.integration.conftest import Kubectl
+from tests.integration.etcd_support import Writer, assert_consistent, etcd_cluster, status_of, wait_healthy
+from tests.integration.kube import wait_until
+from tests.integration.operator import OperatorProcess
+
+
+def member_nodes(kubectl: Kubectl, name: str) -> dict[str, str]:
+    """Member pod -> the node it runs on."""
+    pods = kubectl.get("pods", None, "-l", f"kustos.dev/cluster={name},kustos.dev/member")["items"]
+    return {
+        p["metadata"]["name"]: p["spec"].get("nodeName", "")
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+async def kubectl_drain(kubectl: Kubectl, nodes: list[str], selector: str, timeout: int) -> tuple[int, str]:
+    """`kubectl drain` as a person types it (its own retries on a refused eviction)."""
+    cluster = kubectl.cluster
+    process = await asyncio.create_subprocess_exec(
+        str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "drain", *nodes,
+        "--ignore-daemonsets", "--delete-emptydir-data", f"--pod-selector={selector}",
+        f"--timeout={timeout}s",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await process.communicate()
+    return process.returncode or 0, out.decode()
+
+
+class Watched:
+    """A writer through the members, and every phase the cluster reported meanwhile."""
+
+    def __init__(self, kubectl: Kubectl, name: str, status: dict[str, Any]) -> None:
+        self.kubectl, self.name = kubectl, name
+        self.writer = Writer([m["clientUrl"] for m in status["members"]])
+        self.phases: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    async def __aenter__(self) -> Watched:
+        self.writer.start()
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    async def _watch(self) -> None:
+        while not self._stop.is_set():
+            current = await asyncio.to_thread(status_of, self.kubectl, self.name)
+            self.phases.add(str(current.get("phase")))
+            self.writer.update(current)
+            await asyncio.sleep(0.5)
+
+    async def __aexit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        await self.writer.stop()
+
+
+async def test_without_migration_a_drain_of_two_member_nodes_at_once_keeps_quorum(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """The issue's drain: two member nodes at once. The budget lets one member go, refuses the
+    second until the first is replaced elsewhere, and the drain goes on by itself."""
+    kubectl.apply(etcd_cluster("q", 3, disruption={"migrate": False}))
+    status = await wait_healthy(kubectl, "q", 3)
+
+    async def budget_allows_one() -> dict[str, Any] | None:
+        pdb = kubectl.get("pdb", "q")
+        ok = pdb["spec"]["minAvailable"] == 2 and (pdb.get("status") or {}).get("disruptionsAllowed") == 1
+        return pdb if ok else None
+
+    pdb = await wait_until(budget_allows_one, "the budget to allow one eviction", timeout=30)
+    assert pdb["metadata"]["ownerReferences"][0]["kind"] == "EtcdCluster"
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
+
+    drained = sorted(set(member_nodes(kubectl, "q").values()))[:2]
+    try:
+        async with Watched(kubectl, "q", status) as watched:
+            code, output = await kubectl_drain(kubectl, drained, "kustos.dev/cluster=q", timeout=240)
+            assert code == 0, output
+            assert "violate the pod's disruption budget" in output, output
+            status = await wait_healthy(kubectl, "q", 3)
+            watched.writer.update(status)
+    finally:
+        for node in drained:
+            kubectl.cluster.kubectl("uncordon", node, check=False)
+    assert "QuorumLost" not in watched.phases, watched.phases
+    assert not set(member_nodes(kubectl, "q").values()) & set(drained)
+    assert_consistent(kubectl, "q", 3, status)
+    assert len(watched.writer.acknowledged) > 50
+    assert await watched.writer.missing(status["members"][0]["clientUrl"]) == []
+
+    kubectl("delete", "etcdcluster", "q")
+
+    async def budget_gone() -> bool:
+        return not kubectl.get("pdb")["items"]
+
+    await wait_until(budget_gone, "the budget to go with its cluster", timeout=60)
+
+
+async def test_members_move_off_every_drained_node_one_after_another(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """The default: each `kubectl drain` of a member's node completes by itself, the member
+    having moved (replacement first) before its pod went; no acknowledged write is lost."""
+    kubectl.apply(etcd_cluster("m", 3))
+    status = await wait_healthy(kubectl, "m", 3)
+
+    async def no_eviction_allowed() -> bool:
+        # Steady with migration: minAvailable is the size, members are moved instead.
+        pdb = kubectl.get("pdb", "m")
+        return pdb["spec"]["minAvailable"] == 3 and (pdb.get("status") or {}).get("currentHealthy") == 3
+
+    await wait_until(no_eviction_allowed, "a steady budget that allows no eviction", timeout=30)
+    nodes = sorted(set(member_nodes(kubectl, "m").values()))
+    drained: list[str] = []
+    try:
+        async with Watched(kubectl, "m", status) as watched:
+            for node in nodes:
+                drained.append(node)
+                started = time.monotonic()
+                code, output = await kubectl_drain(kubectl, [node], "kustos.dev/cluster=m", timeout=180)
+                print(f"drain of {node}: {time.monotonic() - started:.1f} s")
+                assert code == 0, output
+                status = await wait_healthy(kubectl, "m", 3)
+                assert node not in member_nodes(kubectl, "m").values()
+                watched.writer.update(status)
+    finally:
+        for node in drained:
+            kubectl.cluster.kubectl("uncordon", node, check=False)
+    assert "QuorumLost" not in watched.phases, watched.phases
+    events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
+    assert "moved off draining node" in events, events
+    assert_consistent(kubectl, "m", 3, status)
+    assert len(watched.writer.acknowledged) > 50
+    assert await watched.writer.missing(status["members"][0]["clientUrl"]) == []
+
+
+async def test_pods_that_cannot_start_are_named_with_their_reason(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """Each state reproduced as it happens on any cluster: an image nobody has, a flag etcd
+    refuses, a nodeSelector no node matches, a StorageClass nothing provisions (for a member
+    and for a backup agent)."""
+    never = f"never-binds-{kubectl.namespace}"
+    kubectl.cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": never},
+        "provisioner": "kustos.dev/nobody", "volumeBindingMode": "Immediate",
+    }))  # fmt: skip
+    expected = {
+        "img": ("ImagePullFailed", "registry.k8s.io/etcd:3.7.3-0"),
+        "crash": ("CrashLoopBackOff", "flag provided but not defined"),
+        "sched": ("Unschedulable", "didn't match Pod's node affinity/selector"),
+        "vol": ("VolumePending", f"storage class {never}"),
+    }
+    try:
+        kubectl.apply(
+            etcd_cluster("img", 1, version="3.7.3"),
+            etcd_cluster("crash", 1, extraArgs=["--no-such-flag"]),
+            etcd_cluster("sched", 1, pod={"nodeSelector": {"kustos.dev/no-such-node": "true"}}),
+            etcd_cluster("vol", 1, storage={"type": "pvc", "size": "1Gi", "storageClassName": never}),
+            etcd_cluster("bk", 1),
+        )
+        await wait_healthy(kubectl, "bk", 1)
+        # A backup agent whose claim never binds: the scheduler cannot place it.
+        storage = {"pvc": {"size": "1Gi", "storageClassName": never}}
+        kubectl.apply({
+            "apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdBackup", "metadata": {"name": "agent"},
+            "spec": {"clusterName": "bk", "storage": storage},
+        })  # fmt: skip
+
+        async def all_named() -> bool:
+            for name, (reason, words) in expected.items():
+                status = status_of(kubectl, name)
+                stuck = status.get("stuck") or []
+                degraded = next((c for c in status.get("conditions") or [] if c["type"] == "Degraded"), {})
+                if not stuck or stuck[0]["reason"] != reason or words not in stuck[0]["message"]:
+                    return False
+                if degraded.get("reason") != reason or words not in degraded.get("message", ""):
+                    return False
+            backup = kubectl.get("etcdbackup", "agent").get("status") or {}
+            said = next((c for c in backup.get("conditions") or [] if c["type"] == "Succeeded"), {})
+            return said.get("reason") == "Unschedulable" and "backup agent pod agent-" in said.get(
+                "message", ""
+            )
+
+        await wait_until(all_named, "each cluster to name why its pod cannot start", timeout=60,
+                         cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+        table = kubectl("get", "etcdclusters")
+        assert table.split("\n")[0].split() == ["NAME", "READY", "VERSION", "PHASE", "STUCK", "AGE"]
+        rows = {line.split()[0]: line for line in table.strip().split("\n")[1:]}
+        for name, (reason, _) in expected.items():
+            assert reason in rows[name], table
+        events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
+        for reason, _ in expected.values():
+            assert reason in events, events
+    finally:
+        kubectl("delete", "etcdbackups,etcdclusters", "--all", "--wait=false")
+        kubectl.cluster.kubectl("delete", "storageclass", never, "--wait=false", check=False)
