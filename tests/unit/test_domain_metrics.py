@@ -148,6 +148,20 @@ def test_backend_size_quota_alarms_and_leader_changes_when_the_status_carries_th
     assert _value(registry, "kustos_etcdcluster_leader_changes_total", **nn) == 4
 
 
+def test_the_space_available_condition_raises_the_nospace_alarm() -> None:
+    cluster = _cluster(_member(0, leader=True), _member(1), _member(2))
+    cluster["status"]["conditions"] = [
+        {"type": "SpaceAvailable", "status": "False", "reason": "NoSpace", "message": "NOSPACE",
+         "lastTransitionTime": rfc3339(NOW)}
+    ]  # fmt: skip
+    registry = _scrape(Sources(etcd_clusters=lambda: [cluster]))
+    nn = {"namespace": "db", "name": "a"}
+    assert _value(registry, "kustos_etcdcluster_alarm", **nn, member="", alarm="NOSPACE") == 1
+    cluster["status"]["conditions"][0]["status"] = "True"
+    registry = _scrape(Sources(etcd_clusters=lambda: [cluster]))
+    assert _value(registry, "kustos_etcdcluster_alarm", **nn, member="", alarm="NOSPACE") is None
+
+
 def test_node_image_rollout_blocked_reason_is_bounded() -> None:
     condition = Condition(
         type="Degraded",

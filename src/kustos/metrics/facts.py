@@ -187,6 +187,10 @@ def _true_condition(conditions: Iterable[Any], type_: str) -> str | None:
     return None
 
 
+def _false_condition(conditions: Iterable[Any], type_: str) -> bool:
+    return any(c.type == type_ and c.status == "False" for c in conditions)
+
+
 LastBackups = Mapping[tuple[str, str], tuple[datetime, int | None]]
 """(namespace, cluster) -> completion time and size of its newest Succeeded EtcdBackup."""
 
@@ -241,6 +245,9 @@ def etcd_cluster_facts(obj: Obj, backups: LastBackups, now: datetime) -> EtcdClu
             if isinstance(a, Mapping)
         )
     )
+    if not alarms and status and _false_condition(status.conditions, "SpaceAvailable"):
+        # The EtcdCluster controller says NOSPACE on the cluster, not per member: member "".
+        alarms = (("", "NOSPACE"),)
     last_time, last_size = backups.get((namespace, name), (None, None))
     spec = cluster.spec
     return EtcdClusterFacts(
