@@ -354,7 +354,7 @@ def test_the_operators_identity_may_not_write_what_kustos_does_not_own(
 
 
 async def test_who_may_edit_a_namespace_runs_etcd_there_but_no_node_job(
-    dev_cluster: DevCluster, kubectl: Kubectl
+    dev_cluster: DevCluster, kubectl: Kubectl, crds: None
 ) -> None:
     """The chart's roles for people: `edit` in a namespace brings EtcdCluster (aggregated by
     kube-controller-manager), never NodeJob, which is root on its nodes (docs/security.md)."""
