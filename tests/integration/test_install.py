@@ -370,7 +370,7 @@ async def test_who_may_edit_a_namespace_runs_etcd_there_but_no_node_job(
         return can("create", "etcdclusters.kustos.dev")
 
     await wait_until(aggregated, "EtcdCluster in the edit role", timeout=60)
-    assert can("delete", "etcdbackups.kustos.dev")
+    assert can("create", "etcdbackups.kustos.dev") and can("delete", "etcdclusters.kustos.dev")
     for resource in ("nodejobs", "storageclusters", "storageupgrades", "maintenancepolicies", "nodeimages"):
         assert not can("create", f"{resource}.kustos.dev"), resource
     # The real request, not only the authorizer's answer: refused for the user.
