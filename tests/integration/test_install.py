@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -296,3 +297,92 @@ def test_what_the_charts_service_account_may_do_is_the_golden(dev_cluster: DevCl
     assert CAN_I_GOLDEN.read_text() == rows, (
         f"{CAN_I_GOLDEN} is stale; regenerate with KUSTOS_UPDATE_GOLDEN=1"
     )
+
+
+def as_operator(
+    cluster: DevCluster, *args: str, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """kubectl as the session release's ServiceAccount (its token, not impersonation)."""
+    command = [str(cluster.kubectl_path), "--kubeconfig", str(chart_identity(cluster)), *args]
+    return subprocess.run(command, input=input_text, capture_output=True, text=True, check=False)
+
+
+def test_the_operators_identity_may_not_write_what_kustos_does_not_own(
+    dev_cluster: DevCluster, kubectl: Kubectl
+) -> None:
+    """RBAC lets the chart's ServiceAccount create pods and Secrets anywhere; the chart's
+    ValidatingAdmissionPolicy refuses those that are not kustos's: a pod in kube-system with
+    its default ServiceAccount, an unlabelled Secret. What kustos itself writes passes (every
+    test that runs operators as the chart's ServiceAccount runs under this policy)."""
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "not-kustos", "namespace": "kube-system"},
+        "spec": {"serviceAccountName": "default", "containers": [{"name": "c", "image": "busybox"}]},
+    }
+    refused = as_operator(dev_cluster, "create", "-f", "-", input_text=json.dumps(pod))
+    assert refused.returncode != 0 and "ValidatingAdmissionPolicy" in refused.stderr, refused.stderr
+    assert "kustos labels and an owner reference" in refused.stderr, refused.stderr
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "loose", "namespace": kubectl.namespace},
+        "stringData": {"k": "v"},
+    }
+    refused = as_operator(dev_cluster, "create", "-f", "-", input_text=json.dumps(secret))
+    assert refused.returncode != 0 and "ValidatingAdmissionPolicy" in refused.stderr, refused.stderr
+    # A kustos-labelled pod owned by a kustos object still may not take host access: that is a
+    # StorageCluster's or a NodeJob's only.
+    owner = {
+        "apiVersion": "kustos.dev/v1alpha1",
+        "kind": "EtcdCluster",
+        "name": "x",
+        "uid": "00000000-0000-0000-0000-000000000000",
+    }
+    pod["metadata"] = {
+        "name": "host",
+        "namespace": kubectl.namespace,
+        "ownerReferences": [owner],
+        "labels": {"app.kubernetes.io/managed-by": "kustos"},
+    }
+    pod["spec"] = {"hostNetwork": True, "containers": [{"name": "c", "image": "busybox"}]}
+    refused = as_operator(dev_cluster, "create", "--dry-run=server", "-f", "-", input_text=json.dumps(pod))
+    assert refused.returncode != 0 and "host namespaces" in refused.stderr, refused.stderr
+    del pod["spec"]["hostNetwork"]
+    accepted = as_operator(dev_cluster, "create", "--dry-run=server", "-f", "-", input_text=json.dumps(pod))
+    assert accepted.returncode == 0, accepted.stderr
+
+
+async def test_who_may_edit_a_namespace_runs_etcd_there_but_no_node_job(
+    dev_cluster: DevCluster, kubectl: Kubectl, crds: None
+) -> None:
+    """The chart's roles for people: `edit` in a namespace brings EtcdCluster (aggregated by
+    kube-controller-manager), never NodeJob, which is root on its nodes (docs/security.md)."""
+    chart_identity(dev_cluster)
+    user = f"alice-{kubectl.namespace}"
+    kubectl("create", "rolebinding", "alice-edit", "--clusterrole=edit", f"--user={user}")
+
+    def can(verb: str, resource: str) -> bool:
+        answer = kubectl("auth", "can-i", verb, resource, "--as", user, check=False).strip()
+        return answer == "yes"
+
+    async def aggregated() -> bool:
+        return can("create", "etcdclusters.kustos.dev")
+
+    await wait_until(aggregated, "EtcdCluster in the edit role", timeout=60)
+    assert can("create", "etcdbackups.kustos.dev") and can("delete", "etcdclusters.kustos.dev")
+    for resource in ("nodejobs", "storageclusters", "storageupgrades", "maintenancepolicies", "nodeimages"):
+        assert not can("create", f"{resource}.kustos.dev"), resource
+    # The real request, not only the authorizer's answer: refused for the user.
+    job = {
+        "apiVersion": "kustos.dev/v1alpha1",
+        "kind": "NodeJob",
+        "metadata": {"name": "root", "namespace": kubectl.namespace},
+        "spec": {"image": "busybox"},
+    }
+    refused = subprocess.run(
+        [str(dev_cluster.kubectl_path), "--kubeconfig", str(dev_cluster.kubeconfig), "--as", user,
+         "create", "--dry-run=server", "-f", "-"],
+        input=json.dumps(job), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and REFUSED.search(refused.stderr), refused.stderr

@@ -192,7 +192,9 @@ def test_deployment_is_hardened_and_highly_available(helm: Path) -> None:
 
 def test_namespaced_mode_reads_nothing_cluster_wide_but_nodes(helm: Path) -> None:
     rendered = documents(template(helm, *MODES["namespaced"]))
-    cluster_roles = [d for d in rendered if d["kind"] == "ClusterRole"]
+    # The operator's ClusterRoles (those the chart binds); the roles for people are no grant.
+    bound = {d["roleRef"]["name"] for d in rendered if d["kind"] == "ClusterRoleBinding"}
+    cluster_roles = [d for d in rendered if d["kind"] == "ClusterRole" and d["metadata"]["name"] in bound]
     assert len(cluster_roles) == 1
     for rule in cluster_roles[0]["rules"]:
         reads = {"get", "list", "watch"} & set(rule["verbs"])
@@ -298,3 +300,19 @@ def test_alert_rules_ship_when_prometheus_operator_is_there_or_asked(
     if rules:
         shipped_rules = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
         assert rules[0]["spec"] == shipped_rules  # the very rules promtool checks
+
+
+def test_users_get_etcd_through_edit_and_every_other_kind_only_through_platform_admin(helm: Path) -> None:
+    """EtcdCluster and EtcdBackup join view/edit/admin; every other kustos kind (NodeJob is root
+    on its nodes) is reachable only through platform-admin, which covers every kind there is."""
+    rendered = {d["metadata"]["name"]: d for d in documents(template(helm)) if d["kind"] == "ClusterRole"}
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    aggregated = [
+        d for d in rendered.values() if any(k.startswith(aggregate) for k in d["metadata"]["labels"])
+    ]
+    kinds = {r.split("/")[0] for d in aggregated for rule in d["rules"] for r in rule["resources"]}
+    assert kinds == {"etcdclusters", "etcdbackups"}
+    platform = rendered[f"{RELEASE}-platform-admin"]
+    assert {r for rule in platform["rules"] for r in rule["resources"]} >= {m.crd.plural for m in RESOURCES}
+    assert not [d for d in documents(template(helm, "--set", "userRoles.enabled=false"))
+                if d["metadata"]["name"].endswith(("-view", "-edit", "-platform-admin"))]  # fmt: skip

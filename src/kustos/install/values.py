@@ -143,6 +143,20 @@ class Rook(Values):
     must name the same namespace."""
 
 
+class UserRoles(Values):
+    enabled: bool = True
+    """ClusterRoles for people (docs/security.md): EtcdCluster and EtcdBackup aggregated to the
+    built-in view, edit and admin roles; the cluster- and node-level kinds only in
+    <release>-platform-admin, which nothing binds (a NodeJob is root on its nodes)."""
+
+
+class AdmissionPolicy(Values):
+    enabled: bool = True
+    """A ValidatingAdmissionPolicy on the operator's own requests (Kubernetes 1.30+): what it
+    creates or updates must carry kustos's labels and an owner, its pods only the service
+    accounts and host access their kind needs (docs/security.md). Off on older clusters."""
+
+
 class ResourceList(Values):
     model_config = ConfigDict(extra="allow")
     cpu: str | None = None
@@ -189,6 +203,8 @@ class ChartValues(Values):
     service_account: ServiceAccount = Field(default_factory=ServiceAccount)
     cloud_provider: CloudProvider = Field(default_factory=CloudProvider)
     rook: Rook = Field(default_factory=Rook)
+    user_roles: UserRoles = Field(default_factory=UserRoles)
+    admission_policy: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
     resources: Resources = Field(default_factory=Resources)
     pod_disruption_budget: PodDisruptionBudget = Field(default_factory=PodDisruptionBudget)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
