@@ -73,21 +73,25 @@ def _cluster(name: str, workers: int = 3, fast: bool = False) -> DevCluster:
 
 @dev.command("build")
 def dev_build() -> None:
-    """Build the control-plane, etcd and kwok binaries that are missing from the cache."""
+    """Build the missing control-plane, node, etcd and kwok binaries; install runc from Debian."""
     from kustos.devcluster import binaries
 
     missing = binaries.missing_binaries()
-    if not missing:
-        console.print(f"all {len(binaries.all_binaries())} binaries are cached in {binaries.bin_dir()}")
+    debian = binaries.missing_debian_packages()
+    if not missing and not debian:
+        total = len(binaries.all_binaries()) + len(binaries.DEBIAN_PACKAGES)
+        console.print(f"all {total} binaries are cached in {binaries.bin_dir()}")
         return
     started = time.monotonic()
     try:
+        binaries.install_debian_packages(debian, log=console.print)
         binaries.build(missing, log=console.print)
     except binaries.BuildError as err:
         console.print(f"[red]{err}")
         raise typer.Exit(1) from err
     console.print(
-        f"built {len(missing)} binaries in {time.monotonic() - started:.0f}s into {binaries.bin_dir()}"
+        f"built {len(missing) + len(debian)} binaries in {time.monotonic() - started:.0f}s"
+        f" into {binaries.bin_dir()}"
     )
 
 
