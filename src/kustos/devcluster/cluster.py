@@ -46,6 +46,7 @@ from kustos.devcluster.network import (
 )
 from kustos.devcluster.paths import cache_root, clusters_root
 from kustos.devcluster.provisioner import storage_class_manifest
+from kustos.devcluster.realnode import RealNode, RealNodeError, real_node
 from kustos.devcluster.runner import sandbox_dir
 from kustos.devcluster.sandbox import HOLD_SUFFIX, PID_SUFFIX
 
@@ -68,11 +69,14 @@ class DevClusterConfig:
     name: str = DEFAULT_NAME
     control_plane_nodes: int = 1
     worker_nodes: int = 3
+    # Workers run by a kubelet with containerd and runc (``realnode``), beside the kwok ones.
+    real_nodes: int = 0
     timings: Timings = field(default_factory=Timings)
     restart_backoff: tuple[float, float] = (1.0, 30.0)
     state_dir: Path | None = None
 
     def node_names(self) -> list[tuple[str, bool]]:
+        """The kwok nodes: (name, control plane?)."""
         names = [(f"{self.name}-control-plane-{i + 1}", True) for i in range(self.control_plane_nodes)]
         names += [(f"{self.name}-worker-{i + 1}", False) for i in range(self.worker_nodes)]
         return names
@@ -195,8 +199,9 @@ class DevCluster:
         audit_policy = self.state_dir / "audit-policy.yaml"
         audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
         config = kwokctl_config(
-            self.config.timings, kwok_source_dir(), slot, _free_ports(), network, audit_policy
-        )
+            self.config.timings, kwok_source_dir(), slot, _free_ports(), network, audit_policy,
+            kubelet_client=(self.pki_dir / "admin.crt", self.pki_dir / "admin.key"),
+        )  # fmt: skip
         config_file.write_text(yaml.safe_dump_all(config, sort_keys=False))
         log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
         self._kwokctl(
@@ -208,6 +213,8 @@ class DevCluster:
         self._create_base_objects()
         self._ensure_coredns()
         self._ensure_agent()
+        for index in range(1, self.config.real_nodes + 1):
+            self.start_real_node(index, log, wait=False)
         self._wait_for(self._nodes_ready, timeout, "every node to be Ready")
         self.ready_marker.write_text(self.kubeconfig.as_posix())
         log(f"dev cluster {self.config.name} is up in {time.monotonic() - started:.1f}s")
@@ -217,6 +224,9 @@ class DevCluster:
         process) and the control plane; remove all state."""
         for name in BACKGROUND:
             self._stop_background(name)
+        # Before the API server goes: a kubelet that loses it cannot stop its pods in order.
+        for node in self.real_nodes():
+            node.stop()
         if self.cluster_dir.exists():
             with contextlib.suppress(DevClusterError):
                 self._kwokctl(
@@ -230,6 +240,50 @@ class DevCluster:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 ClusterNetwork.from_file(self.network_file).cleanup()
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # ---- real nodes ----------------------------------------------------------------
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.cluster_dir / "pki"
+
+    def real_nodes(self) -> list[RealNode]:
+        """The real nodes this cluster has (running or the remains of a killed run)."""
+        root = self.state_dir / "real"
+        indices = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+        return [real_node(self.config.name, self.state_dir, i) for i in indices]
+
+    def real_node_named(self, name: str) -> RealNode | None:
+        return next((n for n in self.real_nodes() if n.name == name), None)
+
+    def start_real_node(
+        self, index: int, log: Callable[[str], None] = lambda _: None, wait: bool = True, timeout: float = 120
+    ) -> RealNode:
+        """Start real node ``index`` (containerd, preloaded images, kubelet); with ``wait``,
+        until its Node is Ready."""
+        from kustos.devcluster.nodeimages import PAUSE_IMAGE, node_image_archives
+
+        node = real_node(self.config.name, self.state_dir, index)
+        node.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            node.start(self.network, self.kubeconfig, self.pki_dir / "ca.crt", node_image_archives(),
+                       PAUSE_IMAGE, log)  # fmt: skip
+        except RealNodeError as err:
+            raise DevClusterError(str(err)) from err
+        if wait:
+            what = f"real node {node.name} to be Ready (kubelet log: {node.log('kubelet')})"
+            self._wait_for(lambda: self._node_ready(node.name), timeout, what)
+        return node
+
+    def remove_real_node(self, node: RealNode) -> None:
+        """Stop it, leave nothing of it on the machine, and delete its Node."""
+        node.stop()
+        shutil.rmtree(node.directory, ignore_errors=True)
+        self.kubectl("delete", "node", node.name, "--ignore-not-found", "--wait=false")
+
+    def _node_ready(self, name: str) -> bool:
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+        return self.kubectl("get", "node", name, "-o", jsonpath, check=False).strip() == "True"
 
     # ---- what tests do to it -------------------------------------------------------
 
@@ -256,16 +310,33 @@ class DevCluster:
 
     def take_node_down(self, node: str) -> None:
         """kwok stops heartbeating the node and the agent kills its processes (a partitioned
-        node too: powering it off is how a fencing agent ends a partition)."""
+        node too: powering it off is how a fencing agent ends a partition). A real node's
+        kubelet stops and its containers with it: the Node goes NotReady as a real one does."""
+        real = self.real_node_named(node)
+        if real is not None:
+            real.stop_kubelet()
+            real.stop_containers()
+            return
         patch = {"metadata": {"labels": {MANAGED_LABEL: None}, "annotations": {PARTITIONED_ANNOTATION: None}}}
         self.kubectl("patch", "node", node, "--type", "merge", "-p", json.dumps(patch))
 
     def bring_node_up(self, node: str) -> None:
+        real = self.real_node_named(node)
+        if real is not None:
+            real.set_pod_links(up=True)
+            real.start_kubelet(self.kubeconfig, self.network)
+            return
         self.kubectl("label", "node", node, f"{MANAGED_LABEL}=true", "--overwrite")
 
     def partition_node(self, node: str) -> None:
         """Cut the node off as a network partition would: its pods' links go down (their
-        processes keep running), kwok stops its heartbeat and the agent writes nothing for it."""
+        processes keep running), kwok stops its heartbeat and the agent writes nothing for it.
+        A real node's kubelet stops (no heartbeat) and its pods' links go down; containers run on."""
+        real = self.real_node_named(node)
+        if real is not None:
+            real.stop_kubelet()
+            real.set_pod_links(up=False)
+            return
         patch = {
             "metadata": {"labels": {MANAGED_LABEL: None}, "annotations": {PARTITIONED_ANNOTATION: "true"}}
         }
@@ -274,6 +345,10 @@ class DevCluster:
     def heal_node(self, node: str) -> None:
         """End a partition: links up, heartbeat back; the agent catches up with what changed
         meanwhile (pods deleted while it could not hear are stopped then)."""
+        real = self.real_node_named(node)
+        if real is not None:
+            self.bring_node_up(node)
+            return
         patch = {
             "metadata": {"labels": {MANAGED_LABEL: "true"}, "annotations": {PARTITIONED_ANNOTATION: None}}
         }
@@ -385,7 +460,8 @@ class DevCluster:
     def _nodes_ready(self) -> bool:
         listing = json.loads(self.kubectl("get", "nodes", "-o", "json", check=False) or "{}")
         items = listing.get("items", [])
-        return len(items) >= len(self.config.node_names()) and all(
+        expected = len(self.config.node_names()) + len(self.real_nodes())
+        return len(items) >= expected and all(
             any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
             for n in items
         )

@@ -206,6 +206,7 @@ def kwokctl_config(
     ports: dict[str, int] | None = None,
     network: ClusterNetwork | None = None,
     audit_policy: Path | None = None,
+    kubelet_client: tuple[Path, Path] | None = None,
 ) -> list[dict[str, Any]]:
     """The multi-document config handed to ``kwokctl create cluster -c``.
 
@@ -215,6 +216,8 @@ def kwokctl_config(
     address for the ``kubernetes`` Service), calls webhook Services at their endpoints'
     pod IPs, and kwok hands out addresses of its range. With an ``audit_policy`` the API
     server writes its audit log to ``logs/audit.log`` in the cluster's kwok directory.
+    With ``kubelet_client`` (certificate, key) it reaches real kubelets (logs, exec) at
+    their InternalIP, the only address a dev cluster's real node has that is not a name.
     """
     options: dict[str, Any] = {
         "runtime": "binary",
@@ -259,6 +262,13 @@ def kwokctl_config(
         kwok_cidr = network.node_cidr(255)
     if audit_policy is not None:
         options["kubeAuditPolicy"] = str(audit_policy)
+    if kubelet_client is not None:
+        certificate, key = kubelet_client
+        apiserver_args += [
+            {"key": "kubelet-preferred-address-types", "value": "InternalIP,Hostname"},
+            {"key": "kubelet-client-certificate", "value": str(certificate)},
+            {"key": "kubelet-client-key", "value": str(key)},
+        ]
     if timings.toleration_seconds is not None:
         for kind in ("not-ready", "unreachable"):
             apiserver_args.append(
