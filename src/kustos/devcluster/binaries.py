@@ -257,6 +257,19 @@ def install_debian_packages(
     return todo
 
 
+def ensure_debian_tools(packages: Iterable[str], log: Callable[[str], None] = print) -> None:
+    """Install Debian packages whose programs are used where apt puts them (buildah,
+    mmdebstrap: tools with data files and helpers, not single programs to cache)."""
+    missing = [p for p in packages if installed_debian_version(p) is None]
+    if not missing:
+        return
+    if shutil.which("apt-get") is None:
+        raise BuildError(f"apt-get is not available to install {', '.join(missing)}: install them by hand")
+    log(f"installing {', '.join(missing)} from Debian ...")
+    _run_apt(["apt-get", "update", "-q"])
+    _run_apt(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing])
+
+
 def bin_dir(root: Path | None = None) -> Path:
     return (root or cache_root()) / "bin"
 

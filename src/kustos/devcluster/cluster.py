@@ -261,13 +261,15 @@ class DevCluster:
     ) -> RealNode:
         """Start real node ``index`` (containerd, preloaded images, kubelet); with ``wait``,
         until its Node is Ready."""
+        from kustos.devcluster import kustosimage
         from kustos.devcluster.nodeimages import PAUSE_IMAGE, node_image_archives
 
         node = real_node(self.config.name, self.state_dir, index)
         node.directory.mkdir(parents=True, exist_ok=True)
+        # kustos's image once `kustos dev image` has built it.
+        images = [*node_image_archives(), *[p for p in [kustosimage.archive_path()] if p.is_file()]]
         try:
-            node.start(self.network, self.kubeconfig, self.pki_dir / "ca.crt", node_image_archives(),
-                       PAUSE_IMAGE, log)  # fmt: skip
+            node.start(self.network, self.kubeconfig, self.pki_dir / "ca.crt", images, PAUSE_IMAGE, log)
         except RealNodeError as err:
             raise DevClusterError(str(err)) from err
         if wait:

@@ -305,7 +305,7 @@ class RealNode:
         node's cgroups is killed."""
         if self.is_running("containerd"):
             self.crictl("rmp", "--all", "--force", check=False)
-        self._kill_cgroup_processes()
+        self._kill_cgroupprocesses()
 
     def set_pod_links(self, up: bool) -> None:
         """A partition: the bridge ports of this node's pods down (containers run on), or up.
@@ -341,7 +341,7 @@ class RealNode:
         for component in ("kubelet", "containerd"):
             _kill(self.pid_file(component))
         self._kill_shims()
-        self._kill_cgroup_processes()
+        self._kill_cgroupprocesses()
         self._remove_shim_sockets()
         unmount_under(self.directory)
         self._remove_cgroups()
@@ -381,7 +381,7 @@ class RealNode:
                 if own.exists() and not own.read_text().strip():
                     own.write_text(parent.read_text())
 
-    def _kill_cgroup_processes(self) -> None:
+    def _kill_cgroupprocesses(self) -> None:
         """SIGKILL every process in the node's cgroups (containers and anything they forked),
         until none is left: a freezer would be tidier, but not every host has one."""
         for _ in range(50):
@@ -396,7 +396,7 @@ class RealNode:
     def _kill_shims(self) -> None:
         """Shims live outside the node's cgroups; they name the node's socket in their argv."""
         address = str(self.containerd_socket)
-        for pid, argv in _processes():
+        for pid, argv in processes():
             if argv and argv[0].endswith("containerd-shim-runc-v2") and address in argv:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -431,7 +431,7 @@ class RealNode:
         found = [f"cgroup {d}" for d in self._cgroup_dirs() if d.exists()]
         found += [f"mount {m}" for m in mounts_under(self.directory)]
         address = str(self.containerd_socket)
-        for pid, argv in _processes():
+        for pid, argv in processes():
             if any(address in a or str(self.directory) in a for a in argv):
                 found.append(f"process {pid}: {' '.join(argv)[:120]}")
         return found
@@ -495,7 +495,8 @@ def _cgroup_pids(directory: Path) -> set[int]:
     return pids
 
 
-def _processes() -> list[tuple[int, list[str]]]:
+def processes() -> list[tuple[int, list[str]]]:
+    """Every process of the machine with its argv (what ``ps`` shows, read from /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
