@@ -155,7 +155,7 @@ def test_a_killed_real_node_leaves_nothing_behind(dev_cluster: DevCluster, real_
         dev_cluster._wait_for(running, 90, "a container on the real node")
         for component in ("kubelet", "containerd"):
             os.kill(int(real_node.pid_file(component).read_text()), signal.SIGKILL)
-        netns = list((real_node.containerd_dir / "state" / "netns").iterdir())
+        netns = list(real_node.netns_dir.iterdir())
         shim_sockets = set(SHIM_SOCKET_DIR.iterdir())
         assert netns and shim_sockets and real_node.leftovers()
 

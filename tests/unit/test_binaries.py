@@ -10,14 +10,14 @@ import pytest
 
 from kustos.devcluster import binaries
 from kustos.devcluster.binaries import (
-    ETCD_VERSIONS,
-    GOMOD_DIR,
-    KUBERNETES_VERSION,
-    KWOK_VERSION,
     CNI_PLUGINS,
     CNI_PLUGINS_VERSION,
     CONTAINERD_VERSION,
     DEBIAN_PACKAGES,
+    ETCD_VERSIONS,
+    GOMOD_DIR,
+    KUBERNETES_VERSION,
+    KWOK_VERSION,
     VERSITYGW_VERSION,
     BuildError,
     all_binaries,
@@ -31,7 +31,14 @@ from kustos.devcluster.binaries import (
 )
 from kustos.devcluster.paths import cache_root, clusters_root
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet", "kube-proxy")
+KUBE_COMMANDS = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+    "kube-proxy",
+)
 NODE_RUNTIME = ("containerd", "containerd-shim-runc-v2", "ctr", "crictl", "pause")
 ETCD_COMMANDS = ("etcd", "etcdctl", "etcdutl")
 
@@ -119,7 +126,8 @@ def test_containerd_is_pure_go_without_the_snapshotters_that_need_host_libraries
     for binary in runtime:
         assert binary.version == CONTAINERD_VERSION
         assert set(binary.tags) == {"no_btrfs", "no_devmapper", "no_zfs"}
-        assert binary.ldflags == (f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",)
+        stamp = f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}"
+        assert binary.ldflags == (stamp,)
 
 
 def test_cni_plugins_are_built_under_a_prefixed_name() -> None:

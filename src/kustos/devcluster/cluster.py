@@ -216,6 +216,8 @@ class DevCluster:
         for index in range(1, self.config.real_nodes + 1):
             self.start_real_node(index, log, wait=False)
         self._wait_for(self._nodes_ready, timeout, "every node to be Ready")
+        for node in self.real_nodes():
+            self._label_worker(node.name)
         self.ready_marker.write_text(self.kubeconfig.as_posix())
         log(f"dev cluster {self.config.name} is up in {time.monotonic() - started:.1f}s")
 
@@ -275,7 +277,12 @@ class DevCluster:
         if wait:
             what = f"real node {node.name} to be Ready (kubelet log: {node.log('kubelet')})"
             self._wait_for(lambda: self._node_ready(node.name), timeout, what)
+            self._label_worker(node.name)
         return node
+
+    def _label_worker(self, node: str) -> None:
+        """The role a kubelet may not give itself (``--node-labels`` refuses node-role.*)."""
+        self.kubectl("label", "node", node, "node-role.kubernetes.io/worker=", "--overwrite")
 
     def remove_real_node(self, node: RealNode) -> None:
         """Stop it, leave nothing of it on the machine, and delete its Node."""

@@ -86,6 +86,11 @@ class RealNode:
         return self.containerd_dir / "sock"
 
     @property
+    def netns_dir(self) -> Path:
+        """Where containerd's CRI mounts its pods' network namespaces (``netns_mounts_under_state_dir``)."""
+        return self.containerd_dir / "state" / "io.containerd.grpc.v1.cri" / "netns"
+
+    @property
     def kubelet_dir(self) -> Path:
         return self.directory / "kubelet"
 
@@ -222,10 +227,10 @@ class RealNode:
         }
 
     def kubelet_argv(self, kubeconfig: Path, network: ClusterNetwork) -> list[str]:
+        # node-role.kubernetes.io/* is refused from a kubelet: the cluster sets it afterwards.
         labels = {
             REAL_NODE_LABEL: "true",
             "type": "real",
-            "node-role.kubernetes.io/worker": "",
             "topology.kubernetes.io/zone": self.name,
         }
         return [
@@ -311,10 +316,9 @@ class RealNode:
         """A partition: the bridge ports of this node's pods down (containers run on), or up.
 
         Each pod's eth0 names its host-side peer by interface index (``iflink``)."""
-        netns_dir = self.containerd_dir / "state" / "netns"
-        if not netns_dir.is_dir():
+        if not self.netns_dir.is_dir():
             return
-        for netns in netns_dir.iterdir():
+        for netns in self.netns_dir.iterdir():
             result = subprocess.run(
                 ["nsenter", f"--net={netns}", "cat", "/sys/class/net/eth0/iflink"],
                 capture_output=True, text=True, check=False,
@@ -396,10 +400,18 @@ class RealNode:
     def _kill_shims(self) -> None:
         """Shims live outside the node's cgroups; they name the node's socket in their argv."""
         address = str(self.containerd_socket)
-        for pid, argv in processes():
-            if argv and argv[0].endswith("containerd-shim-runc-v2") and address in argv:
+        for _ in range(50):
+            shims = [
+                pid
+                for pid, argv in processes()
+                if argv and "containerd-shim" in argv[0] and any(address in a for a in argv) and _alive(pid)
+            ]
+            if not shims:
+                return
+            for pid in shims:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
 
     def _remove_shim_sockets(self) -> None:
         """A shim's socket is ``/run/containerd/s/sha256(<containerd socket>/<namespace>/<id>)``;
@@ -432,7 +444,7 @@ class RealNode:
         found += [f"mount {m}" for m in mounts_under(self.directory)]
         address = str(self.containerd_socket)
         for pid, argv in processes():
-            if any(address in a or str(self.directory) in a for a in argv):
+            if any(address in a or str(self.directory) in a for a in argv) and _alive(pid):
                 found.append(f"process {pid}: {' '.join(argv)[:120]}")
         return found
 
