@@ -53,7 +53,7 @@ from kustos.devcluster.sandbox import HOLD_SUFFIX, PID_SUFFIX
 DEFAULT_NAME = "kustos"
 # What runs beside the control plane, in the order it is stopped: the operator (started by
 # `kustos dev up`) before the agent that runs its pods, and the cluster DNS.
-BACKGROUND = ("operator", "agent", "coredns")
+BACKGROUND = ("operator", "agent", "coredns", "kube-proxy")
 # Annotation on a node whose pods are cut off from the network (processes alive).
 PARTITIONED_ANNOTATION = "kustos.dev/partitioned"
 
@@ -226,6 +226,8 @@ class DevCluster:
         process) and the control plane; remove all state."""
         for name in BACKGROUND:
             self._stop_background(name)
+        if self.real_nodes():
+            remove_proxy_tables()
         # Before the API server goes: a kubelet that loses it cannot stop its pods in order.
         for node in self.real_nodes():
             node.stop()
@@ -268,6 +270,7 @@ class DevCluster:
 
         node = real_node(self.config.name, self.state_dir, index)
         node.directory.mkdir(parents=True, exist_ok=True)
+        self._ensure_kube_proxy(node.name, log)
         # kustos's image once `kustos dev image` has built it.
         images = [*node_image_archives(), *[p for p in [kustosimage.archive_path()] if p.is_file()]]
         try:
@@ -279,6 +282,24 @@ class DevCluster:
             self._wait_for(lambda: self._node_ready(node.name), timeout, what)
             self._label_worker(node.name)
         return node
+
+    def _ensure_kube_proxy(self, node: str, log: Callable[[str], None]) -> None:
+        """kube-proxy (nftables) for the host, so pods on real nodes reach ClusterIPs: every
+        real node shares the host's network namespace, so one serves them all. A pod's
+        packet to a ClusterIP reaches the host through the gateway route (``cni_config``)
+        and is translated there; a Service whose endpoint is on the host (``kubernetes``)
+        answers locally."""
+        try:
+            binaries.ensure_debian_tools(("nftables",), log=log)
+        except binaries.BuildError as err:
+            raise DevClusterError(str(err)) from err
+        ports = [_free_port() for _ in range(2)]
+        self.ensure_background("kube-proxy", [
+            str(binaries.binary_path("kube-proxy")), "--proxy-mode=nftables",
+            f"--kubeconfig={self.kubeconfig}", f"--hostname-override={node}",
+            f"--cluster-cidr={self.network.cidr}", "--conntrack-max-per-core=0",
+            f"--healthz-bind-address=127.0.0.1:{ports[0]}", f"--metrics-bind-address=127.0.0.1:{ports[1]}",
+        ])  # fmt: skip
 
     def _label_worker(self, node: str) -> None:
         """The role a kubelet may not give itself (``--node-labels`` refuses node-role.*)."""
@@ -580,6 +601,18 @@ def _free_ports() -> dict[str, int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def remove_proxy_tables() -> None:
+    """kube-proxy's nftables tables (one per address family and machine) outlive it."""
+    for family in ("ip", "ip6"):
+        subprocess.run(["nft", "delete", "table", family, "kube-proxy"], capture_output=True, check=False)
 
 
 def _shim_dir() -> Path:

@@ -12,6 +12,7 @@ runner exclusion; kwokctl only adds its defaults when a config holds no Stage.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -199,6 +200,11 @@ PORT_OPTIONS = (
 )
 
 
+def kubernetes_service_ip() -> str:
+    """The first address of the Service range: the API server gives it to ``kubernetes``."""
+    return str(ipaddress.ip_network(SERVICE_CIDR).network_address + 1)
+
+
 def kwokctl_config(
     timings: Timings,
     source: Path,
@@ -246,7 +252,9 @@ def kwokctl_config(
         options["kubeControllerManagerNodeMonitorGracePeriodMilliseconds"] = (
             timings.node_monitor_grace_seconds * 1000
         )
-    apiserver_args = [{"key": "service-cluster-ip-range", "value": SERVICE_CIDR, "override": True}]
+    # Appended, not an override: kwokctl sets no range of its own, and an override that
+    # matches nothing is dropped (the API server then used its default 10.0.0.0/24).
+    apiserver_args: list[dict[str, Any]] = [{"key": "service-cluster-ip-range", "value": SERVICE_CIDR}]
     kwok_cidr = f"127.{slot}.255.0/24"
     if network is not None:
         # kwokctl writes 127.0.0.1 into every kubeconfig, so the API server binds every
@@ -258,7 +266,9 @@ def kwokctl_config(
             # reachable through the bridge), not at the ClusterIP: there is no kube-proxy.
             {"key": "enable-aggregator-routing", "value": "true"},
         ]
-        options["kubeApiserverCertSANs"] = [network.gateway]
+        # The gateway, and the ``kubernetes`` Service's ClusterIP that pods on real nodes
+        # connect to (in-cluster clients verify it, as kubeadm's certificates allow).
+        options["kubeApiserverCertSANs"] = [network.gateway, kubernetes_service_ip()]
         kwok_cidr = network.node_cidr(255)
     if audit_policy is not None:
         options["kubeAuditPolicy"] = str(audit_policy)
