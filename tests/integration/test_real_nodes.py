@@ -11,6 +11,7 @@ import ipaddress
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 
 from kustos.devcluster.binaries import ETCD_VERSIONS
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.kwokconfig import kubernetes_service_ip
 from kustos.devcluster.nodeimages import NONROOT, etcd_image
 from kustos.devcluster.realnode import REAL_NODE_LABEL, SHIM_SOCKET_DIR, RealNode
 from tests.integration import handwritten_etcd as demo
@@ -45,6 +47,8 @@ def real_node(dev_cluster: DevCluster) -> Iterator[RealNode]:
         yield node
     finally:
         dev_cluster.remove_real_node(node)
+        # The session cluster goes on without real nodes: no kube-proxy, no tables of it.
+        dev_cluster.stop_kube_proxy()
 
 
 def restricted_etcd_pod(name: str, node: str) -> dict[str, Any]:
@@ -116,6 +120,35 @@ async def test_a_restricted_etcd_pod_runs_answers_and_logs(
     assert spec["root"]["readonly"] is True
     assert spec["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ERRNO"
     assert spec["linux"]["resources"]["memory"]["limit"] == 256 * 2**20
+
+
+async def test_pods_on_a_real_node_reach_services_by_cluster_ip(
+    kubectl: Kubectl, dev_cluster: DevCluster, real_node: RealNode
+) -> None:
+    # A client on the real node; the Service's endpoint is a member run by the process runner.
+    client = restricted_etcd_pod("client", real_node.name)
+    client["metadata"]["labels"] = {"role": "client"}  # the Service selects the member only
+    kubectl.apply(client, demo.etcd_pod(
+        "member", ["--initial-cluster=member=http://$(POD_IP):2380"]),
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "member-client"},
+         "spec": {"selector": {"kustos.dev/demo": "etcd"}, "ports": [{"port": 2379}]}})  # fmt: skip
+    for pod in ("client", "member"):
+        await ready_pod(kubectl, pod, timeout=90)
+    cluster_ip = kubectl.get("service", "member-client")["spec"]["clusterIP"]
+
+    health = kubectl("exec", "client", "--", "etcdctl", f"--endpoints=http://{cluster_ip}:2379",
+                     "--dial-timeout=5s", "endpoint", "health")  # fmt: skip
+    assert "is healthy" in health
+
+    # The API server answers through the ``kubernetes`` Service (refusing an anonymous gRPC
+    # call is its answer: a Status object, where an unrouted address would time out).
+    api = subprocess.run(
+        [str(dev_cluster.kubectl_path), "--kubeconfig", str(dev_cluster.kubeconfig), "-n", kubectl.namespace,
+         "exec", "client", "--", "etcdctl", f"--endpoints=https://{kubernetes_service_ip()}:443",
+         "--insecure-skip-tls-verify", "--dial-timeout=5s", "--command-timeout=5s", "endpoint", "status"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert "system:anonymous" in api.stdout + api.stderr
 
 
 async def test_a_stopped_real_node_goes_not_ready_and_comes_back(

@@ -226,7 +226,7 @@ class DevCluster:
         process) and the control plane; remove all state."""
         for name in BACKGROUND:
             self._stop_background(name)
-        if self.real_nodes():
+        if (self.state_dir / "kube-proxy.log").exists():  # it ran: its tables stay behind
             remove_proxy_tables()
         # Before the API server goes: a kubelet that loses it cannot stop its pods in order.
         for node in self.real_nodes():
@@ -284,7 +284,7 @@ class DevCluster:
         return node
 
     def _ensure_kube_proxy(self, node: str, log: Callable[[str], None]) -> None:
-        """kube-proxy (nftables) for the host, so pods on real nodes reach ClusterIPs: every
+        """kube-proxy (nftables) for the host, so pods on real nodes reach ClusterIPs (issue 20): every
         real node shares the host's network namespace, so one serves them all. A pod's
         packet to a ClusterIP reaches the host through the gateway route (``cni_config``)
         and is translated there; a Service whose endpoint is on the host (``kubernetes``)
@@ -293,6 +293,11 @@ class DevCluster:
             binaries.ensure_debian_tools(("nftables",), log=log)
         except binaries.BuildError as err:
             raise DevClusterError(str(err)) from err
+        # A Service whose endpoints are pods is translated to a pod IP on the host and must
+        # leave by the bridge it came in by: forwarding on the bridge alone (the host's
+        # ip_forward stays 0; pods have no default route, so nothing leaves the machine).
+        # The setting goes with the bridge.
+        Path(f"/proc/sys/net/ipv4/conf/{self.network.bridge}/forwarding").write_text("1")
         ports = [_free_port() for _ in range(2)]
         self.ensure_background("kube-proxy", [
             str(binaries.binary_path("kube-proxy")), "--proxy-mode=nftables",
@@ -300,6 +305,11 @@ class DevCluster:
             f"--cluster-cidr={self.network.cidr}", "--conntrack-max-per-core=0",
             f"--healthz-bind-address=127.0.0.1:{ports[0]}", f"--metrics-bind-address=127.0.0.1:{ports[1]}",
         ])  # fmt: skip
+
+    def stop_kube_proxy(self) -> None:
+        """Stop the host's kube-proxy and remove its tables (the last real node is gone)."""
+        self._stop_background("kube-proxy")
+        remove_proxy_tables()
 
     def _label_worker(self, node: str) -> None:
         """The role a kubelet may not give itself (``--node-labels`` refuses node-role.*)."""
