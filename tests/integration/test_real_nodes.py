@@ -43,6 +43,9 @@ RESTRICTED: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def real_node(dev_cluster: DevCluster) -> Iterator[RealNode]:
     node = dev_cluster.start_real_node(1, timeout=120)
+    # Nothing of the session's other workloads lands here (the kustos image is not built in
+    # CI); this module's pods name the node and need no scheduler.
+    dev_cluster.kubectl("taint", "node", node.name, f"{REAL_NODE_LABEL}=true:NoSchedule", "--overwrite")
     try:
         yield node
     finally:

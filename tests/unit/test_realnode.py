@@ -104,6 +104,11 @@ def test_the_api_server_reaches_kubelets_at_their_internal_ip_with_a_client_cert
     args = {a["key"]: a["value"] for a in apiserver["extraArgs"]}
 
     assert args["kubelet-preferred-address-types"] == "InternalIP,Hostname"
+    # Appended (an override that matches no flag of kwokctl's is dropped).
+    [service_range] = [a for a in apiserver["extraArgs"] if a["key"] == "service-cluster-ip-range"]
+    assert service_range == {"key": "service-cluster-ip-range", "value": SERVICE_CIDR}
+    # Pods on real nodes verify the API server at the kubernetes Service's ClusterIP.
+    assert config[0]["options"]["kubeApiserverCertSANs"] == [NETWORK.gateway, "10.96.0.1"]
     assert args["kubelet-client-certificate"] == str(tmp_path / "a.crt")
     assert args["kubelet-client-key"] == str(tmp_path / "a.key")
 
