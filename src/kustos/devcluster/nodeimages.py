@@ -9,6 +9,7 @@ Archives are cached beside the binaries, keyed by what they hold.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from kustos.api.etcd import EtcdClusterSpec
@@ -18,7 +19,7 @@ from kustos.devcluster.paths import cache_root
 from kustos.etcd.pods import image_in
 
 PAUSE_IMAGE = f"kustos.dev/pause:{binaries.PAUSE_VERSION}"
-# What the upstream etcd images run as when a pod sets no user: a non-root id (distroless's).
+# distroless's non-root id: the pause program runs as it, and tests' hardened pods too.
 NONROOT = "65532"
 
 
@@ -36,7 +37,10 @@ def etcd_image_spec(version: str) -> ImageSpec:
         ImageFile(f"/usr/local/bin/{name}", binaries.binary_path(name, version))
         for name in ("etcd", "etcdctl", "etcdutl")
     ]
-    return ImageSpec(etcd_image(version), files, entrypoint=("/usr/local/bin/etcd",), user=NONROOT)
+    # As etcd's own image (distroless static): no USER, so root unless the pod says
+    # otherwise; /var/etcd and /var/lib/etcd exist; etcd is the command, not an entrypoint.
+    return ImageSpec(etcd_image(version), files, cmd=("/usr/local/bin/etcd",),
+                     directories=("tmp", "var/etcd", "var/lib/etcd"))  # fmt: skip
 
 
 def pause_image_spec() -> ImageSpec:
@@ -49,8 +53,12 @@ def images_dir(root: Path | None = None) -> Path:
 
 
 def archive_path(spec: ImageSpec, root: Path | None = None) -> Path:
-    """``<cache>/images/<name with / and : made safe>.tar``; the tag carries the version."""
-    return images_dir(root) / (spec.name.replace("/", "_").replace(":", "+") + ".tar")
+    """``<cache>/images/<name made safe>-<key>.tar``: the key changes with the spec (its
+    files' sizes and times, its configuration), so a changed image is written anew."""
+    parts = [repr((f.path, f.mode, f.source.stat().st_size, f.source.stat().st_mtime_ns)) for f in spec.files]
+    parts += [repr((spec.entrypoint, spec.cmd, spec.user, sorted(spec.env.items()), spec.directories))]
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    return images_dir(root) / (spec.name.replace("/", "_").replace(":", "+") + f"-{key}.tar")
 
 
 def node_image_archives(root: Path | None = None) -> list[Path]:
