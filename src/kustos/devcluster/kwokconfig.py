@@ -287,6 +287,14 @@ def kwokctl_config(
                     "value": str(timings.toleration_seconds),
                 }
             )
+    kwok_server: list[dict[str, Any]] = []
+    if kubelet_client is not None and ports and "kwokControllerPort" in ports:
+        # The API server now reaches every node at its InternalIP (a real kubelet's only
+        # usable address); kwok's nodes have 127.<slot>.0.<i>, so kwok's kubelet API (logs,
+        # exec of simulated and runner pods) listens on every address, not 127.0.0.1 alone.
+        kwok_server.append(
+            {"key": "server-address", "value": f"0.0.0.0:{ports['kwokControllerPort']}", "override": True}
+        )
     patches = [
         {"name": "kube-apiserver", "extraArgs": apiserver_args},
         # Without leader election they survive an API server restart instead of exiting.
@@ -301,6 +309,7 @@ def kwokctl_config(
                 {"key": "manage-all-nodes", "value": "false", "override": True},
                 {"key": "manage-nodes-with-label-selector", "value": f"{MANAGED_LABEL}=true"},
                 {"key": "node-ip", "value": "127.0.0.1", "override": True},
+                *kwok_server,
             ],
         },
     ]
