@@ -154,6 +154,37 @@ async def test_pods_on_a_real_node_reach_services_by_cluster_ip(
     assert "system:anonymous" in api.stdout + api.stderr
 
 
+async def test_a_partitioned_real_node_keeps_its_containers_but_is_cut_off(
+    kubectl: Kubectl, dev_cluster: DevCluster, real_node: RealNode
+) -> None:
+    kubectl.apply(restricted_etcd_pod("cut-off", real_node.name))
+    ip = (await ready_pod(kubectl, "cut-off", timeout=90))["status"]["podIP"]
+
+    dev_cluster.partition_node(real_node.name)
+    try:
+        assert real_node.crictl("ps", "--name", "etcd", "-q").split()  # still running
+        async with httpx.AsyncClient(timeout=2) as client:
+            with pytest.raises(httpx.TransportError):
+                await client.get(f"http://{ip}:2379/health")
+
+        async def not_ready() -> bool:
+            return node_ready(dev_cluster, real_node.name) != "True"
+
+        await wait_until(not_ready, f"{real_node.name} NotReady", timeout=60)
+    finally:
+        dev_cluster.heal_node(real_node.name)
+
+    async def answers() -> bool:
+        async with httpx.AsyncClient(timeout=2) as client:
+            try:
+                return (await client.get(f"http://{ip}:2379/health")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+    await wait_until(answers, "the partitioned pod answering again", timeout=60)
+    await ready_pod(kubectl, "cut-off", timeout=90)
+
+
 async def test_a_stopped_real_node_goes_not_ready_and_comes_back(
     kubectl: Kubectl, dev_cluster: DevCluster, real_node: RealNode
 ) -> None:

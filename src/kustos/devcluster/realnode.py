@@ -315,15 +315,18 @@ class RealNode:
     def set_pod_links(self, up: bool) -> None:
         """A partition: the bridge ports of this node's pods down (containers run on), or up.
 
-        Each pod's eth0 names its host-side peer by interface index (``iflink``)."""
+        Each pod's eth0 names its host-side peer by interface index (``link_index``)."""
         if not self.netns_dir.is_dir():
             return
         for netns in self.netns_dir.iterdir():
+            index = ""
+            # ``ip`` asks the kernel through the namespace (/sys here would be the host's).
             result = subprocess.run(
-                ["nsenter", f"--net={netns}", "cat", "/sys/class/net/eth0/iflink"],
+                ["nsenter", f"--net={netns}", "ip", "-j", "link", "show", "eth0"],
                 capture_output=True, text=True, check=False,
             )  # fmt: skip
-            index = result.stdout.strip()
+            with contextlib.suppress(ValueError, IndexError, KeyError):
+                index = str(json.loads(result.stdout)[0]["link_index"])
             if result.returncode != 0 or not index.isdigit():
                 continue
             for link in Path("/sys/class/net").iterdir():
