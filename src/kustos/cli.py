@@ -65,38 +65,59 @@ console = cast("Console", _LazyConsole())
 NameOption = Annotated[str, typer.Option("--name", help="Name of the dev cluster.")]
 
 
-def _cluster(name: str, workers: int = 3, fast: bool = False) -> DevCluster:
+def _cluster(name: str, workers: int = 3, fast: bool = False, real_nodes: int = 0) -> DevCluster:
     from kustos.devcluster.cluster import DevCluster, DevClusterConfig
     from kustos.devcluster.kwokconfig import Timings
 
     timings = Timings.fast() if fast else Timings()
-    return DevCluster(DevClusterConfig(name=name, worker_nodes=workers, timings=timings))
+    config = DevClusterConfig(name=name, worker_nodes=workers, timings=timings, real_nodes=real_nodes)
+    return DevCluster(config)
 
 
 @dev.command("build")
 def dev_build() -> None:
-    """Build the control-plane, etcd and kwok binaries that are missing from the cache."""
+    """Build the missing control-plane, node, etcd and kwok binaries; install runc from Debian."""
     from kustos.devcluster import binaries
 
     missing = binaries.missing_binaries()
-    if not missing:
-        console.print(f"all {len(binaries.all_binaries())} binaries are cached in {binaries.bin_dir()}")
+    debian = binaries.missing_debian_packages()
+    if not missing and not debian:
+        total = len(binaries.all_binaries()) + len(binaries.DEBIAN_PACKAGES)
+        console.print(f"all {total} binaries are cached in {binaries.bin_dir()}")
         return
     started = time.monotonic()
     try:
+        binaries.install_debian_packages(debian, log=console.print)
         binaries.build(missing, log=console.print)
     except binaries.BuildError as err:
         console.print(f"[red]{err}")
         raise typer.Exit(1) from err
     console.print(
-        f"built {len(missing)} binaries in {time.monotonic() - started:.0f}s into {binaries.bin_dir()}"
+        f"built {len(missing) + len(debian)} binaries in {time.monotonic() - started:.0f}s"
+        f" into {binaries.bin_dir()}"
     )
+
+
+@dev.command("image")
+def dev_image() -> None:
+    """Build kustos's image from deploy/Dockerfile with buildah (bases made with mmdebstrap);
+    real nodes started afterwards have it."""
+    from kustos.devcluster import binaries, kustosimage
+
+    try:
+        kustosimage.build(log=console.print)
+    except binaries.BuildError as err:
+        console.print(f"[red]{err}")
+        raise typer.Exit(1) from err
 
 
 @dev.command("up")
 def dev_up(
     name: NameOption = DEFAULT_NAME,
     workers: Annotated[int, typer.Option(help="Worker nodes to create.")] = 3,
+    real_nodes: Annotated[
+        int, typer.Option(help="Real worker nodes (kubelet, containerd, runc) beside the kwok ones.")
+    ] = 0,
     fast: Annotated[bool, typer.Option(help="Test timings: dead nodes are noticed in seconds.")] = False,
     sample: Annotated[
         bool, typer.Option("--sample/--no-sample", help="Run the operator and a sample EtcdCluster.")
@@ -106,7 +127,7 @@ def dev_up(
     from kustos.devcluster import binaries
     from kustos.devcluster.cluster import DevClusterError
 
-    cluster = _cluster(name, workers, fast)
+    cluster = _cluster(name, workers, fast, real_nodes)
     try:
         cluster.start(log=console.print)
         if sample:

@@ -10,6 +10,10 @@ import pytest
 
 from kustos.devcluster import binaries
 from kustos.devcluster.binaries import (
+    CNI_PLUGINS,
+    CNI_PLUGINS_VERSION,
+    CONTAINERD_VERSION,
+    DEBIAN_PACKAGES,
     ETCD_VERSIONS,
     GOMOD_DIR,
     KUBERNETES_VERSION,
@@ -20,11 +24,22 @@ from kustos.devcluster.binaries import (
     bin_dir,
     binary_path,
     build,
+    debian_upstream_version,
+    install_debian_packages,
     missing_binaries,
+    missing_debian_packages,
 )
 from kustos.devcluster.paths import cache_root, clusters_root
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+KUBE_COMMANDS = (
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+    "kube-proxy",
+)
+NODE_RUNTIME = ("containerd", "containerd-shim-runc-v2", "ctr", "crictl", "pause")
 ETCD_COMMANDS = ("etcd", "etcdctl", "etcdutl")
 
 
@@ -53,6 +68,8 @@ def test_every_binary_the_dev_cluster_needs_is_built() -> None:
             "kustos-linearizability": 1,
             "promtool": 1,
             "prometheus": 1,
+            **dict.fromkeys(NODE_RUNTIME, 1),
+            **{f"cni-{plugin}": 1 for plugin in CNI_PLUGINS},
         }
     )
 
@@ -85,7 +102,8 @@ def test_kubernetes_binaries_are_stamped_with_their_version() -> None:
 
     for binary in all_binaries():
         if binary.name not in KUBE_COMMANDS:
-            assert binary.name in ("versitygw", "helm", "promtool", "prometheus") or binary.ldflags == ()
+            unstamped = ("kwok", "kwokctl", "coredns", "pause", "kustos-linearizability", *ETCD_COMMANDS)
+            assert binary.name in unstamped or binary.ldflags
             continue
         assert binary.version == KUBERNETES_VERSION
         assert binary.package == f"k8s.io/kubernetes/cmd/{binary.name}"
@@ -105,6 +123,25 @@ def test_the_s3_server_is_stamped_with_its_version() -> None:
     assert versitygw.ldflags == (f"-X main.Version={VERSITYGW_VERSION}",)
 
 
+def test_containerd_is_pure_go_without_the_snapshotters_that_need_host_libraries() -> None:
+    runtime = [b for b in all_binaries() if b.module_dir == "containerd"]
+
+    assert {b.name for b in runtime} == {"containerd", "containerd-shim-runc-v2", "ctr"}
+    for binary in runtime:
+        assert binary.version == CONTAINERD_VERSION
+        assert set(binary.tags) == {"no_btrfs", "no_devmapper", "no_zfs"}
+        stamp = f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}"
+        assert binary.ldflags == (stamp,)
+
+
+def test_cni_plugins_are_built_under_a_prefixed_name() -> None:
+    plugins = {b.name: b for b in all_binaries() if b.module_dir == "cni-plugins"}
+
+    assert set(plugins) == {f"cni-{name}" for name in CNI_PLUGINS}
+    assert {b.version for b in plugins.values()} == {CNI_PLUGINS_VERSION}
+    assert plugins["cni-host-local"].package.endswith("/plugins/ipam/host-local")
+
+
 def _required_versions(go_mod: Path) -> dict[str, str]:
     text = go_mod.read_text()
     return dict(re.findall(r"^\s*(?:require\s+)?([\w.\-/]+\.[\w.\-/]+)\s+(v\S+)", text, re.MULTILINE))
@@ -116,6 +153,9 @@ THIRD_PARTY = [b for b in all_binaries() if not b.package.startswith("kustos.dev
 @pytest.mark.parametrize("binary", THIRD_PARTY, ids=lambda b: b.file_name)
 def test_each_binary_is_the_version_its_wrapper_module_pins(binary: binaries.Binary) -> None:
     module = GOMOD_DIR / binary.module_dir
+    if f"module {binary.package}\n" in (module / "go.mod").read_text():
+        # Our own program (pause): its version is ours, nothing to pin.
+        return
     pinned = _required_versions(module / "go.mod")
     owners = [path for path in pinned if binary.package == path or binary.package.startswith(path + "/")]
 
@@ -234,6 +274,42 @@ def test_build_only_runs_for_what_is_missing(tmp_path: Path, monkeypatch: pytest
 
     assert build(root=root, log=logged.append) == []
     assert logged == []
+
+
+# ---- programs from Debian -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("debian", "upstream"),
+    [("1.1.5+ds1-1+deb12u1", "1.1.5"), ("1:2.0~rc1-3", "2.0"), ("1.3.5-7", "1.3.5"), ("4.2", "4.2")],
+)
+def test_the_upstream_version_is_read_from_a_debian_version(debian: str, upstream: str) -> None:
+    assert debian_upstream_version(debian) == upstream
+
+
+def test_runc_comes_from_debian_into_the_cache(cache: Path) -> None:
+    runc = DEBIAN_PACKAGES["runc"]
+
+    assert missing_debian_packages() == [runc]
+    assert binary_path("runc") == cache / "bin" / f"runc-{runc.upstream_version}"
+
+    bin_dir().mkdir(parents=True)
+    binary_path("runc").write_bytes(b"\x7fELF")
+
+    assert missing_debian_packages() == []
+
+
+def test_without_apt_the_error_says_what_to_install_and_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+
+    with pytest.raises(BuildError, match=r"apt-get is not available to install runc: install runc 1\.1\.5"):
+        install_debian_packages(DEBIAN_PACKAGES.values(), root=tmp_path / "cache", log=lambda _: None)
+
+    assert install_debian_packages([], root=tmp_path / "cache") == []
 
 
 # ---- the cache ----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Every binary lands in a per-user cache as ``<cache>/bin/<name>-<version>`` so that
 fresh clones on the same machine (which is what CI uses) reuse it; a build only
-runs for what is missing. Nothing is downloaded but Go modules.
+runs for what is missing. Nothing is downloaded but Go modules and, for what only
+Debian packages well (runc, which needs cgo and libseccomp), Debian packages through apt.
 """
 
 from __future__ import annotations
@@ -47,6 +48,22 @@ def _own_source_version(module_dir: str, version: str) -> str:
     for path in [*sorted((GOMOD_DIR / module_dir).glob("*.go")), GOMOD_DIR / module_dir / "go.sum"]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return f"{version}-{digest.hexdigest()[:12]}"
+
+
+# The real nodes' runtime (issue 20): containerd 2 (Debian's 1.6 is too old for kubelet 1.36),
+# the CNI plugins that put pods on the cluster's bridge, crictl, and the sandboxes' pause.
+CONTAINERD_VERSION = "v2.4.2"
+CNI_PLUGINS_VERSION = "v1.10.0"
+CRI_TOOLS_VERSION = "v1.37.0"
+# Our own program (gomod/pause); the version changes when its source does.
+PAUSE_VERSION = "v1"
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+_CNI_PACKAGES = {
+    "bridge": "plugins/main/bridge",
+    "host-local": "plugins/ipam/host-local",
+    "loopback": "plugins/main/loopback",
+    "portmap": "plugins/meta/portmap",
+}
 
 
 def _kubernetes_ldflags(version: str) -> list[str]:
@@ -134,7 +151,15 @@ def all_binaries() -> list[Binary]:
                 ("remove_all_sd",),
             )
         )
-    for command in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"):
+    binaries += _node_runtime_binaries()
+    for command in (
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubectl",
+        "kubelet",
+        "kube-proxy",
+    ):
         binaries.append(
             Binary(
                 command,
@@ -151,6 +176,140 @@ def linearizability_checker() -> Binary:
     """The proof suite's checker: porcupine with kustos's model of etcd's KV (our own main package)."""
     version = _own_source_version("porcupine", PORCUPINE_VERSION)
     return Binary(LINEARIZABILITY_CHECKER, version, "porcupine", "kustos.dev/devcluster/porcupine")
+
+
+def _node_runtime_binaries() -> list[Binary]:
+    """containerd, its shim and ctr, the CNI plugins, crictl and pause: a real node's runtime."""
+    containerd = "github.com/containerd/containerd/v2"
+    # Pure Go, without the snapshotters that need cgo or host libraries (what upstream's
+    # static builds leave out too); overlayfs and native remain.
+    tags = ("no_btrfs", "no_devmapper", "no_zfs")
+    stamp = (f"-X {containerd}/version.Version={CONTAINERD_VERSION}",)
+    binaries = [
+        Binary(command, CONTAINERD_VERSION, "containerd", f"{containerd}/cmd/{command}", stamp, tags)
+        for command in ("containerd", "containerd-shim-runc-v2", "ctr")
+    ]
+    plugins = "github.com/containernetworking/plugins"
+    binaries += [
+        Binary(
+            f"cni-{name}",
+            CNI_PLUGINS_VERSION,
+            "cni-plugins",
+            f"{plugins}/{_CNI_PACKAGES[name]}",
+            (f"-X {plugins}/pkg/utils/buildversion.BuildVersion={CNI_PLUGINS_VERSION}",),
+        )
+        for name in CNI_PLUGINS
+    ]
+    binaries.append(
+        Binary(
+            "crictl",
+            CRI_TOOLS_VERSION,
+            "cri-tools",
+            "sigs.k8s.io/cri-tools/cmd/crictl",
+            (f"-X sigs.k8s.io/cri-tools/pkg/version.Version={CRI_TOOLS_VERSION}",),
+        )
+    )
+    binaries.append(Binary("pause", PAUSE_VERSION, "pause", "kustos.dev/devcluster/pause"))
+    return binaries
+
+
+@dataclass(frozen=True)
+class DebianPackage:
+    """A program Debian builds better than we would (runc needs cgo and libseccomp).
+
+    ``apt-get`` installs it on demand; its program is then copied into the cache as
+    ``<name>-<upstream_version>``, like the Go binaries, so a node never depends on what
+    the host's PATH holds at run time.
+    """
+
+    name: str
+    upstream_version: str
+    program: str
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.name}-{self.upstream_version}"
+
+
+DEBIAN_PACKAGES = {"runc": DebianPackage("runc", "1.1.5", "/usr/sbin/runc")}
+
+
+def missing_debian_packages(root: Path | None = None) -> list[DebianPackage]:
+    return [p for p in DEBIAN_PACKAGES.values() if not (bin_dir(root) / p.file_name).is_file()]
+
+
+def _run_apt(argv: list[str]) -> None:
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
+        raise BuildError(f"{' '.join(argv)} failed:\n{tail}")
+
+
+def installed_debian_version(package: str) -> str | None:
+    """The version dpkg records for an installed package, or None."""
+    result = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${Version}", package],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    status, _, version = result.stdout.partition(" ")
+    return version.strip() if result.returncode == 0 and status.startswith("ii") else None
+
+
+def debian_upstream_version(version: str) -> str:
+    """``1:1.1.5+ds1-1+deb12u1`` -> ``1.1.5``: no epoch, Debian revision or repack suffix."""
+    version = version.split(":", 1)[-1].rsplit("-", 1)[0]
+    return version.split("+", 1)[0].split("~", 1)[0]
+
+
+def install_debian_packages(
+    packages: Iterable[DebianPackage], root: Path | None = None, log: Callable[[str], None] = print
+) -> list[DebianPackage]:
+    """Install with apt (index refreshed first) and cache the programs; return what was cached."""
+    todo = list(packages)
+    if not todo:
+        return []
+    names = [p.name for p in todo]
+    if shutil.which("apt-get") is None or shutil.which("dpkg-query") is None:
+        raise BuildError(
+            f"apt-get is not available to install {', '.join(names)}: install "
+            + ", ".join(f"{p.name} {p.upstream_version}" for p in todo)
+            + " from your distribution and copy each program into "
+            + ", ".join(str(bin_dir(root) / p.file_name) for p in todo)
+        )
+    log(f"installing {', '.join(names)} from Debian ...")
+    _run_apt(["apt-get", "update", "-q"])
+    _run_apt(["apt-get", "install", "-y", "-q", "--no-install-recommends", *names])
+    target = bin_dir(root)
+    target.mkdir(parents=True, exist_ok=True)
+    for package in todo:
+        installed = installed_debian_version(package.name)
+        if installed is None or debian_upstream_version(installed) != package.upstream_version:
+            raise BuildError(
+                f"apt installed {package.name} {installed or 'nothing'}, "
+                f"the dev cluster needs {package.upstream_version}"
+            )
+        with tempfile.TemporaryDirectory(dir=target) as scratch:
+            out = Path(scratch) / package.name
+            shutil.copy2(package.program, out)
+            out.replace(target / package.file_name)
+        log(f"cached {package.file_name} from Debian {installed}")
+    return todo
+
+
+def ensure_debian_tools(packages: Iterable[str], log: Callable[[str], None] = print) -> None:
+    """Install Debian packages whose programs are used where apt puts them (buildah,
+    mmdebstrap: tools with data files and helpers, not single programs to cache)."""
+    missing = [p for p in packages if installed_debian_version(p) is None]
+    if not missing:
+        return
+    if shutil.which("apt-get") is None:
+        raise BuildError(f"apt-get is not available to install {', '.join(missing)}: install them by hand")
+    log(f"installing {', '.join(missing)} from Debian ...")
+    _run_apt(["apt-get", "update", "-q"])
+    _run_apt(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing])
 
 
 def bin_dir(root: Path | None = None) -> Path:
@@ -179,6 +338,16 @@ def _default_version(name: str) -> str:
         return linearizability_checker().version
     if name in ("prometheus", "promtool"):
         return PROMETHEUS_VERSION
+    if name in ("containerd", "containerd-shim-runc-v2", "ctr"):
+        return CONTAINERD_VERSION
+    if name.startswith("cni-"):
+        return CNI_PLUGINS_VERSION
+    if name == "crictl":
+        return CRI_TOOLS_VERSION
+    if name == "pause":
+        return PAUSE_VERSION
+    if name in DEBIAN_PACKAGES:
+        return DEBIAN_PACKAGES[name].upstream_version
     return KUBERNETES_VERSION
 
 

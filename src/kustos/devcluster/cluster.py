@@ -46,13 +46,14 @@ from kustos.devcluster.network import (
 )
 from kustos.devcluster.paths import cache_root, clusters_root
 from kustos.devcluster.provisioner import storage_class_manifest
+from kustos.devcluster.realnode import RealNode, RealNodeError, real_node
 from kustos.devcluster.runner import sandbox_dir
 from kustos.devcluster.sandbox import HOLD_SUFFIX, PID_SUFFIX
 
 DEFAULT_NAME = "kustos"
 # What runs beside the control plane, in the order it is stopped: the operator (started by
 # `kustos dev up`) before the agent that runs its pods, and the cluster DNS.
-BACKGROUND = ("operator", "agent", "coredns")
+BACKGROUND = ("operator", "agent", "coredns", "kube-proxy")
 # Annotation on a node whose pods are cut off from the network (processes alive).
 PARTITIONED_ANNOTATION = "kustos.dev/partitioned"
 
@@ -68,11 +69,14 @@ class DevClusterConfig:
     name: str = DEFAULT_NAME
     control_plane_nodes: int = 1
     worker_nodes: int = 3
+    # Workers run by a kubelet with containerd and runc (``realnode``), beside the kwok ones.
+    real_nodes: int = 0
     timings: Timings = field(default_factory=Timings)
     restart_backoff: tuple[float, float] = (1.0, 30.0)
     state_dir: Path | None = None
 
     def node_names(self) -> list[tuple[str, bool]]:
+        """The kwok nodes: (name, control plane?)."""
         names = [(f"{self.name}-control-plane-{i + 1}", True) for i in range(self.control_plane_nodes)]
         names += [(f"{self.name}-worker-{i + 1}", False) for i in range(self.worker_nodes)]
         return names
@@ -195,8 +199,9 @@ class DevCluster:
         audit_policy = self.state_dir / "audit-policy.yaml"
         audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
         config = kwokctl_config(
-            self.config.timings, kwok_source_dir(), slot, _free_ports(), network, audit_policy
-        )
+            self.config.timings, kwok_source_dir(), slot, _free_ports(), network, audit_policy,
+            kubelet_client=(self.pki_dir / "admin.crt", self.pki_dir / "admin.key"),
+        )  # fmt: skip
         config_file.write_text(yaml.safe_dump_all(config, sort_keys=False))
         log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
         self._kwokctl(
@@ -208,7 +213,11 @@ class DevCluster:
         self._create_base_objects()
         self._ensure_coredns()
         self._ensure_agent()
+        for index in range(1, self.config.real_nodes + 1):
+            self.start_real_node(index, log, wait=False)
         self._wait_for(self._nodes_ready, timeout, "every node to be Ready")
+        for node in self.real_nodes():
+            self._label_worker(node.name)
         self.ready_marker.write_text(self.kubeconfig.as_posix())
         log(f"dev cluster {self.config.name} is up in {time.monotonic() - started:.1f}s")
 
@@ -217,6 +226,11 @@ class DevCluster:
         process) and the control plane; remove all state."""
         for name in BACKGROUND:
             self._stop_background(name)
+        if (self.state_dir / "kube-proxy.log").exists():  # it ran: its tables stay behind
+            remove_proxy_tables()
+        # Before the API server goes: a kubelet that loses it cannot stop its pods in order.
+        for node in self.real_nodes():
+            node.stop()
         if self.cluster_dir.exists():
             with contextlib.suppress(DevClusterError):
                 self._kwokctl(
@@ -230,6 +244,86 @@ class DevCluster:
             with contextlib.suppress(OSError, ValueError, KeyError):
                 ClusterNetwork.from_file(self.network_file).cleanup()
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # ---- real nodes ----------------------------------------------------------------
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.cluster_dir / "pki"
+
+    def real_nodes(self) -> list[RealNode]:
+        """The real nodes this cluster has (running or the remains of a killed run)."""
+        root = self.state_dir / "real"
+        indices = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit()) if root.is_dir() else []
+        return [real_node(self.config.name, self.state_dir, i) for i in indices]
+
+    def real_node_named(self, name: str) -> RealNode | None:
+        return next((n for n in self.real_nodes() if n.name == name), None)
+
+    def start_real_node(
+        self, index: int, log: Callable[[str], None] = lambda _: None, wait: bool = True, timeout: float = 120
+    ) -> RealNode:
+        """Start real node ``index`` (containerd, preloaded images, kubelet); with ``wait``,
+        until its Node is Ready."""
+        from kustos.devcluster import kustosimage
+        from kustos.devcluster.nodeimages import PAUSE_IMAGE, node_image_archives
+
+        node = real_node(self.config.name, self.state_dir, index)
+        node.directory.mkdir(parents=True, exist_ok=True)
+        self._ensure_kube_proxy(node.name, log)
+        # kustos's image once `kustos dev image` has built it.
+        images = [*node_image_archives(), *[p for p in [kustosimage.archive_path()] if p.is_file()]]
+        try:
+            node.start(self.network, self.kubeconfig, self.pki_dir / "ca.crt", images, PAUSE_IMAGE, log)
+        except RealNodeError as err:
+            raise DevClusterError(str(err)) from err
+        if wait:
+            what = f"real node {node.name} to be Ready (kubelet log: {node.log('kubelet')})"
+            self._wait_for(lambda: self._node_ready(node.name), timeout, what)
+            self._label_worker(node.name)
+        return node
+
+    def _ensure_kube_proxy(self, node: str, log: Callable[[str], None]) -> None:
+        """kube-proxy (nftables) for the host, so pods on real nodes reach ClusterIPs (issue 20): every
+        real node shares the host's network namespace, so one serves them all. A pod's
+        packet to a ClusterIP reaches the host through the gateway route (``cni_config``)
+        and is translated there; a Service whose endpoint is on the host (``kubernetes``)
+        answers locally."""
+        try:
+            binaries.ensure_debian_tools(("nftables",), log=log)
+        except binaries.BuildError as err:
+            raise DevClusterError(str(err)) from err
+        # A Service whose endpoints are pods is translated to a pod IP on the host and must
+        # leave by the bridge it came in by: forwarding on the bridge alone (the host's
+        # ip_forward stays 0; pods have no default route, so nothing leaves the machine).
+        # The setting goes with the bridge.
+        Path(f"/proc/sys/net/ipv4/conf/{self.network.bridge}/forwarding").write_text("1")
+        ports = [_free_port() for _ in range(2)]
+        self.ensure_background("kube-proxy", [
+            str(binaries.binary_path("kube-proxy")), "--proxy-mode=nftables",
+            f"--kubeconfig={self.kubeconfig}", f"--hostname-override={node}",
+            f"--cluster-cidr={self.network.cidr}", "--conntrack-max-per-core=0",
+            f"--healthz-bind-address=127.0.0.1:{ports[0]}", f"--metrics-bind-address=127.0.0.1:{ports[1]}",
+        ])  # fmt: skip
+
+    def stop_kube_proxy(self) -> None:
+        """Stop the host's kube-proxy and remove its tables (the last real node is gone)."""
+        self._stop_background("kube-proxy")
+        remove_proxy_tables()
+
+    def _label_worker(self, node: str) -> None:
+        """The role a kubelet may not give itself (``--node-labels`` refuses node-role.*)."""
+        self.kubectl("label", "node", node, "node-role.kubernetes.io/worker=", "--overwrite")
+
+    def remove_real_node(self, node: RealNode) -> None:
+        """Stop it, leave nothing of it on the machine, and delete its Node."""
+        node.stop()
+        shutil.rmtree(node.directory, ignore_errors=True)
+        self.kubectl("delete", "node", node.name, "--ignore-not-found", "--wait=false")
+
+    def _node_ready(self, name: str) -> bool:
+        jsonpath = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+        return self.kubectl("get", "node", name, "-o", jsonpath, check=False).strip() == "True"
 
     # ---- what tests do to it -------------------------------------------------------
 
@@ -256,16 +350,33 @@ class DevCluster:
 
     def take_node_down(self, node: str) -> None:
         """kwok stops heartbeating the node and the agent kills its processes (a partitioned
-        node too: powering it off is how a fencing agent ends a partition)."""
+        node too: powering it off is how a fencing agent ends a partition). A real node's
+        kubelet stops and its containers with it: the Node goes NotReady as a real one does."""
+        real = self.real_node_named(node)
+        if real is not None:
+            real.stop_kubelet()
+            real.stop_containers()
+            return
         patch = {"metadata": {"labels": {MANAGED_LABEL: None}, "annotations": {PARTITIONED_ANNOTATION: None}}}
         self.kubectl("patch", "node", node, "--type", "merge", "-p", json.dumps(patch))
 
     def bring_node_up(self, node: str) -> None:
+        real = self.real_node_named(node)
+        if real is not None:
+            real.set_pod_links(up=True)
+            real.start_kubelet(self.kubeconfig, self.network)
+            return
         self.kubectl("label", "node", node, f"{MANAGED_LABEL}=true", "--overwrite")
 
     def partition_node(self, node: str) -> None:
         """Cut the node off as a network partition would: its pods' links go down (their
-        processes keep running), kwok stops its heartbeat and the agent writes nothing for it."""
+        processes keep running), kwok stops its heartbeat and the agent writes nothing for it.
+        A real node's kubelet stops (no heartbeat) and its pods' links go down; containers run on."""
+        real = self.real_node_named(node)
+        if real is not None:
+            real.stop_kubelet()
+            real.set_pod_links(up=False)
+            return
         patch = {
             "metadata": {"labels": {MANAGED_LABEL: None}, "annotations": {PARTITIONED_ANNOTATION: "true"}}
         }
@@ -274,6 +385,10 @@ class DevCluster:
     def heal_node(self, node: str) -> None:
         """End a partition: links up, heartbeat back; the agent catches up with what changed
         meanwhile (pods deleted while it could not hear are stopped then)."""
+        real = self.real_node_named(node)
+        if real is not None:
+            self.bring_node_up(node)
+            return
         patch = {
             "metadata": {"labels": {MANAGED_LABEL: "true"}, "annotations": {PARTITIONED_ANNOTATION: None}}
         }
@@ -385,7 +500,8 @@ class DevCluster:
     def _nodes_ready(self) -> bool:
         listing = json.loads(self.kubectl("get", "nodes", "-o", "json", check=False) or "{}")
         items = listing.get("items", [])
-        return len(items) >= len(self.config.node_names()) and all(
+        expected = len(self.config.node_names()) + len(self.real_nodes())
+        return len(items) >= expected and all(
             any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
             for n in items
         )
@@ -495,6 +611,18 @@ def _free_ports() -> dict[str, int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def remove_proxy_tables() -> None:
+    """kube-proxy's nftables tables (one per address family and machine) outlive it."""
+    for family in ("ip", "ip6"):
+        subprocess.run(["nft", "delete", "table", family, "kube-proxy"], capture_output=True, check=False)
 
 
 def _shim_dir() -> Path:

@@ -12,6 +12,7 @@ runner exclusion; kwokctl only adds its defaults when a config holds no Stage.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -199,6 +200,11 @@ PORT_OPTIONS = (
 )
 
 
+def kubernetes_service_ip() -> str:
+    """The first address of the Service range: the API server gives it to ``kubernetes``."""
+    return str(ipaddress.ip_network(SERVICE_CIDR).network_address + 1)
+
+
 def kwokctl_config(
     timings: Timings,
     source: Path,
@@ -206,6 +212,7 @@ def kwokctl_config(
     ports: dict[str, int] | None = None,
     network: ClusterNetwork | None = None,
     audit_policy: Path | None = None,
+    kubelet_client: tuple[Path, Path] | None = None,
 ) -> list[dict[str, Any]]:
     """The multi-document config handed to ``kwokctl create cluster -c``.
 
@@ -215,6 +222,8 @@ def kwokctl_config(
     address for the ``kubernetes`` Service), calls webhook Services at their endpoints'
     pod IPs, and kwok hands out addresses of its range. With an ``audit_policy`` the API
     server writes its audit log to ``logs/audit.log`` in the cluster's kwok directory.
+    With ``kubelet_client`` (certificate, key) it reaches real kubelets (logs, exec) at
+    their InternalIP, the only address a dev cluster's real node has that is not a name.
     """
     options: dict[str, Any] = {
         "runtime": "binary",
@@ -243,7 +252,9 @@ def kwokctl_config(
         options["kubeControllerManagerNodeMonitorGracePeriodMilliseconds"] = (
             timings.node_monitor_grace_seconds * 1000
         )
-    apiserver_args = [{"key": "service-cluster-ip-range", "value": SERVICE_CIDR, "override": True}]
+    # Appended, not an override: kwokctl sets no range of its own, and an override that
+    # matches nothing is dropped (the API server then used its default 10.0.0.0/24).
+    apiserver_args: list[dict[str, Any]] = [{"key": "service-cluster-ip-range", "value": SERVICE_CIDR}]
     kwok_cidr = f"127.{slot}.255.0/24"
     if network is not None:
         # kwokctl writes 127.0.0.1 into every kubeconfig, so the API server binds every
@@ -255,10 +266,19 @@ def kwokctl_config(
             # reachable through the bridge), not at the ClusterIP: there is no kube-proxy.
             {"key": "enable-aggregator-routing", "value": "true"},
         ]
-        options["kubeApiserverCertSANs"] = [network.gateway]
+        # The gateway, and the ``kubernetes`` Service's ClusterIP that pods on real nodes
+        # connect to (in-cluster clients verify it, as kubeadm's certificates allow).
+        options["kubeApiserverCertSANs"] = [network.gateway, kubernetes_service_ip()]
         kwok_cidr = network.node_cidr(255)
     if audit_policy is not None:
         options["kubeAuditPolicy"] = str(audit_policy)
+    if kubelet_client is not None:
+        certificate, key = kubelet_client
+        apiserver_args += [
+            {"key": "kubelet-preferred-address-types", "value": "InternalIP,Hostname"},
+            {"key": "kubelet-client-certificate", "value": str(certificate)},
+            {"key": "kubelet-client-key", "value": str(key)},
+        ]
     if timings.toleration_seconds is not None:
         for kind in ("not-ready", "unreachable"):
             apiserver_args.append(
@@ -267,6 +287,14 @@ def kwokctl_config(
                     "value": str(timings.toleration_seconds),
                 }
             )
+    kwok_server: list[dict[str, Any]] = []
+    if kubelet_client is not None and ports and "kwokControllerPort" in ports:
+        # The API server now reaches every node at its InternalIP (a real kubelet's only
+        # usable address); kwok's nodes have 127.<slot>.0.<i>, so kwok's kubelet API (logs,
+        # exec of simulated and runner pods) listens on every address, not 127.0.0.1 alone.
+        kwok_server.append(
+            {"key": "server-address", "value": f"0.0.0.0:{ports['kwokControllerPort']}", "override": True}
+        )
     patches = [
         {"name": "kube-apiserver", "extraArgs": apiserver_args},
         # Without leader election they survive an API server restart instead of exiting.
@@ -281,6 +309,7 @@ def kwokctl_config(
                 {"key": "manage-all-nodes", "value": "false", "override": True},
                 {"key": "manage-nodes-with-label-selector", "value": f"{MANAGED_LABEL}=true"},
                 {"key": "node-ip", "value": "127.0.0.1", "override": True},
+                *kwok_server,
             ],
         },
     ]

@@ -44,8 +44,11 @@ def owner_reference(cluster: EtcdCluster) -> Obj:
 
 
 def image(cluster: EtcdCluster, version: str) -> str:
+    return image_in(cluster.spec.repository, version)
+
+
+def image_in(repository: str, version: str) -> str:
     """registry.k8s.io tags are ``3.6.16-0``; other repositories use ``v3.6.16``."""
-    repository = cluster.spec.repository
     tag = f"{version}-0" if repository.endswith("registry.k8s.io/etcd") else f"v{version}"
     return f"{repository}:{tag}"
 
