@@ -78,6 +78,8 @@ class FakeApi:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.scheme = "http"
+        # When set, a request without ``Authorization: Bearer <bearer>`` is answered 401.
+        self.bearer: str | None = None
 
     def fail(
         self, name: str, status: int, body: Any, times: int = 1, headers: Mapping[str, str] | None = None
@@ -86,7 +88,9 @@ class FakeApi:
         with self.lock:
             self.faults.append(Fault(name, Reply(status, body, dict(headers or {})), times))
 
-    def handle(self, method: str, url: str, body: bytes) -> Reply:
+    def handle(self, method: str, url: str, body: bytes, headers: Mapping[str, str] | None = None) -> Reply:
+        if self.bearer is not None and (headers or {}).get("Authorization") != f"Bearer {self.bearer}":
+            return Reply(401, {"error": {"code": "AuthenticationFailed", "message": "no valid bearer token"}})
         parts = urlsplit(url)
         query = parse_qs(parts.query)
         for route in self.routes:
@@ -118,7 +122,7 @@ class FakeApi:
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                reply = api.handle(self.command.lower(), self.path, body)
+                reply = api.handle(self.command.lower(), self.path, body, dict(self.headers.items()))
                 data = b"" if reply.body is None else json.dumps(reply.body).encode()
                 self.send_response(reply.status)
                 self.send_header("Content-Type", "application/json")
