@@ -144,6 +144,10 @@ async def test_a_creation_not_listed_yet_is_outstanding(fake: AzureFake) -> None
         await provider_for(fake).create_instance(group)
     assert refused.value.reason == "ProviderLaunchOutstanding"
     assert fake.scale_set(group).capacity == 2
+    # Its Join's deadline passes: the creation is taken back, once; the running VM stays.
+    assert await provider_for(fake).cancel_create(group)
+    assert not await provider_for(fake).cancel_create(group)
+    assert fake.scale_set(group).capacity == 1 and len(await provider_for(fake).instances(group)) == 1
 
 
 async def test_quota_and_throttling_are_typed(fake: AzureFake) -> None:

@@ -139,9 +139,13 @@ async def test_a_creation_not_listed_yet_is_outstanding(fake: GcpFake) -> None:
         await provider_for(fake).create_instance(group)
     assert refused.value.reason == "ProviderLaunchOutstanding"
     assert fake.group(group).target_size == 2  # asked once
+    # Its Join's deadline passes: the creation is taken back, once.
+    assert await provider_for(fake).cancel_create(group)
+    assert not await provider_for(fake).cancel_create(group)
+    assert fake.group(group).target_size == 1
     fake.hold_creations = False
     fake.release()
-    assert len(await provider_for(fake).instances(group)) == 2
+    assert len(await provider_for(fake).instances(group)) == 1
 
 
 async def test_a_creation_the_group_keeps_failing_for_quota_is_a_capacity_error(fake: GcpFake) -> None:

@@ -276,6 +276,15 @@ class AzureFake:
                     f"Cores quota. Current Limit: {self.quota_instances * 4}"))  # fmt: skip
             for _ in range(max(growth, 0)):
                 self._create(s)
+            for _ in range(max(-growth, 0)):  # creations not made yet go first, then the highest id
+                if s in self._held:
+                    self._held.remove(s)
+                else:
+                    newest = max(
+                        (vm for vm in s.vms.values() if vm.gone_at is None), key=lambda vm: vm.created
+                    )
+                    newest.provisioning, newest.gone_at = "Deleting", self.clock() + self.delete_seconds
+                s.capacity -= 1
         if image:
             s.image = dict(image)
         return Reply(200, self._set_json(s), self._operation())

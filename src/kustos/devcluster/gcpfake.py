@@ -298,6 +298,15 @@ class GcpFake:
         size = int(query["size"][0])
         while m.target_size < size:
             self._create(m)
+        while m.target_size > size:  # creations not made yet go first, then the newest
+            if m in self._held:
+                self._held.remove(m)
+            else:
+                newest = max((i for i in self.instances.values() if i.group == self.rel(m.path)
+                              and i.action != "DELETING"), key=lambda i: i.created)  # fmt: skip
+                newest.action, newest.status = "DELETING", "STOPPING"
+                newest.gone_at = self.clock() + self.delete_seconds
+            m.target_size -= 1
         return Reply(200, self._operation("compute.instanceGroupManagers.resize", self.rel(m.path),
                                           f"{m.scope}/{m.location}"))  # fmt: skip
 

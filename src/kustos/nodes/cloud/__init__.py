@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from kustos.runtime.cloud import CloudProvider
 
@@ -21,6 +21,17 @@ LAZY = {
     "gcp": ("kustos.nodes.cloud.gcp", "GcpProvider"),
     "azure": ("kustos.nodes.cloud.azure", "AzureProvider"),
 }
+
+
+@runtime_checkable
+class CancelsCreates(Protocol):
+    """A provider whose ``create_instance`` raises a size the group then has to meet (AWS,
+    GCP, Azure): a creation that never showed up is taken back, or the raised size stays
+    (and, read as a launch outstanding, blocks every later one). kwok creates at once."""
+
+    async def cancel_create(self, group_id: str) -> bool:
+        """Lower the group's size by one creation not listed yet; False when none was outstanding."""
+        ...
 
 
 def provider_from(name: str, options: Mapping[str, str]) -> CloudProvider | None:
@@ -52,4 +63,4 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
-__all__ = ["PROVIDERS", "parse_options", "provider_from"]
+__all__ = ["PROVIDERS", "CancelsCreates", "parse_options", "provider_from"]

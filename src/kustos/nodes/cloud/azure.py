@@ -447,6 +447,21 @@ class AzureProvider:
         finally:
             self._cache.clear()
 
+    async def cancel_create(self, group_id: str) -> bool:
+        """Take back a creation the set has not listed: capacity - 1 (the default scale-in
+        policy removes the highest instance id, the newest). False when none was outstanding."""
+        ref = ScaleSetRef.parse(group_id)
+        try:
+            scale_set = await self._scale_set(ref)
+            live = [m for m in await self._members(ref) if not m.deleting]
+            capacity = int(scale_set.sku.capacity or 0) if scale_set.sku else 0
+            if capacity <= len(live):
+                return False
+            await self._set_capacity(ref, scale_set, capacity - 1)
+            return True
+        finally:
+            self._cache.clear()
+
     # -- the steps -------------------------------------------------------------------------
 
     async def _set_image(self, ref: ScaleSetRef, image: str) -> None:
@@ -481,17 +496,20 @@ class AzureProvider:
                 f"listed, capacity {capacity}); asking for another once it shows up",
                 reason="ProviderLaunchOutstanding",
             )
+        await self._set_capacity(ref, scale_set, capacity + 1)
+        log.info("scale set %s: capacity %d -> %d", ref.group_id, capacity, capacity + 1)
+
+    async def _set_capacity(
+        self, ref: ScaleSetRef, scale_set: az.VirtualMachineScaleSet, capacity: int
+    ) -> None:
         sku = scale_set.sku or az.Sku()
-        update = az.VirtualMachineScaleSetUpdate(
-            sku=az.Sku(name=sku.name, tier=sku.tier, capacity=capacity + 1)
-        )
+        update = az.VirtualMachineScaleSetUpdate(sku=az.Sku(name=sku.name, tier=sku.tier, capacity=capacity))
         await self._wait(
             "virtualMachineScaleSets.update (capacity)",
             lambda: self._client.virtual_machine_scale_sets.begin_update(
                 ref.resource_group, ref.name, update
             ),
         )
-        log.info("scale set %s: capacity %d -> %d", ref.group_id, capacity, capacity + 1)
 
     async def _delete_instance(self, ref: ScaleSetRef, provider_id: str) -> None:
         self._vm_here(provider_id)

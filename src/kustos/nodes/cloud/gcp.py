@@ -417,6 +417,21 @@ class GcpProvider:
         finally:
             self._cache.clear()
 
+    async def cancel_create(self, group_id: str) -> bool:
+        """Take back a creation the group has not listed: the target size goes down by one
+        (a MIG resized down drops instances not yet created first). False when none was."""
+        ref = GroupRef.parse(group_id)
+        try:
+            manager = await self._manager(ref)
+            live = [m for m in await self._managed_instances(ref) if m.current_action not in LEAVING_ACTIONS]
+            if manager.target_size <= len(live):
+                return False
+            await self._resize(ref, manager.target_size - 1)
+            log.info("group %s: creation cancelled, target size %d", ref.group_id, manager.target_size - 1)
+            return True
+        finally:
+            self._cache.clear()
+
     # -- the steps -------------------------------------------------------------------------
 
     async def _set_image(self, ref: GroupRef, image: str) -> None:
@@ -500,6 +515,10 @@ class GcpProvider:
                 reason="ProviderLaunchOutstanding",
             )
         size = manager.target_size + 1
+        await self._resize(ref, size)
+        log.info("group %s: target size %d -> %d", ref.group_id, size - 1, size)
+
+    async def _resize(self, ref: GroupRef, size: int) -> None:
         if ref.regional:
             operation = await self._run(
                 "regionInstanceGroupManagers.resize",
@@ -517,7 +536,6 @@ class GcpProvider:
                 ),
             )  # fmt: skip
         await self._wait(operation, "resize", ref.project, ref.scope, ref.location)
-        log.info("group %s: target size %d -> %d", ref.group_id, size - 1, size)
 
     async def _delete_instance(self, ref: GroupRef, provider_id: str) -> None:
         project, zone, name = self._parse_here(provider_id)

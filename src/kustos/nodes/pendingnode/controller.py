@@ -8,8 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 from kustos.api.pendingnode import PendingNode
+from kustos.nodes.cloud import CancelsCreates
 from kustos.nodes.pendingnode import planner
-from kustos.nodes.pendingnode.planner import DeleteInstance, Forget, Observed
+from kustos.nodes.pendingnode.planner import CancelCreate, DeleteInstance, Forget, Observed
 from kustos.runtime import faults, objects
 from kustos.runtime.cloud import CloudProvider, InstanceState, NotFound
 from kustos.runtime.controller import Controller, Result
@@ -75,6 +76,16 @@ class PendingNodeReconciler:
         step = planner.plan(o)
         notes: list[Note] = []
         match step:
+            case CancelCreate():
+                if isinstance(self.cloud, CancelsCreates):
+                    try:
+                        cancelled = await self.cloud.cancel_create(spec.get("groupId", ""))
+                    except ReconcileError as err:
+                        await self._refused(raw, planner.status(previous, o, step, generation, now, err), err)
+                        raise
+                    log.info("PendingNode %s: %s (creation taken back: %s)", key, step.reason, cancelled)
+                await self.api.delete(PENDINGNODES, None, objects.name(raw))
+                return None
             case Forget():
                 log.info("PendingNode %s: %s", key, step.reason)
                 await self.api.delete(PENDINGNODES, None, objects.name(raw))
