@@ -45,7 +45,8 @@ def test_join_past_deadline_already_gone_is_forgotten() -> None:
 
 
 def test_join_without_instance_past_deadline_takes_its_creation_back_and_is_forgotten() -> None:
-    assert isinstance(pending.plan(join(provider_id="", now=NOW + timedelta(minutes=6))), pending.CancelCreate)
+    step = pending.plan(join(provider_id="", now=NOW + timedelta(minutes=6)))
+    assert isinstance(step, pending.CancelCreate)
 
 
 def test_leave_gone_is_forgotten_and_late_is_retried() -> None:
