@@ -79,6 +79,7 @@ class AzureFake:
         self.operations: dict[str, dict[str, Any]] = {}
         self.quota_instances: int | None = None  # at most this many VMs in the subscription
         self.hold_creations = False  # capacity goes up, no VM is listed until ``release``
+        self.image_updates = 0  # model updates that changed a set's image
         self._held: list[FakeScaleSet] = []
         self._ids = itertools.count(1)
         self.api = FakeApi(self._routes())
@@ -286,6 +287,7 @@ class AzureFake:
                     newest.provisioning, newest.gone_at = "Deleting", self.clock() + self.delete_seconds
                 s.capacity -= 1
         if image:
+            self.image_updates += 1
             s.image = dict(image)
         return Reply(200, self._set_json(s), self._operation())
 
