@@ -55,6 +55,7 @@ class Cloud:
     groups: list[str] = field(default_factory=list)
     can_hold_launches: bool = True
     throttle_retry_after: float = 0.0
+    pod_cidr_prefix: str | None = None  # bridge Nodes get pod ranges of the dev cluster's network
 
     @property
     def old(self) -> str:
@@ -108,7 +109,7 @@ class Cloud:
                 await self.api.delete(NODES, None, node["metadata"]["name"])
 
     async def _bridge(self, stop: asyncio.Event) -> None:
-        await CloudBridge(self.api, self.provider()).run(stop, 0.2)
+        await CloudBridge(self.api, self.provider(), pod_cidr_prefix=self.pod_cidr_prefix).run(stop, 0.2)
 
 
 # ---- kwok ----------------------------------------------------------------------------------
@@ -118,7 +119,6 @@ class Cloud:
 class KwokCloud(Cloud):
     can_hold_launches: bool = False
     throttle_retry_after: float = 2.0
-    pod_cidr_prefix: str = "10.0"
 
     @property
     def configmap(self) -> str:

@@ -87,7 +87,17 @@ def plan(machines: Iterable[Machine], nodes: Iterable[Mapping[str, Any]]) -> Act
     return actions
 
 
-def node_manifest(machine: Machine, internal_ip: str) -> dict[str, Any]:
+def free_pod_cidr(prefix: str, nodes: Iterable[Mapping[str, Any]], first: int) -> str:
+    """The lowest ``<prefix>.<n>.0/24`` (n >= first) no Node has as its podCIDR."""
+    used = {str((n.get("spec") or {}).get("podCIDR") or "") for n in nodes}
+    for third in range(first, 255):
+        cidr = f"{prefix}.{third}.0/24"
+        if cidr not in used:
+            return cidr
+    raise RuntimeError(f"no free pod range left in {prefix}.{first}-254.0/24")
+
+
+def node_manifest(machine: Machine, internal_ip: str, pod_cidr: str | None = None) -> dict[str, Any]:
     image = machine.instance.image or ""
     labels = {
         MANAGED_LABEL: "true",
@@ -109,7 +119,11 @@ def node_manifest(machine: Machine, internal_ip: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": machine.node_name, "labels": labels, "annotations": {IMAGE_ANNOTATION: image}},
-        "spec": {"providerID": machine.instance.provider_id, "taints": taints},
+        "spec": {
+            "providerID": machine.instance.provider_id,
+            "taints": taints,
+            **({"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]} if pod_cidr else {}),
+        },
         "status": {
             "addresses": [
                 {"type": "InternalIP", "address": internal_ip},
@@ -124,10 +138,18 @@ def node_manifest(machine: Machine, internal_ip: str) -> dict[str, Any]:
 class CloudBridge:
     """Mirrors every instance of the provider's groups as a kwok Node."""
 
-    def __init__(self, api: Api, provider: CloudProvider, *, ip_prefix: str = "127.79") -> None:
+    def __init__(
+        self, api: Api, provider: CloudProvider, *, ip_prefix: str = "127.79",
+        pod_cidr_prefix: str | None = None, first_pod_range: int = 180,
+    ) -> None:  # fmt: skip
+        """``pod_cidr_prefix`` (two octets of the dev cluster's network): each Node gets a
+        /24 of it from ``first_pod_range`` on, so the pods the dev cluster runs for real on
+        it get addresses of their own."""
         self.api = api
         self.provider = provider
         self.ip_prefix = ip_prefix
+        self.pod_cidr_prefix = pod_cidr_prefix
+        self.first_pod_range = first_pod_range
 
     async def machines(self) -> list[Machine]:
         machines = []
@@ -144,7 +166,12 @@ class CloudBridge:
             list(await self.api.list_objects(NODES)) if actions.create else []
         )
         for machine in actions.create:
-            manifest = node_manifest(machine, free_ip(self.ip_prefix, all_nodes))
+            cidr = (
+                free_pod_cidr(self.pod_cidr_prefix, all_nodes, self.first_pod_range)
+                if self.pod_cidr_prefix
+                else None
+            )
+            manifest = node_manifest(machine, free_ip(self.ip_prefix, all_nodes), cidr)
             try:
                 await self.api.create(NODES, manifest)
             except ApiStatusError as err:
