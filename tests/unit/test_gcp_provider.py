@@ -221,3 +221,26 @@ def test_provider_ids_and_group_ids_are_parsed_or_refused_by_name() -> None:
 def test_bad_options_are_named(options: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         GcpOptions.parse(options)
+
+
+async def test_a_retry_after_a_failed_group_update_uses_the_template_made_the_first_time(
+    fake: GcpFake,
+) -> None:
+    group = fake.add_group("workers", "worker", OLD, 1)
+    fake.api.fail(
+        "instanceGroupManagers.setInstanceTemplate", 503, gce_error(503, "backendError", "try again")
+    )
+    with pytest.raises(ProviderError):
+        await provider_for(fake).set_image(group, NEW)
+    assert len(fake.templates) == 2  # made, but not set on the group
+    await provider_for(fake).set_image(group, NEW)
+    assert len(fake.templates) == 2 and fake.image_of(fake.group(group).template) == NEW
+
+
+async def test_an_instance_of_another_group_is_never_deleted(fake: GcpFake) -> None:
+    workers = fake.add_group("workers", "worker", OLD, 1)
+    other = fake.add_group("other", "worker", OLD, 1)
+    [stranger] = await provider_for(fake).instances(other)
+    with pytest.raises(ProviderError) as refused:
+        await provider_for(fake).delete_instance(workers, stranger.provider_id)
+    assert refused.value.reason == "ProviderWrongGroup" and fake.group(other).target_size == 1

@@ -463,7 +463,7 @@ class GcpProvider:
             await self._wait(operation, "instanceTemplates.insert", ref.project, "global", "")
         except ProviderError as err:
             # The same name again (a retry after a lost answer): the template exists already.
-            if "409" not in str(err) and "alreadyExists" not in str(err):
+            if not isinstance(err.__cause__, gexc.Conflict):
                 raise
         target = f"projects/{ref.project}/global/instanceTemplates/{name}"
         request = compute_v1.InstanceGroupManagersSetInstanceTemplateRequest(instance_template=target)
@@ -542,10 +542,8 @@ class GcpProvider:
         members = await self._managed_instances(ref)
         member = next((m for m in members if self._member_provider_id(m) == provider_id), None)
         if member is None:
-            # Not the group's: gone (NotFound), or another group's (refused).
+            # Not the group's: gone (instance() raises NotFound), or another group's (refused).
             other = await self.instance(provider_id)
-            if other.state == InstanceState.GONE:
-                raise NotFound(f"GCP instance {name} is gone")
             raise ProviderError(
                 f"GCP instance {name} belongs to {other.group_id or 'no managed group'}, not "
                 f"{ref.group_id}: not deleting it",
