@@ -231,3 +231,43 @@ async def test_every_node_replaced_within_every_budget_and_no_write_lost(
     for key, group_id in groups.items():
         [group] = [g for g in await provider.groups() if g.group_id == group_id]
         assert (group.desired, group.image) == ({"cp": CP, "w": WORKERS}[key], cloud.new)
+
+
+@pytest.mark.timeout(600)
+async def test_a_creation_that_never_shows_up_is_taken_back_at_its_join_deadline(
+    api: Api, dev_cluster: DevCluster, kubectl: Kubectl, crds: None, tmp_path: Path
+) -> None:
+    """The group's size is not left raised: the Join deadline passes with no instance listed,
+    the PendingNode controller takes the creation back, and the next heir is asked afresh."""
+    fake = GcpFake(boot_seconds=0.5, delete_seconds=0.5)
+    fake.api.start()
+    cloud = GcpCloud("gcp", api, "held", fake=fake)
+    name = kubectl.namespace
+    workers = await cloud.make_group("w", Role.WORKER, 1)
+    try:
+        fake.hold_creations = True
+        process = start_chart_operator(
+            dev_cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
+            "--cloud-provider", "gcp", *operator_options(cloud),
+        )  # fmt: skip
+        try:
+            dev_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump({
+                "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
+                "spec": {"image": cloud.new, "joinTimeout": "10s", "etcd": {"enabled": False}},
+            }))  # fmt: skip
+
+            async def taken_back() -> bool:
+                sizes = [size for group, size in fake.resizes if group == workers]
+                return 2 in sizes and 1 in sizes[sizes.index(2) :]
+
+            try:
+                await wait_until(taken_back, "the held creation taken back", timeout=120, interval=1)
+            except AssertionError as err:
+                raise AssertionError(f"{err}\n{fake.resizes}\n{process.log()[-4000:]}") from None
+        finally:
+            process.stop()
+        # Never more than the one creation outstanding at a time.
+        assert max(size for group, size in fake.resizes if group == workers) == 2
+    finally:
+        fake.api.stop()
+        aws_e2e.remove_rollout_objects(dev_cluster, name, (workers,))

@@ -92,6 +92,7 @@ class GcpFake:
         # outstanding, as GCE has it for a moment); ``release`` lists them.
         self.hold_creations = False
         self._held: list[FakeManager] = []
+        self.resizes: list[tuple[str, int]] = []  # (group id, size) of every resize asked for
         self._ids = itertools.count(1000)
         self.api = FakeApi(self._routes())
 
@@ -296,6 +297,7 @@ class GcpFake:
 
     def _resize(self, m: FakeManager, query: dict[str, list[str]], body: Any) -> Reply:
         size = int(query["size"][0])
+        self.resizes.append((self.rel(m.path), size))
         while m.target_size < size:
             self._create(m)
         while m.target_size > size:  # creations not made yet go first, then the newest

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from azure.core.credentials import AccessToken, TokenCredential
 from azure.core.exceptions import (
@@ -53,8 +53,6 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
     ServiceRequestError,
 )
-from azure.mgmt.compute import ComputeManagementClient
-from azure.mgmt.compute import models as az
 
 from kustos.runtime.cloud import (
     CapacityError,
@@ -67,7 +65,19 @@ from kustos.runtime.cloud import (
     Throttled,
 )
 
+if TYPE_CHECKING:
+    from azure.mgmt.compute import ComputeManagementClient
+    from azure.mgmt.compute import models as az
+
 log = logging.getLogger(__name__)
+
+
+def load_sdk() -> None:
+    """Import azure-mgmt-compute: ~120 MiB and seconds of CPU, so once, in a worker thread, at
+    the provider's first call; ``kustos run`` serves its probes meanwhile."""
+    global az
+    from azure.mgmt.compute import models as az
+
 
 T = TypeVar("T")
 
@@ -190,6 +200,7 @@ def image_of(reference: az.ImageReference | None) -> str | None:
 
 def image_reference(image: str) -> az.ImageReference:
     """The reverse of ``image_of``; an image it cannot read is a ``ProviderError`` naming it."""
+    load_sdk()
     lowered = image.lower()
     if lowered.startswith("/sharedgalleries/"):
         return az.ImageReference(shared_gallery_image_id=image)
@@ -355,34 +366,40 @@ class AzureProvider:
 
     name = NAME
 
-    def __init__(
-        self,
-        client: ComputeManagementClient,
-        options: AzureOptions,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._client = client
+    def __init__(self, options: AzureOptions, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.options = options
+        self._client: ComputeManagementClient | None = None  # made at the first call (``load_sdk``)
+        self._loading = asyncio.Lock()
         self._monotonic = monotonic
         self._cache: dict[tuple[str, ...], tuple[float, Any]] = {}
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> AzureProvider:
-        parsed = AzureOptions.parse(options)
+        return cls(AzureOptions.parse(options))
+
+    def _make_client(self) -> ComputeManagementClient:
+        load_sdk()
+        from azure.mgmt.compute import ComputeManagementClient
+
+        options = self.options
         credential: TokenCredential
-        if parsed.token_file:
-            credential = TokenFileCredential(Path(parsed.token_file))
+        if options.token_file:
+            credential = TokenFileCredential(Path(options.token_file))
         else:
             from azure.identity import DefaultAzureCredential
 
             credential = DefaultAzureCredential(exclude_interactive_browser_credential=True)
-        transport: dict[str, Any] = {"connection_verify": parsed.ca_bundle} if parsed.ca_bundle else {}
-        client = ComputeManagementClient(
-            credential, parsed.subscription, base_url=parsed.endpoint,
-            retry_total=0, polling_interval=parsed.poll_seconds, connection_timeout=5, read_timeout=20,
+        transport: dict[str, Any] = {"connection_verify": options.ca_bundle} if options.ca_bundle else {}
+        return ComputeManagementClient(
+            credential, options.subscription, base_url=options.endpoint,
+            retry_total=0, polling_interval=options.poll_seconds, connection_timeout=5, read_timeout=20,
             **transport,
         )  # fmt: skip
-        return cls(client, parsed)
+
+    @property
+    def client(self) -> ComputeManagementClient:
+        assert self._client is not None, "AzureProvider._run makes the client first"
+        return self._client
 
     # -- the CloudProvider interface -------------------------------------------------------
 
@@ -390,12 +407,13 @@ class AzureProvider:
         cached: Sequence[Group] | None = self._cached(("groups",))
         if cached is not None:
             return cached
-        sets = self._client.virtual_machine_scale_sets
         group = self.options.resource_group
-        raw = await self._run(
-            "virtualMachineScaleSets.list",
-            lambda: list(sets.list(group) if group else sets.list_all()),
-        )
+
+        def listed() -> list[az.VirtualMachineScaleSet]:
+            sets = self.client.virtual_machine_scale_sets
+            return list(sets.list(group) if group else sets.list_all())
+
+        raw = await self._run("virtualMachineScaleSets.list", listed)
         found = tuple(g for g in (self._group(s) for s in raw) if g is not None)
         return self._remember(("groups",), found)
 
@@ -412,14 +430,14 @@ class AzureProvider:
             scale_set = ScaleSetRef(ref.subscription, ref.resource_group, ref.scale_set)
             vm = await self._run(
                 "virtualMachineScaleSetVMs.get",
-                lambda: self._client.virtual_machine_scale_set_vms.get(
+                lambda: self.client.virtual_machine_scale_set_vms.get(
                     ref.resource_group, scale_set.name, ref.name, expand="instanceView"
                 ),
             )
             return self._uniform(scale_set, vm).instance
         standalone = await self._run(
             "virtualMachines.get",
-            lambda: self._client.virtual_machines.get(ref.resource_group, ref.name, expand="instanceView"),
+            lambda: self.client.virtual_machines.get(ref.resource_group, ref.name, expand="instanceView"),
         )
         properties = standalone.properties
         owner = (
@@ -479,9 +497,7 @@ class AzureProvider:
         )
         await self._wait(
             "virtualMachineScaleSets.update (image)",
-            lambda: self._client.virtual_machine_scale_sets.begin_update(
-                ref.resource_group, ref.name, update
-            ),
+            lambda: self.client.virtual_machine_scale_sets.begin_update(ref.resource_group, ref.name, update),
         )
         log.info("scale set %s: model image %s", ref.group_id, image)
 
@@ -506,9 +522,7 @@ class AzureProvider:
         update = az.VirtualMachineScaleSetUpdate(sku=az.Sku(name=sku.name, tier=sku.tier, capacity=capacity))
         await self._wait(
             "virtualMachineScaleSets.update (capacity)",
-            lambda: self._client.virtual_machine_scale_sets.begin_update(
-                ref.resource_group, ref.name, update
-            ),
+            lambda: self.client.virtual_machine_scale_sets.begin_update(ref.resource_group, ref.name, update),
         )
 
     async def _delete_instance(self, ref: ScaleSetRef, provider_id: str) -> None:
@@ -527,7 +541,7 @@ class AzureProvider:
         request = az.VirtualMachineScaleSetVMInstanceRequiredIDs(instance_ids=[member.delete_id])
         await self._wait(
             "virtualMachineScaleSets.deleteInstances",
-            lambda: self._client.virtual_machine_scale_sets.begin_delete_instances(
+            lambda: self.client.virtual_machine_scale_sets.begin_delete_instances(
                 ref.resource_group, ref.name, request
             ),
         )
@@ -566,7 +580,7 @@ class AzureProvider:
     async def _scale_set(self, ref: ScaleSetRef) -> az.VirtualMachineScaleSet:
         return await self._run(
             "virtualMachineScaleSets.get",
-            lambda: self._client.virtual_machine_scale_sets.get(ref.resource_group, ref.name),
+            lambda: self.client.virtual_machine_scale_sets.get(ref.resource_group, ref.name),
         )
 
     async def _members(self, ref: ScaleSetRef) -> list[_Member]:
@@ -577,7 +591,7 @@ class AzureProvider:
             vms = await self._run(
                 "virtualMachines.list",
                 lambda: list(
-                    self._client.virtual_machines.list(
+                    self.client.virtual_machines.list(
                         ref.resource_group,
                         filter=f"'virtualMachineScaleSet/id' eq '{owner}'",
                         expand="instanceView",
@@ -588,7 +602,7 @@ class AzureProvider:
         uniform = await self._run(
             "virtualMachineScaleSetVMs.list",
             lambda: list(
-                self._client.virtual_machine_scale_set_vms.list(
+                self.client.virtual_machine_scale_set_vms.list(
                     ref.resource_group, ref.name, expand="instanceView"
                 )
             ),
@@ -662,6 +676,13 @@ class AzureProvider:
 
     async def _run(self, action: str, call: Callable[[], T]) -> T:
         """``call`` in a worker thread (the client blocks), its failure as a typed error."""
+        if self._client is None:
+            async with self._loading:
+                if self._client is None:
+                    try:
+                        self._client = await asyncio.to_thread(self._make_client)
+                    except (AzureError, ValueError, OSError) as err:
+                        raise map_error(err, "creating the compute client") from err
         try:
             return await asyncio.to_thread(call)
         except ProviderError:

@@ -37,13 +37,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-from google.api_core import exceptions as gexc
-from google.api_core.client_options import ClientOptions
-from google.auth import credentials as gauth_credentials
-from google.auth import exceptions as gauth_exceptions
-from google.cloud import compute_v1
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kustos.runtime.cloud import (
     CapacityError,
@@ -56,9 +50,25 @@ from kustos.runtime.cloud import (
     Throttled,
 )
 
+if TYPE_CHECKING:
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as gauth_exceptions
+    from google.cloud import compute_v1
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def load_sdk() -> None:
+    """Import google-cloud-compute: ~120 MiB and seconds of CPU (its package builds the whole
+    Compute API), so once, in a worker thread, at the provider's first call; ``kustos run``
+    serves its probes meanwhile. The module's SDK names are bound here."""
+    global compute_v1, gexc, gauth_exceptions
+    from google.api_core import exceptions as gexc
+    from google.auth import exceptions as gauth_exceptions
+    from google.cloud import compute_v1
+
 
 NAME = "gcp"
 PROVIDER_PREFIX = "gce://"
@@ -280,6 +290,10 @@ class GcpClients:
 
     @classmethod
     def create(cls, endpoint: str | None, anonymous: bool) -> GcpClients:
+        load_sdk()
+        from google.api_core.client_options import ClientOptions
+        from google.auth import credentials as gauth_credentials
+
         kwargs: dict[str, Any] = {"transport": "rest"}
         if endpoint:
             kwargs["client_options"] = ClientOptions(api_endpoint=endpoint)
@@ -319,9 +333,10 @@ class GcpProvider:
     name = NAME
 
     def __init__(
-        self, clients: GcpClients, options: GcpOptions, monotonic: Callable[[], float] = time.monotonic
+        self, clients: GcpClients | None, options: GcpOptions, monotonic: Callable[[], float] = time.monotonic
     ) -> None:
-        self._clients = clients
+        self._clients = clients  # made at the first call (``load_sdk``)
+        self._loading = asyncio.Lock()
         self.options = options
         self._monotonic = monotonic
         self._cache: dict[tuple[str, ...], tuple[float, Any]] = {}
@@ -333,12 +348,7 @@ class GcpProvider:
     def from_options(cls, options: Mapping[str, str]) -> GcpProvider:
         """A provider from ``--cloud-option`` values; credentials from Application Default
         Credentials (GOOGLE_APPLICATION_CREDENTIALS, GKE workload identity, the metadata server)."""
-        parsed = GcpOptions.parse(options)
-        try:
-            clients = GcpClients.create(parsed.endpoint, parsed.anonymous)
-        except gauth_exceptions.GoogleAuthError as err:
-            raise ValueError(f"GCP cloud provider: {err}") from err
-        return cls(clients, parsed)
+        return cls(None, GcpOptions.parse(options))
 
     # -- the CloudProvider interface -------------------------------------------------------
 
@@ -350,7 +360,7 @@ class GcpProvider:
             "instanceGroupManagers.aggregatedList",
             lambda: [
                 manager
-                for _, scoped in self._clients.zonal.aggregated_list(
+                for _, scoped in self.clients.zonal.aggregated_list(
                     project=self.options.project, timeout=CALL_TIMEOUT
                 )
                 for manager in scoped.instance_group_managers
@@ -384,7 +394,7 @@ class GcpProvider:
         project, zone, name = self._parse_here(provider_id)
         raw = await self._run(
             "instances.get",
-            lambda: self._clients.instances.get(
+            lambda: self.clients.instances.get(
                 project=project, zone=zone, instance=name, timeout=CALL_TIMEOUT
             ),
         )
@@ -456,7 +466,7 @@ class GcpProvider:
         try:
             operation = await self._run(
                 "instanceTemplates.insert",
-                lambda: self._clients.templates.insert_unary(
+                lambda: self.clients.templates.insert_unary(
                     project=ref.project, instance_template_resource=clone, timeout=CALL_TIMEOUT
                 ),
             )
@@ -473,7 +483,7 @@ class GcpProvider:
             )
             operation = await self._run(
                 "regionInstanceGroupManagers.setInstanceTemplate",
-                lambda: self._clients.regional.set_instance_template_unary(
+                lambda: self.clients.regional.set_instance_template_unary(
                     project=ref.project, region=ref.location, instance_group_manager=ref.name,
                     region_instance_group_managers_set_template_request_resource=regional_request,
                     timeout=CALL_TIMEOUT,
@@ -482,7 +492,7 @@ class GcpProvider:
         else:
             operation = await self._run(
                 "instanceGroupManagers.setInstanceTemplate",
-                lambda: self._clients.zonal.set_instance_template_unary(
+                lambda: self.clients.zonal.set_instance_template_unary(
                     project=ref.project, zone=ref.location, instance_group_manager=ref.name,
                     instance_group_managers_set_instance_template_request_resource=request,
                     timeout=CALL_TIMEOUT,
@@ -522,7 +532,7 @@ class GcpProvider:
         if ref.regional:
             operation = await self._run(
                 "regionInstanceGroupManagers.resize",
-                lambda: self._clients.regional.resize_unary(
+                lambda: self.clients.regional.resize_unary(
                     project=ref.project, region=ref.location, instance_group_manager=ref.name, size=size,
                     timeout=CALL_TIMEOUT,
                 ),
@@ -530,7 +540,7 @@ class GcpProvider:
         else:
             operation = await self._run(
                 "instanceGroupManagers.resize",
-                lambda: self._clients.zonal.resize_unary(
+                lambda: self.clients.zonal.resize_unary(
                     project=ref.project, zone=ref.location, instance_group_manager=ref.name, size=size,
                     timeout=CALL_TIMEOUT,
                 ),
@@ -556,7 +566,7 @@ class GcpProvider:
             regional_request = compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(instances=[url])
             operation = await self._run(
                 "regionInstanceGroupManagers.deleteInstances",
-                lambda: self._clients.regional.delete_instances_unary(
+                lambda: self.clients.regional.delete_instances_unary(
                     project=ref.project, region=ref.location, instance_group_manager=ref.name,
                     region_instance_group_managers_delete_instances_request_resource=regional_request,
                     timeout=CALL_TIMEOUT,
@@ -566,7 +576,7 @@ class GcpProvider:
             request = compute_v1.InstanceGroupManagersDeleteInstancesRequest(instances=[url])
             operation = await self._run(
                 "instanceGroupManagers.deleteInstances",
-                lambda: self._clients.zonal.delete_instances_unary(
+                lambda: self.clients.zonal.delete_instances_unary(
                     project=ref.project, zone=ref.location, instance_group_manager=ref.name,
                     instance_group_managers_delete_instances_request_resource=request,
                     timeout=CALL_TIMEOUT,
@@ -628,14 +638,14 @@ class GcpProvider:
         if ref.regional:
             return await self._run(
                 "regionInstanceGroupManagers.get",
-                lambda: self._clients.regional.get(
+                lambda: self.clients.regional.get(
                     project=ref.project, region=ref.location, instance_group_manager=ref.name,
                     timeout=CALL_TIMEOUT,
                 ),
             )  # fmt: skip
         return await self._run(
             "instanceGroupManagers.get",
-            lambda: self._clients.zonal.get(
+            lambda: self.clients.zonal.get(
                 project=ref.project, zone=ref.location, instance_group_manager=ref.name, timeout=CALL_TIMEOUT
             ),
         )
@@ -645,7 +655,7 @@ class GcpProvider:
             return await self._run(
                 "regionInstanceGroupManagers.listManagedInstances",
                 lambda: list(
-                    self._clients.regional.list_managed_instances(
+                    self.clients.regional.list_managed_instances(
                         project=ref.project, region=ref.location, instance_group_manager=ref.name,
                         timeout=CALL_TIMEOUT,
                     )
@@ -654,7 +664,7 @@ class GcpProvider:
         return await self._run(
             "instanceGroupManagers.listManagedInstances",
             lambda: list(
-                self._clients.zonal.list_managed_instances(
+                self.clients.zonal.list_managed_instances(
                     project=ref.project, zone=ref.location, instance_group_manager=ref.name,
                     timeout=CALL_TIMEOUT,
                 )
@@ -670,7 +680,7 @@ class GcpProvider:
             )
         return await self._run(
             "instanceTemplates.get",
-            lambda: self._clients.templates.get(
+            lambda: self.clients.templates.get(
                 project=path[1], instance_template=path[4], timeout=CALL_TIMEOUT
             ),
         )
@@ -705,22 +715,20 @@ class GcpProvider:
         if scope == "zones":
             return await self._run(
                 "zoneOperations.get",
-                lambda: self._clients.zone_operations.get(
+                lambda: self.clients.zone_operations.get(
                     project=project, zone=location, operation=name, timeout=CALL_TIMEOUT
                 ),
             )
         if scope == "regions":
             return await self._run(
                 "regionOperations.get",
-                lambda: self._clients.region_operations.get(
+                lambda: self.clients.region_operations.get(
                     project=project, region=location, operation=name, timeout=CALL_TIMEOUT
                 ),
             )
         return await self._run(
             "globalOperations.get",
-            lambda: self._clients.global_operations.get(
-                project=project, operation=name, timeout=CALL_TIMEOUT
-            ),
+            lambda: self.clients.global_operations.get(project=project, operation=name, timeout=CALL_TIMEOUT),
         )
 
     def _cached(self, key: tuple[str, ...]) -> Any:
@@ -734,8 +742,23 @@ class GcpProvider:
             self._cache[key] = (self._monotonic() + self.options.cache_seconds, value)
         return value
 
+    @property
+    def clients(self) -> GcpClients:
+        assert self._clients is not None, "GcpProvider._run makes the clients first"
+        return self._clients
+
     async def _run(self, action: str, call: Callable[[], T]) -> T:
         """``call`` in a worker thread (the client blocks), its failure as a typed error."""
+        if self._clients is None:
+            async with self._loading:
+                if self._clients is None:
+                    options = self.options
+                    try:
+                        self._clients = await asyncio.to_thread(
+                            GcpClients.create, options.endpoint, options.anonymous
+                        )
+                    except Exception as err:
+                        raise map_error(err, "creating the Compute API clients") from err
         try:
             return await asyncio.to_thread(call)
         except (gexc.GoogleAPICallError, gauth_exceptions.GoogleAuthError, OSError) as err:
