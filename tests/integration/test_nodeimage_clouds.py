@@ -142,6 +142,11 @@ class Watcher:
                 await asyncio.wait_for(stop.wait(), 0.3)
 
 
+async def nodes_of(cloud: Cloud, count: int) -> bool:
+    nodes = await cloud.api.list_objects(NODES, None, f"{BRIDGE_LABEL}=true")
+    return len(nodes) == count and all(objects.node_ready(n) for n in nodes)
+
+
 async def rolled_out(cloud: Cloud, groups: dict[str, str], old: set[str]) -> bool:
     provider = cloud.provider()
     instances = [i for g in groups.values() for i in await provider.instances(g)]
@@ -244,30 +249,32 @@ async def test_a_creation_that_never_shows_up_is_taken_back_at_its_join_deadline
     cloud = GcpCloud("gcp", api, "held", fake=fake)
     name = kubectl.namespace
     workers = await cloud.make_group("w", Role.WORKER, 1)
-    try:
-        fake.hold_creations = True
-        process = start_chart_operator(
-            dev_cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
-            "--cloud-provider", "gcp", *operator_options(cloud),
-        )  # fmt: skip
+    async with cloud.bridged():
         try:
-            dev_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump({
-                "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
-                "spec": {"image": cloud.new, "joinTimeout": "10s", "etcd": {"enabled": False}},
-            }))  # fmt: skip
-
-            async def taken_back() -> bool:
-                sizes = [size for group, size in fake.resizes if group == workers]
-                return 2 in sizes and 1 in sizes[sizes.index(2) :]
-
+            await wait_until(lambda: nodes_of(cloud, 1), "the group's node", timeout=60)
+            fake.hold_creations = True
+            process = start_chart_operator(
+                dev_cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
+                "--cloud-provider", "gcp", *operator_options(cloud),
+            )  # fmt: skip
             try:
-                await wait_until(taken_back, "the held creation taken back", timeout=120, interval=1)
-            except AssertionError as err:
-                raise AssertionError(f"{err}\n{fake.resizes}\n{process.log()[-4000:]}") from None
+                dev_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump({
+                    "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
+                    "spec": {"image": cloud.new, "joinTimeout": "10s", "etcd": {"enabled": False}},
+                }))  # fmt: skip
+
+                async def taken_back() -> bool:
+                    sizes = [size for group, size in fake.resizes if group == workers]
+                    return 2 in sizes and 1 in sizes[sizes.index(2) :]
+
+                try:
+                    await wait_until(taken_back, "the held creation taken back", timeout=120, interval=1)
+                except AssertionError as err:
+                    raise AssertionError(f"{err}\n{fake.resizes}\n{process.log()[-4000:]}") from None
+            finally:
+                process.stop()
+            # Never more than the one creation outstanding at a time.
+            assert max(size for group, size in fake.resizes if group == workers) == 2
         finally:
-            process.stop()
-        # Never more than the one creation outstanding at a time.
-        assert max(size for group, size in fake.resizes if group == workers) == 2
-    finally:
-        fake.api.stop()
-        aws_e2e.remove_rollout_objects(dev_cluster, name, (workers,))
+            fake.api.stop()
+            aws_e2e.remove_rollout_objects(dev_cluster, name, (workers,))
