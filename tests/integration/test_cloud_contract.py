@@ -203,10 +203,12 @@ async def test_a_foreign_provider_id_is_refused_never_not_found(
                                 "refactor's kwok change)"))  # fmt: skip
     workers = await cloud.make_group("w", Role.WORKER, 1)
     foreign = cloud.foreign_provider_id()
-    for call in (cloud.provider().instance(foreign), cloud.provider().delete_instance(workers, foreign)):
-        with pytest.raises(ProviderError) as refused:
-            await call
-        assert not isinstance(refused.value, NotFound), refused.value
+    with pytest.raises(ProviderError) as refused:
+        await cloud.provider().instance(foreign)
+    assert not isinstance(refused.value, NotFound), refused.value
+    with pytest.raises(ProviderError) as refused:
+        await cloud.provider().delete_instance(workers, foreign)
+    assert not isinstance(refused.value, NotFound), refused.value
     assert await desired(cloud, workers) == 1
 
 
