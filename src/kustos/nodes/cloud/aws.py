@@ -618,8 +618,9 @@ class AwsProvider:
             # intent, a pass on a stale cache). So no new launch until the group lists it;
             # retried, the caller asks again once it shows up (or ``cancel_create`` takes it back).
             await self._raise_failed_launch(group_id)
+            listed = "capacity unit(s) of instances" if _type_weights(group) else "instance(s)"
             raise ProviderError(
-                f"AWS group {group_id}: a launch is outstanding ({live} unit(s) of instances listed, "
+                f"AWS group {group_id}: a launch is outstanding ({live} {listed} listed, "
                 f"{desired} desired); asking for another once it shows up",
                 reason="ProviderLaunchOutstanding",
             )
