@@ -52,6 +52,14 @@ BREAKDOWN: list[tuple[str, str]] = [
         "a self-signed webhook certificate (cryptography)",
         "from kustos.runtime.webhook import ServingCertificate as S\nS.self_signed(['localhost'], [])",
     ),
+    # Only with their --cloud-provider (nodes/cloud/__init__.py imports each when chosen);
+    # each adds to all of the above, and to the providers before it.
+    ("--cloud-provider aws (boto3)", "import kustos.nodes.cloud.aws"),
+    ("--cloud-provider gcp (google-cloud-compute)", "import kustos.nodes.cloud.gcp"),
+    (
+        "--cloud-provider azure (azure-mgmt-compute, azure-identity)",
+        "import kustos.nodes.cloud.azure, azure.identity",
+    ),
 ]
 
 RSS_PROBE = """

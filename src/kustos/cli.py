@@ -393,7 +393,7 @@ def run(
         list[str] | None, typer.Option(hidden=True, help="module:function registering more controllers.")
     ] = None,
     cloud_provider: Annotated[
-        str, typer.Option(help="Cloud provider node rollouts and fencing use: none, kwok or aws.")
+        str, typer.Option(help="Cloud provider node rollouts and fencing use: none, kwok, aws, gcp or azure.")
     ] = "none",
     cloud_option: Annotated[
         list[str] | None, typer.Option(help="key=value for the cloud provider (repeatable).")

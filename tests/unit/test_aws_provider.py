@@ -391,3 +391,49 @@ async def test_the_cache_can_be_turned_off(aws: MotoServer) -> None:
     once = len(calls)
     await provider.groups()
     assert len(calls) == 2 * once
+
+
+async def test_a_launch_that_never_shows_up_is_cancelled_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A Join whose deadline passed without an instance takes its launch back: the desired
+    capacity is not left raised (a failed launch would block every later one)."""
+    monkeypatch.setenv("MOTO_ENABLE_AMI_VALIDATION", "true")
+    with moto_server(tmp_path) as aws:
+        make_group(aws, "workers", "Worker", image=MOTO_AMI, size=2, max_size=6)
+        provider = AwsProvider.from_options(aws.options())
+        await provider.set_image("workers", NEW_IMAGE)  # an AMI this region does not have
+        with pytest.raises(ProviderError):
+            await provider.create_instance("workers")
+        assert group(aws, "workers")["DesiredCapacity"] == 3
+
+        assert await AwsProvider.from_options(aws.options()).cancel_create("workers")
+        assert group(aws, "workers")["DesiredCapacity"] == 2
+        # Asked again (a restarted operator): nothing outstanding, nothing lowered.
+        assert not await AwsProvider.from_options(aws.options()).cancel_create("workers")
+        assert (group(aws, "workers")["DesiredCapacity"], len(instance_ids(aws, "workers"))) == (2, 2)
+
+
+async def test_weighted_instance_types_count_in_capacity_units(aws: MotoServer) -> None:
+    """DesiredCapacity counts weights: 2 instances of weight 2 are 4 units, not a launch
+    outstanding; one more instance is the lightest weight more, within MaxSize."""
+    ec2, autoscaling = aws.client("ec2"), aws.client("autoscaling")
+    template = ec2.create_launch_template(
+        LaunchTemplateName="weighted", LaunchTemplateData={"ImageId": OLD_IMAGE, "InstanceType": "m5.large"}
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName="weighted", MinSize=0, MaxSize=6, DesiredCapacity=4, AvailabilityZones=[ZONE],
+        MixedInstancesPolicy={"LaunchTemplate": {
+            "LaunchTemplateSpecification": {"LaunchTemplateId": template, "Version": "$Default"},
+            "Overrides": [{"InstanceType": "m5.large", "WeightedCapacity": "2"},
+                          {"InstanceType": "m5.xlarge", "WeightedCapacity": "4"}],
+        }},
+        Tags=[{"Key": "kustos.dev/role", "Value": "Worker", "PropagateAtLaunch": True}],
+    )  # fmt: skip
+    assert len(instance_ids(aws, "weighted")) == 2
+    provider = AwsProvider.from_options(aws.options(**{"cache-seconds": "0"}))
+    await provider.create_instance("weighted")
+    assert (group(aws, "weighted")["DesiredCapacity"], len(instance_ids(aws, "weighted"))) == (6, 3)
+    with pytest.raises(CapacityError, match="maximum size"):
+        await provider.create_instance("weighted")
+    assert not await provider.cancel_create("weighted")  # nothing outstanding

@@ -259,6 +259,19 @@ def test_the_cloud_provider_and_its_options_reach_the_operator(helm: Path) -> No
         "--cloud-option=cluster=prod",
         "--cloud-option=region=eu-west-1",
     ]
+    gcp = args("--set", "cloudProvider.name=gcp", "--set", "cloudProvider.options.project=prod-1")
+    assert gcp[gcp.index("--cloud-provider=gcp") :][:2] == [
+        "--cloud-provider=gcp",
+        "--cloud-option=project=prod-1",
+    ]
+    azure = args(
+        "--set", "cloudProvider.name=azure", "--set", "cloudProvider.options.subscription=0000",
+        "--set-string", "podLabels.azure\\.workload\\.identity/use=true",
+    )  # fmt: skip
+    assert azure[azure.index("--cloud-provider=azure") :][:2] == [
+        "--cloud-provider=azure",
+        "--cloud-option=subscription=0000",
+    ]
     refused = run_helm(helm, "template", RELEASE, str(CHART), "--set", "cloudProvider.name=gce", check=False)
     assert refused.returncode != 0 and "cloudProvider" in refused.stderr
 

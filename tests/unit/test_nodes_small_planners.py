@@ -42,11 +42,12 @@ def test_join_past_deadline_deletes_the_instance() -> None:
 
 def test_join_past_deadline_already_gone_is_forgotten() -> None:
     step = pending.plan(join(now=NOW + timedelta(minutes=6), instance=InstanceState.GONE, node_exists=False))
-    assert isinstance(step, pending.Forget)
+    assert isinstance(step, pending.Forget) and not isinstance(step, pending.CancelCreate)
 
 
-def test_join_without_instance_past_deadline_is_forgotten() -> None:
-    assert isinstance(pending.plan(join(provider_id="", now=NOW + timedelta(minutes=6))), pending.Forget)
+def test_join_without_instance_past_deadline_takes_its_creation_back_and_is_forgotten() -> None:
+    step = pending.plan(join(provider_id="", now=NOW + timedelta(minutes=6)))
+    assert isinstance(step, pending.CancelCreate)
 
 
 def test_leave_gone_is_forgotten_and_late_is_retried() -> None:
@@ -201,7 +202,7 @@ def test_provider_from() -> None:
     with pytest.raises(ValueError, match="unknown kwok provider option"):
         provider_from("kwok", {"bogus": "1"})
     with pytest.raises(ValueError, match="unknown cloud provider"):
-        provider_from("gcp", {})
+        provider_from("openstack", {})
     assert parse_options(["a=b", "c=d=e"]) == {"a": "b", "c": "d=e"}
     with pytest.raises(ValueError, match="key=value"):
         parse_options(["nope"])
@@ -213,8 +214,8 @@ def test_kustos_run_refuses_a_bad_cloud_provider_naming_the_flag() -> None:
     from kustos.cli import app
 
     runner = CliRunner(env={"COLUMNS": "300", "TERMINAL_WIDTH": "300"})
-    result = runner.invoke(app, ["run", "--cloud-provider", "gcp"])
+    result = runner.invoke(app, ["run", "--cloud-provider", "openstack"])
     assert result.exit_code == 2
-    assert "--cloud-provider" in result.output and "unknown cloud provider 'gcp'" in result.output
+    assert "--cloud-provider" in result.output and "unknown cloud provider 'openstack'" in result.output
     result = runner.invoke(app, ["run", "--cloud-provider", "kwok", "--cloud-option", "nokey"])
     assert result.exit_code == 2 and "expected key=value" in result.output

@@ -23,6 +23,9 @@ NOT_ON_THE_OPERATOR_PATH = {
     "obstore": "backup agent pods only",
     "boto3": "only with --cloud-provider aws (botocore alone is ~20 MiB)",
     "botocore": "only with --cloud-provider aws",
+    "google": "only with --cloud-provider gcp (google-cloud-compute: ~160 MiB, 5 s to import)",
+    "grpc": "only with --cloud-provider gcp",
+    "azure": "only with --cloud-provider azure (azure-mgmt-compute: ~140 MiB)",
 }
 
 

@@ -124,12 +124,16 @@ class ServiceAccount(Values):
 
 
 class CloudProvider(Values):
-    name: Literal["none", "kwok", "aws"] = "none"
+    name: Literal["none", "kwok", "aws", "gcp", "azure"] = "none"
     """The cloud provider NodeImage rollouts and node fencing use (`kustos run --cloud-provider`);
-    none: NodeImages wait. For aws, credentials come from boto3's chain: annotate the service
-    account for IAM roles for service accounts (docs/nodeimage-aws.md)."""
+    none: NodeImages wait. Credentials come from each SDK's usual chain: for aws IAM roles for
+    service accounts (docs/nodeimage-aws.md), for gcp GKE workload identity
+    (docs/nodeimage-gcp.md), for azure workload identity (docs/nodeimage-azure.md), each by
+    service account annotations (and, for azure, the pod label azure.workload.identity/use).
+    The gcp and azure SDKs take about 130 MiB more: raise resources.limits.memory to 384Mi."""
     options: dict[str, str] = Field(default_factory=dict)
-    """`--cloud-option key=value` pairs, e.g. region and cluster for aws."""
+    """`--cloud-option key=value` pairs: region and cluster for aws, project for gcp,
+    subscription (and resource-group) for azure."""
 
 
 class Rook(Values):

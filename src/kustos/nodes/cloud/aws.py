@@ -12,7 +12,11 @@ in use, only the ``ImageId`` changed), which the group then launches from:
 
 An instance is created by raising the desired capacity by one (the group launches it;
 it shows up in ``instances`` a moment later) and deleted by terminating it in its group
-with the desired capacity decremented, so the group does not launch a replacement.
+with the desired capacity decremented, so the group does not launch a replacement. With
+weighted instance types (a MixedInstancesPolicy whose overrides carry WeightedCapacity)
+sizes are capacity units: one more is the lightest type's weight. ``cancel_create`` takes
+back a launch the group never listed (a Join whose deadline passed), so a failed launch
+does not leave the desired capacity raised.
 
 Every boto3 call is blocking and runs in a worker thread. Calls the provider makes, so
 the IAM policy in docs/nodeimage-aws.md can list exactly these:
@@ -397,6 +401,36 @@ def _instance(raw: InstanceTypeDef, group_id: str | None = None) -> Instance:
     )
 
 
+def _weight(member: Mapping[str, Any]) -> int:
+    """An instance's capacity units (``WeightedCapacity``; 1 without weights)."""
+    try:
+        return max(int(member.get("WeightedCapacity") or 1), 1)
+    except ValueError:
+        return 1
+
+
+def _type_weights(group: AutoScalingGroupTypeDef) -> dict[str, int]:
+    """Instance type -> weight, from the group's MixedInstancesPolicy overrides."""
+    overrides = ((group.get("MixedInstancesPolicy") or {}).get("LaunchTemplate") or {}).get("Overrides") or []
+    return {str(o.get("InstanceType", "")): _weight(o) for o in overrides if o.get("WeightedCapacity")}
+
+
+def _live_units(group: AutoScalingGroupTypeDef) -> int:
+    """The capacity units of the group's instances that are not on their way out (an
+    instance's own WeightedCapacity, else its type's weight in the overrides)."""
+    weights = _type_weights(group)
+    return sum(
+        _weight(i) if i.get("WeightedCapacity") else weights.get(str(i.get("InstanceType", "")), 1)
+        for i in group.get("Instances", [])
+        if not i.get("LifecycleState", "").startswith("Terminat")
+    )
+
+
+def _lightest_weight(group: AutoScalingGroupTypeDef) -> int:
+    """The smallest weight of the group's instance types (1 without weights)."""
+    return min(_type_weights(group).values(), default=1)
+
+
 def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -563,37 +597,63 @@ class AwsProvider:
     async def _create_instance(self, group_id: str) -> None:
         group = await self._describe_group(group_id)
         desired, maximum = group["DesiredCapacity"], group["MaxSize"]
+        # With weighted instance types every size is in capacity units, not instances: one
+        # more instance is the lightest type's weight more (a heavier one exceeds it, which
+        # Auto Scaling allows; it never scales in below the desired capacity for that).
+        step = _lightest_weight(group)
         # Auto Scaling refuses a desired capacity above the maximum (ValidationError); say
         # so before asking, with the numbers, as a CapacityError the planner can report.
-        if desired >= maximum:
+        if desired + step > maximum:
             raise CapacityError(
                 f"AWS group {group_id} is at its maximum size ({desired} of {maximum}); "
                 "raise MaxSize to leave room for the rollout's surge"
             )
-        live = [
-            i for i in group.get("Instances", []) if not i.get("LifecycleState", "").startswith("Terminat")
-        ]
-        if desired > len(live):
+        live = _live_units(group)
+        if desired > live:
             # A launch is outstanding. Auto Scaling accepts a desired capacity it then cannot
             # launch (no capacity in the zones, a missing AMI) and only its activity history
             # says so: report that first. Otherwise the instance is on its way but not listed
             # yet, and whoever asks now cannot tell it from its own: asking for one more each
             # time would pile up desired capacity up to MaxSize (a second CreateHeir of one
             # intent, a pass on a stale cache). So no new launch until the group lists it;
-            # retried, the caller asks again once it shows up.
+            # retried, the caller asks again once it shows up (or ``cancel_create`` takes it back).
             await self._raise_failed_launch(group_id)
+            listed = "capacity unit(s) of instances" if _type_weights(group) else "instance(s)"
             raise ProviderError(
-                f"AWS group {group_id}: a launch is outstanding ({len(live)} instance(s) listed, "
+                f"AWS group {group_id}: a launch is outstanding ({live} {listed} listed, "
                 f"{desired} desired); asking for another once it shows up",
                 reason="ProviderLaunchOutstanding",
             )
         await self._run(
             "SetDesiredCapacity",
             lambda: self._autoscaling.set_desired_capacity(
-                AutoScalingGroupName=group_id, DesiredCapacity=desired + 1, HonorCooldown=False
+                AutoScalingGroupName=group_id, DesiredCapacity=desired + step, HonorCooldown=False
             ),
         )
-        log.info("group %s: desired capacity %d -> %d", group_id, desired, desired + 1)
+        log.info("group %s: desired capacity %d -> %d", group_id, desired, desired + step)
+
+    async def cancel_create(self, group_id: str) -> bool:
+        """Take back a launch the group has not listed (a Join whose deadline passed): the
+        desired capacity goes down by what ``create_instance`` raised it, never below what
+        is listed. False when nothing was outstanding (the instance showed up after all)."""
+        try:
+            group = await self._describe_group(group_id)
+            desired, live = group["DesiredCapacity"], _live_units(group)
+            if desired <= live:
+                return False
+            lowered = max(desired - _lightest_weight(group), live, group["MinSize"])
+            if lowered == desired:
+                return False
+            await self._run(
+                "SetDesiredCapacity",
+                lambda: self._autoscaling.set_desired_capacity(
+                    AutoScalingGroupName=group_id, DesiredCapacity=lowered, HonorCooldown=False
+                ),
+            )
+            log.info("group %s: launch cancelled, desired capacity %d -> %d", group_id, desired, lowered)
+            return True
+        finally:
+            self._cache.clear()
 
     async def _raise_failed_launch(self, group_id: str) -> None:
         """The group's newest scaling activity, if it is a launch that failed, as an error."""
@@ -640,7 +700,7 @@ class AwsProvider:
             # again would decrement the desired capacity a second time.
             return
         group = await self._describe_group(group_id)
-        if group["DesiredCapacity"] <= group["MinSize"]:
+        if group["DesiredCapacity"] - _weight(member) < group["MinSize"]:
             raise ProviderError(
                 f"AWS group {group_id} is at its minimum size ({group['MinSize']}): deleting "
                 f"{instance_id} would shrink it below; lower MinSize or add an instance first",

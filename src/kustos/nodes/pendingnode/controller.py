@@ -8,8 +8,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kustos.api.pendingnode import PendingNode
+from kustos.nodes.cloud import CancelsCreates
 from kustos.nodes.pendingnode import planner
-from kustos.nodes.pendingnode.planner import DeleteInstance, Forget, Observed, Step
+from kustos.nodes.pendingnode.planner import CancelCreate, DeleteInstance, Forget, Observed, Step
 from kustos.runtime import faults, objects
 from kustos.runtime.cloud import CloudProvider, InstanceState, NotFound
 from kustos.runtime.controller import Controller
@@ -76,6 +77,12 @@ class PendingNodeReconciler(FamilyReconciler[PendingNode, Observed, Step]):
         assert self.cloud is not None
         name, goal = objects.name(obj), observed.goal
         match step:
+            case CancelCreate():
+                # A refused cancel raises: the base records it (Degraded) and retries.
+                if isinstance(self.cloud, CancelsCreates):
+                    cancelled = await self.cloud.cancel_create(observed.group_id)
+                    log.info("PendingNode %s: %s (creation taken back: %s)", name, step.reason, cancelled)
+                await self.api.delete(PENDINGNODES, None, name)
             case Forget():
                 log.info("PendingNode %s: %s", name, step.reason)
                 await self.api.delete(PENDINGNODES, None, name)

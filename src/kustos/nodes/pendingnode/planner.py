@@ -3,7 +3,8 @@
 - Join, node Ready: Joined (the NodeImage controller pairs it and deletes this object).
 - Join past its deadline: delete the instance (and its Node) at the provider, then this
   object: the slot is free and the NodeImage controller asks for a new node.
-- Join without an instance yet past its deadline: forget it.
+- Join without an instance yet past its deadline: take the creation back at the provider
+  (a group size raised for it is lowered) and forget it.
 - Leave, instance gone: done, delete this object.
 - Leave past its deadline: ask the provider again, count the attempt, report it (Degraded).
 
@@ -52,11 +53,16 @@ class Forget:
 
 
 @dataclass(frozen=True)
+class CancelCreate(Forget):
+    """Forget a Join whose instance never showed up, after taking its creation back."""
+
+
+@dataclass(frozen=True)
 class MarkJoined:
     pass
 
 
-Step = DeleteInstance | Forget | MarkJoined | Wait | Done
+Step = DeleteInstance | CancelCreate | Forget | MarkJoined | Wait | Done
 
 
 def plan(o: Observed) -> Step:
@@ -66,7 +72,9 @@ def plan(o: Observed) -> Step:
             return MarkJoined()
         if not o.provider_id:
             return (
-                Forget("no instance showed up before the deadline") if late else Wait("instance requested", 5)
+                CancelCreate("no instance showed up before the deadline")
+                if late
+                else Wait("instance requested", 5)
             )
         if late:
             if o.instance == InstanceState.GONE and not o.node_exists:
