@@ -154,11 +154,23 @@ async def test_pods_on_a_real_node_reach_services_by_cluster_ip(
     assert "system:anonymous" in api.stdout + api.stderr
 
 
+def _host_uplinks() -> list[tuple[str, str]]:
+    """The host's own interfaces (no dev cluster bridge or port) with their state, and its
+    default routes."""
+    links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True, check=True).stdout)
+    routes = subprocess.run(["ip", "route", "show", "default"], capture_output=True, text=True, check=True)
+    uplinks = [link for link in links if "master" not in link and not link["ifname"].startswith("kbr")]
+    return [(link["ifname"], link.get("operstate", "")) for link in uplinks] + [
+        ("default", routes.stdout.strip())
+    ]
+
+
 async def test_a_partitioned_real_node_keeps_its_containers_but_is_cut_off(
     kubectl: Kubectl, dev_cluster: DevCluster, real_node: RealNode
 ) -> None:
     kubectl.apply(restricted_etcd_pod("cut-off", real_node.name))
     ip = (await ready_pod(kubectl, "cut-off", timeout=90))["status"]["podIP"]
+    host_links = _host_uplinks()
 
     dev_cluster.partition_node(real_node.name)
     try:
@@ -171,6 +183,7 @@ async def test_a_partitioned_real_node_keeps_its_containers_but_is_cut_off(
             return node_ready(dev_cluster, real_node.name) != "True"
 
         await wait_until(not_ready, f"{real_node.name} NotReady", timeout=60)
+        assert _host_uplinks() == host_links  # only the pods' bridge ports went down
     finally:
         dev_cluster.heal_node(real_node.name)
 

@@ -363,7 +363,7 @@ class DevCluster:
     def bring_node_up(self, node: str) -> None:
         real = self.real_node_named(node)
         if real is not None:
-            real.set_pod_links(up=True)
+            real.set_pod_links(up=True, bridge=self.network.bridge)
             real.start_kubelet(self.kubeconfig, self.network)
             return
         self.kubectl("label", "node", node, f"{MANAGED_LABEL}=true", "--overwrite")
@@ -375,7 +375,7 @@ class DevCluster:
         real = self.real_node_named(node)
         if real is not None:
             real.stop_kubelet()
-            real.set_pod_links(up=False)
+            real.set_pod_links(up=False, bridge=self.network.bridge)
             return
         patch = {
             "metadata": {"labels": {MANAGED_LABEL: None}, "annotations": {PARTITIONED_ANNOTATION: "true"}}

@@ -312,10 +312,12 @@ class RealNode:
             self.crictl("rmp", "--all", "--force", check=False)
         self._kill_cgroupprocesses()
 
-    def set_pod_links(self, up: bool) -> None:
+    def set_pod_links(self, up: bool, bridge: str) -> None:
         """A partition: the bridge ports of this node's pods down (containers run on), or up.
 
-        Each pod's eth0 names its host-side peer by interface index (``link_index``)."""
+        Each pod's eth0 names its host-side peer by interface index (``link_index``). Only a
+        port of the cluster's ``bridge`` is ever touched: an index read in the wrong namespace
+        once took the host's own uplink down, and the machine lost its default route with it."""
         if not self.netns_dir.is_dir():
             return
         for netns in self.netns_dir.iterdir():
@@ -331,7 +333,7 @@ class RealNode:
                 continue
             for link in Path("/sys/class/net").iterdir():
                 with contextlib.suppress(OSError):
-                    if (link / "ifindex").read_text().strip() == index:
+                    if (link / "ifindex").read_text().strip() == index and _port_of(link, bridge):
                         subprocess.run(["ip", "link", "set", link.name, "up" if up else "down"],
                                        capture_output=True, check=False)  # fmt: skip
 
@@ -580,3 +582,9 @@ def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
             return
         time.sleep(0.1)
     raise RealNodeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _port_of(link: Path, bridge: str) -> bool:
+    """True when the host interface ``link`` (under /sys/class/net) is a port of ``bridge``."""
+    master = link / "master"
+    return master.exists() and master.resolve().name == bridge
