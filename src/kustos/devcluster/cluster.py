@@ -45,6 +45,7 @@ from kustos.devcluster.network import (
     operator_resolv_conf,
 )
 from kustos.devcluster.paths import cache_root, clusters_root
+from kustos.devcluster.pids import alive, read_pid
 from kustos.devcluster.provisioner import storage_class_manifest
 from kustos.devcluster.realnode import RealNode, RealNodeError, real_node
 from kustos.devcluster.runner import sandbox_dir
@@ -145,7 +146,7 @@ class DevCluster:
         """Run ``argv`` beside the cluster (pid in ``<name>.pid``, output in ``<name>.log``)
         unless it already runs; ``stop`` stops it, gracefully first."""
         pid_file = self.state_dir / f"{name}.pid"
-        if _alive(_read_pid(pid_file)):
+        if alive(read_pid(pid_file)):
             return
         with (self.state_dir / f"{name}.log").open("ab") as sink:
             process = subprocess.Popen(
@@ -437,12 +438,12 @@ class DevCluster:
         components = []
         for spec in self._saved_components() if self.cluster_dir.exists() else []:
             pid_file = Path(spec["workDir"]) / "pids" / f"{Path(spec['binary']).stem}.pid"
-            pid = _read_pid(pid_file)
-            components.append({"name": spec["name"], "pid": pid, "running": _alive(pid)})
+            pid = read_pid(pid_file)
+            components.append({"name": spec["name"], "pid": pid, "running": alive(pid)})
         for name in reversed(BACKGROUND):
-            pid = _read_pid(self.state_dir / f"{name}.pid")
+            pid = read_pid(self.state_dir / f"{name}.pid")
             if pid is not None:
-                components.append({"name": f"kustos-{name}", "pid": pid, "running": _alive(pid)})
+                components.append({"name": f"kustos-{name}", "pid": pid, "running": alive(pid)})
         nodes: list[dict[str, Any]] = []
         if self.is_running():
             listing = json.loads(self.kubectl("get", "nodes", "-o", "json"))
@@ -559,8 +560,8 @@ class DevCluster:
 
     def _stop_background(self, name: str) -> None:
         pid_file = self.state_dir / f"{name}.pid"
-        pid = _read_pid(pid_file)
-        if pid is not None and _alive(pid):
+        pid = read_pid(pid_file)
+        if pid is not None and alive(pid):
             os.kill(pid, signal.SIGTERM)
             if not _wait_gone(pid, 20):
                 os.kill(pid, signal.SIGKILL)
@@ -570,8 +571,8 @@ class DevCluster:
     def _kill_leftovers(self) -> None:
         """Anything still holding a pid file under the state dir (a crashed agent's pods)."""
         for pid_file in self.state_dir.glob("**/*.pid"):
-            pid = _read_pid(pid_file)
-            if _alive(pid):
+            pid = read_pid(pid_file)
+            if alive(pid):
                 assert pid is not None
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)
@@ -668,34 +669,12 @@ def _dns_query(name: str) -> bytes:
     return header + labels + b"\x00\x01\x00\x01"
 
 
-def _read_pid(pid_file: Path) -> int | None:
-    try:
-        return int(pid_file.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie answers kill(pid, 0) too; it is not alive for our purposes.
-    with contextlib.suppress(FileNotFoundError):
-        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
-    return True
-
-
 def _wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.1)
     return False

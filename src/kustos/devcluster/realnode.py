@@ -41,6 +41,7 @@ import yaml
 
 from kustos.devcluster import binaries
 from kustos.devcluster.network import SERVICE_CIDR, ClusterNetwork, short_hash
+from kustos.devcluster.pids import alive, read_pid
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # containerd's shims put their sockets here whatever containerd's state directory is.
@@ -295,7 +296,7 @@ class RealNode:
         return result.stdout
 
     def is_running(self, component: str) -> bool:
-        return _alive(_read_pid(self.pid_file(component)))
+        return alive(read_pid(self.pid_file(component)))
 
     def stop_kubelet(self) -> None:
         _stop(self.pid_file("kubelet"))
@@ -409,7 +410,7 @@ class RealNode:
             shims = [
                 pid
                 for pid, argv in processes()
-                if argv and "containerd-shim" in argv[0] and any(address in a for a in argv) and _alive(pid)
+                if argv and "containerd-shim" in argv[0] and any(address in a for a in argv) and alive(pid)
             ]
             if not shims:
                 return
@@ -449,7 +450,7 @@ class RealNode:
         found += [f"mount {m}" for m in mounts_under(self.directory)]
         address = str(self.containerd_socket)
         for pid, argv in processes():
-            if any(address in a or str(self.directory) in a for a in argv) and _alive(pid):
+            if any(address in a or str(self.directory) in a for a in argv) and alive(pid):
                 found.append(f"process {pid}: {' '.join(argv)[:120]}")
         return found
 
@@ -530,34 +531,15 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _read_pid(pid_file: Path) -> int | None:
-    try:
-        return int(pid_file.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(FileNotFoundError):
-        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
-    return True
-
-
 def _stop(pid_file: Path, timeout: float = 15) -> None:
     """SIGTERM, then SIGKILL after ``timeout``; reap it if it is our child."""
-    pid = _read_pid(pid_file)
-    if _alive(pid):
+    pid = read_pid(pid_file)
+    if alive(pid):
         assert pid is not None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
             time.sleep(0.1)
@@ -565,8 +547,8 @@ def _stop(pid_file: Path, timeout: float = 15) -> None:
 
 
 def _kill(pid_file: Path) -> None:
-    pid = _read_pid(pid_file)
-    if _alive(pid):
+    pid = read_pid(pid_file)
+    if alive(pid):
         assert pid is not None
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
