@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from kustos.devcluster.cluster import DevCluster
+from kustos.runtime import objects
 
 T = TypeVar("T")
 
@@ -75,3 +76,16 @@ def claim(name: str, storage_class: str) -> dict[str, Any]:
             "resources": {"requests": {"storage": "1Gi"}},
         },
     }
+
+
+def budget_breach(pdb: dict[str, Any]) -> str | None:
+    """What a workload's PodDisruptionBudget says when fewer pods are healthy than it wants,
+    else None. An EtcdCluster's own budget is not a workload's: its minAvailable is above the
+    Ready members while it refuses evictions (docs/etcdcluster.md, Disruptions), and the
+    rollout tests check etcd's quorum directly."""
+    if objects.owner_of(pdb, "EtcdCluster") is not None:
+        return None
+    status = pdb.get("status") or {}
+    if status.get("currentHealthy", 0) < status.get("desiredHealthy", 0):
+        return f"{objects.name(pdb)}: {status}"
+    return None

@@ -36,7 +36,7 @@ from kustos.runtime.metrics import Metrics
 from kustos.runtime.resources import CONFIGMAPS, NODES, PODS
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
-from tests.integration.kube import wait_until
+from tests.integration.kube import budget_breach, wait_until
 from tests.integration.operator import OperatorProcess, start_chart_operator
 
 OLD, NEW = "kwok-os:v1", "kwok-os:v2"
@@ -250,13 +250,8 @@ class Watcher:
                 self.max_extra[group] = max(self.max_extra.get(group, 0), extra)
                 self.max_unavailable[group] = max(self.max_unavailable.get(group, 0), total - usable)
             for pdb in await self.api.list_objects(pdbs, self.namespace):
-                if objects.owner_of(pdb, "EtcdCluster") is not None:
-                    # Its minAvailable is above the Ready members while it refuses evictions
-                    # (docs/etcdcluster.md, Disruptions); etcd_min_healthy checks its quorum.
-                    continue
-                status = pdb.get("status") or {}
-                if status.get("currentHealthy", 0) < status.get("desiredHealthy", 0):
-                    self.pdb_breaches.append(f"{objects.name(pdb)}: {status}")
+                if (breach := budget_breach(pdb)) is not None:
+                    self.pdb_breaches.append(breach)
             if self.etcd:
                 cluster = await self.api.get(etcds, self.namespace, self.etcd)
                 members = ((cluster or {}).get("status") or {}).get("members") or []

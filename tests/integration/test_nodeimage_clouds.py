@@ -38,7 +38,7 @@ from tests.cloud_support import AzureCloud, Cloud, GcpCloud
 from tests.integration import test_nodeimage_aws as aws_e2e
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
-from tests.integration.kube import wait_until
+from tests.integration.kube import budget_breach, wait_until
 from tests.integration.operator import start_chart_operator
 
 pytestmark = pytest.mark.integration
@@ -128,9 +128,8 @@ class Watcher:
                              and not objects.node_unschedulable(n))  # fmt: skip
                 self.max_unavailable[key] = max(self.max_unavailable.get(key, 0), totals[key] - usable)
             for pdb in await self.cloud.api.list_objects(PDBS, self.namespace):
-                status = pdb.get("status") or {}
-                if status.get("currentHealthy", 0) < status.get("desiredHealthy", 0):
-                    self.pdb_breaches.append(f"{objects.name(pdb)}: {status}")
+                if (breach := budget_breach(pdb)) is not None:
+                    self.pdb_breaches.append(breach)
             cluster = await self.cloud.api.get(ETCDCLUSTERS, self.namespace, "e")
             members = ((cluster or {}).get("status") or {}).get("members") or []
             if members:
