@@ -62,6 +62,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from kustos.nodes.cloud.lookups import LookupCache
 from kustos.runtime.cloud import (
     CapacityError,
     Group,
@@ -454,7 +455,7 @@ class AwsProvider:
         self._autoscaling = autoscaling
         self.options = options
         self._monotonic = monotonic
-        self._cache: dict[tuple[str, ...], tuple[float, Any]] = {}
+        self._cache = LookupCache(options.cache_seconds, monotonic)
         self._skipped: set[str] = set()  # groups already logged as not managed (once each)
 
     @classmethod
@@ -484,19 +485,19 @@ class AwsProvider:
     # -- the CloudProvider interface -------------------------------------------------------
 
     async def groups(self) -> Sequence[Group]:
-        cached: Sequence[Group] | None = self._cached(("groups",))
+        cached: Sequence[Group] | None = self._cache.get(("groups",))
         if cached is not None:
             return cached
         raw = await self._run("DescribeAutoScalingGroups", self._describe_groups)
         ours = [g for g in raw if self._is_ours(g)]
         found = await asyncio.gather(*(self._group(g) for g in ours))
-        return self._remember(("groups",), tuple(g for g in found if g is not None))
+        return self._cache.put(("groups",), tuple(g for g in found if g is not None))
 
     async def instances(self, group_id: str) -> Sequence[Instance]:
-        cached: Sequence[Instance] | None = self._cached(("instances", group_id))
+        cached: Sequence[Instance] | None = self._cache.get(("instances", group_id))
         if cached is not None:
             return cached
-        return self._remember(("instances", group_id), tuple(await self._instances(group_id)))
+        return self._cache.put(("instances", group_id), tuple(await self._instances(group_id)))
 
     async def _instances(self, group_id: str) -> list[Instance]:
         group = await self._describe_group(group_id)
@@ -735,17 +736,6 @@ class AwsProvider:
                 reason="ProviderOtherRegion",
             )
         return instance_id
-
-    def _cached(self, key: tuple[str, ...]) -> Any:
-        hit = self._cache.get(key)
-        if hit is None or self._monotonic() >= hit[0]:
-            return None
-        return hit[1]
-
-    def _remember(self, key: tuple[str, ...], value: T) -> T:
-        if self.options.cache_seconds > 0:
-            self._cache[key] = (self._monotonic() + self.options.cache_seconds, value)
-        return value
 
     async def _run(self, action: str, call: Callable[..., T], *args: Any) -> T:
         """``call`` in a worker thread (boto3 blocks), its failure as a typed error."""

@@ -54,6 +54,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
 )
 
+from kustos.nodes.cloud.lookups import LookupCache
 from kustos.runtime.cloud import (
     CapacityError,
     Group,
@@ -371,7 +372,7 @@ class AzureProvider:
         self._client: ComputeManagementClient | None = None  # made at the first call (``load_sdk``)
         self._loading = asyncio.Lock()
         self._monotonic = monotonic
-        self._cache: dict[tuple[str, ...], tuple[float, Any]] = {}
+        self._cache = LookupCache(options.cache_seconds, monotonic)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> AzureProvider:
@@ -404,7 +405,7 @@ class AzureProvider:
     # -- the CloudProvider interface -------------------------------------------------------
 
     async def groups(self) -> Sequence[Group]:
-        cached: Sequence[Group] | None = self._cached(("groups",))
+        cached: Sequence[Group] | None = self._cache.get(("groups",))
         if cached is not None:
             return cached
         group = self.options.resource_group
@@ -415,14 +416,14 @@ class AzureProvider:
 
         raw = await self._run("virtualMachineScaleSets.list", listed)
         found = tuple(g for g in (self._group(s) for s in raw) if g is not None)
-        return self._remember(("groups",), found)
+        return self._cache.put(("groups",), found)
 
     async def instances(self, group_id: str) -> Sequence[Instance]:
-        cached: Sequence[Instance] | None = self._cached(("instances", group_id))
+        cached: Sequence[Instance] | None = self._cache.get(("instances", group_id))
         if cached is not None:
             return cached
         members = await self._members(ScaleSetRef.parse(group_id))
-        return self._remember(("instances", group_id), tuple(m.instance for m in members))
+        return self._cache.put(("instances", group_id), tuple(m.instance for m in members))
 
     async def instance(self, provider_id: str) -> Instance:
         ref = self._vm_here(provider_id)
@@ -662,17 +663,6 @@ class AzureProvider:
                 )
 
         await self._run(action, run)
-
-    def _cached(self, key: tuple[str, ...]) -> Any:
-        hit = self._cache.get(key)
-        if hit is None or self._monotonic() >= hit[0]:
-            return None
-        return hit[1]
-
-    def _remember(self, key: tuple[str, ...], value: T) -> T:
-        if self.options.cache_seconds > 0:
-            self._cache[key] = (self._monotonic() + self.options.cache_seconds, value)
-        return value
 
     async def _run(self, action: str, call: Callable[[], T]) -> T:
         """``call`` in a worker thread (the client blocks), its failure as a typed error."""

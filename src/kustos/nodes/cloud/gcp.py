@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kustos.nodes.cloud.lookups import LookupCache
 from kustos.runtime.cloud import (
     CapacityError,
     Group,
@@ -339,7 +340,7 @@ class GcpProvider:
         self._loading = asyncio.Lock()
         self.options = options
         self._monotonic = monotonic
-        self._cache: dict[tuple[str, ...], tuple[float, Any]] = {}
+        self._cache = LookupCache(options.cache_seconds, monotonic)
         # Instance templates are immutable: a template's image is read once.
         self._template_images: dict[str, str | None] = {}
         self._skipped: set[str] = set()
@@ -353,7 +354,7 @@ class GcpProvider:
     # -- the CloudProvider interface -------------------------------------------------------
 
     async def groups(self) -> Sequence[Group]:
-        cached: Sequence[Group] | None = self._cached(("groups",))
+        cached: Sequence[Group] | None = self._cache.get(("groups",))
         if cached is not None:
             return cached
         managers = await self._run(
@@ -367,10 +368,10 @@ class GcpProvider:
             ],
         )
         found = await asyncio.gather(*(self._group(m) for m in managers))
-        return self._remember(("groups",), tuple(g for g in found if g is not None))
+        return self._cache.put(("groups",), tuple(g for g in found if g is not None))
 
     async def instances(self, group_id: str) -> Sequence[Instance]:
-        cached: Sequence[Instance] | None = self._cached(("instances", group_id))
+        cached: Sequence[Instance] | None = self._cache.get(("instances", group_id))
         if cached is not None:
             return cached
         ref = GroupRef.parse(group_id)
@@ -387,7 +388,7 @@ class GcpProvider:
                     image=await self._template_image(template) if template else None,
                 )
             )
-        return self._remember(("instances", group_id), tuple(result))
+        return self._cache.put(("instances", group_id), tuple(result))
 
     async def instance(self, provider_id: str) -> Instance:
         """One instances.get: node maintenance asks this for every dead node."""
@@ -730,17 +731,6 @@ class GcpProvider:
             "globalOperations.get",
             lambda: self.clients.global_operations.get(project=project, operation=name, timeout=CALL_TIMEOUT),
         )
-
-    def _cached(self, key: tuple[str, ...]) -> Any:
-        hit = self._cache.get(key)
-        if hit is None or self._monotonic() >= hit[0]:
-            return None
-        return hit[1]
-
-    def _remember(self, key: tuple[str, ...], value: T) -> T:
-        if self.options.cache_seconds > 0:
-            self._cache[key] = (self._monotonic() + self.options.cache_seconds, value)
-        return value
 
     @property
     def clients(self) -> GcpClients:
