@@ -24,7 +24,7 @@ test: $(VENV)/.synced
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-logo
-	$(VENV)/bin/pytest
+	$(VENV)/bin/python -m tests.shards
 
 # The proof suite (docs/proof.md): histories recorded under injected failures, checked for
 # linearizability, watch guarantees and lost writes; prints the report table. `make test` runs

@@ -1,0 +1,186 @@
+"""Run the test suite as parallel pytest sessions, each on a control plane of its own.
+
+The integration suite mostly waits: on etcd elections, failure timeouts, kwok's node
+timings, operator backoffs. One session on 2 cores leaves the machine idle much of the time,
+so two sessions side by side take little more than half the time (issue 26, item 5). They
+are separate processes, not pytest-xdist workers: a session enters a private mount
+namespace at import, which a process with threads (as xdist's workers are) cannot do.
+
+Modules are dealt to sessions by their last known duration (longest first, to the session
+with the least so far). Modules that start real nodes share one session: kube-proxy's
+nftables table is one per machine. The least-privilege check needs every module's requests:
+each session writes what it found unused (``KUSTOS_SHARD_REPORT``) and this runner fails the
+run if a permission went unused in every session.
+
+Usage: ``python -m tests.shards [--sessions N] [pytest arguments...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kustos.devcluster.paths import cache_root
+
+REPO = Path(__file__).resolve().parents[1]
+INTEGRATION = REPO / "tests" / "integration"
+UNIT = "tests/unit"
+# Seconds per module from a full run here; a module not listed counts as DEFAULT_SECONDS.
+KNOWN_SECONDS = INTEGRATION / "module_seconds.json"
+# The newest figures of this machine's runs, preferred to the checked-in ones.
+MEASURED_SECONDS = cache_root() / "module-seconds.json"
+DEFAULT_SECONDS = 60.0
+REAL_NODES_MARK = "start_real_node("
+
+
+@dataclass
+class Session:
+    """One pytest process and the modules dealt to it."""
+
+    index: int
+    modules: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    process: subprocess.Popen[str] | None = None
+
+    @property
+    def label(self) -> str:
+        return chr(ord("a") + self.index)
+
+
+def module_seconds() -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for source in (KNOWN_SECONDS, MEASURED_SECONDS):
+        if source.exists():
+            figures.update(json.loads(source.read_text()))
+    return figures
+
+
+def needs_real_nodes(module: Path) -> bool:
+    return REAL_NODES_MARK in module.read_text()
+
+
+def deal(modules: list[Path], sessions: int, seconds: dict[str, float], unit: bool = True) -> list[Session]:
+    """Longest first, each to the session with the least so far; the real-node modules as one
+    unit, and the unit tests as one more."""
+    units: list[tuple[float, list[str]]] = []
+    real = [m for m in modules if needs_real_nodes(m)]
+    if real:
+        units.append((sum(seconds.get(m.name, DEFAULT_SECONDS) for m in real), [rel(m) for m in real]))
+    units += [(seconds.get(m.name, DEFAULT_SECONDS), [rel(m)]) for m in modules if m not in real]
+    if unit:
+        units.append((seconds.get("unit", DEFAULT_SECONDS), [UNIT]))
+    dealt = [Session(i) for i in range(sessions)]
+    for cost, paths in sorted(units, key=lambda unit: -unit[0]):
+        least = min(dealt, key=lambda s: s.seconds)
+        least.modules += paths
+        least.seconds += cost
+    return [s for s in dealt if s.modules]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def start(session: Session, out: Path, pytest_args: list[str]) -> None:
+    env = {**os.environ, "KUSTOS_SHARD_REPORT": str(out / f"least-privilege-{session.label}.json")}
+    session.process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *session.modules, *pytest_args,
+         f"--basetemp={out / ('session-' + session.label)}", f"--junitxml={out / session.label}.xml"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    threading.Thread(target=relay, args=(session,), daemon=True).start()
+
+
+def relay(session: Session) -> None:
+    """Each session's output, line by line, marked with its letter."""
+    assert session.process is not None and session.process.stdout is not None
+    for line in session.process.stdout:
+        sys.stdout.write(f"[{session.label}] {line}")
+        sys.stdout.flush()
+
+
+def stop_all(sessions: list[Session]) -> None:
+    """Interrupt every session as Ctrl-C would, so each tears its cluster down."""
+    for s in sessions:
+        if s.process and s.process.poll() is None:
+            s.process.send_signal(signal.SIGINT)
+
+
+def interrupted(signum: int, frame: object) -> None:
+    """A CI timeout's SIGTERM, handled as Ctrl-C: the sessions tear their clusters down."""
+    raise KeyboardInterrupt
+
+
+def record_seconds(out: Path, sessions: list[Session]) -> None:
+    """Per-module durations of this run (from each session's JUnit XML), for the next deal."""
+    figures = json.loads(MEASURED_SECONDS.read_text()) if MEASURED_SECONDS.exists() else {}
+    for s in sessions:
+        report = out / f"{s.label}.xml"
+        if not report.exists():
+            continue
+        totals: dict[str, float] = {}
+        for case in ET.parse(report).iter("testcase"):
+            classname = case.get("classname", "")
+            name = "unit" if classname.startswith("tests.unit") else classname.split(".")[-1] + ".py"
+            totals[name] = totals.get(name, 0.0) + float(case.get("time") or 0)
+        figures.update({k: round(v, 1) for k, v in totals.items()})
+    MEASURED_SECONDS.parent.mkdir(parents=True, exist_ok=True)
+    MEASURED_SECONDS.write_text(json.dumps(dict(sorted(figures.items())), indent=1) + "\n")
+
+
+def unused_everywhere(out: Path, sessions: list[Session]) -> list[str]:
+    """Permissions that no session used and docs/install.md does not justify (each session that
+    started the control plane wrote what it left unused)."""
+    reports = [out / f"least-privilege-{s.label}.json" for s in sessions]
+    found = [set(json.loads(r.read_text())["unjustified"]) for r in reports if r.exists()]
+    return sorted(set.intersection(*found)) if found else []
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=int(os.environ.get("KUSTOS_TEST_SESSIONS", "2")))
+    parser.add_argument("--modules", nargs="*", help="integration modules (default: all, and the unit tests)")
+    args, pytest_args = parser.parse_known_args()
+    every = sorted(INTEGRATION.glob("test_*.py"))
+    modules = [INTEGRATION / Path(m).name for m in args.modules] if args.modules else every
+    sessions = deal(modules, max(1, args.sessions), module_seconds(), unit=not args.modules)
+    out = Path(tempfile.mkdtemp(prefix="kustos-tests-"))
+    for s in sessions:
+        print(f"[{s.label}] about {s.seconds / 60:.0f} min: {' '.join(Path(m).name for m in s.modules)}")
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        for s in sessions:
+            start(s, out, pytest_args)
+        codes = [s.process.wait() for s in sessions if s.process]
+    except KeyboardInterrupt:
+        stop_all(sessions)
+        for s in sessions:
+            if s.process:
+                s.process.wait()
+        return 130
+    record_seconds(out, sessions)
+    took = time.monotonic() - started
+    print(f"\n{len(sessions)} sessions in {took:.0f} s; exit codes {codes}; reports in {out}")
+    failed = any(codes)
+    # Only a whole run that passed can say a permission is never needed.
+    unused = [] if failed or args.modules else unused_everywhere(out, sessions)
+    if unused:
+        print("the chart grants permissions no request of any session used and docs/install.md does not "
+              "justify:\n" + "\n".join(f"  {g}" for g in unused))  # fmt: skip
+        return 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
