@@ -20,7 +20,7 @@ from tests.integration.etcd_support import etcd_cluster, wait_healthy
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 from tests.integration.prometheus import render_dashboard, running_prometheus
-from tests.integration.test_maintenance import fence, policy, restored, unreachable
+from tests.integration.test_maintenance import fence, last_action, policy, restored, unreachable
 
 PICTURE = Path(__file__).resolve().parents[2] / "docs" / "metrics-dashboard.png"
 
@@ -68,27 +68,30 @@ async def test_quorum_at_risk_fires_while_a_member_is_down_and_clears_when_it_is
         await wait_until(cleared, "KustosEtcdQuorumAtRisk cleared", timeout=90, cluster=kubectl.cluster,
                          namespace=ns)  # fmt: skip
 
-        # The leader killed (and restarted): another member leads, and the change is counted.
+        # The leader killed and kept down: another member leads, and the change is counted.
         changes = f"kustos_etcdcluster_leader_changes_total{nn}"
         before = operator.metrics()[changes]
-        kubectl.cluster.crash_container(ns, leader, "etcd", stay_down=False)
+        kubectl.cluster.crash_container(ns, leader, "etcd", stay_down=True)
+        try:
 
-        async def counted() -> list[dict[str, object]]:
-            return prometheus.query(f"{changes} > {before}")
+            async def counted() -> list[dict[str, object]]:
+                return prometheus.query(f"{changes} > {before}")
 
-        await wait_until(counted, "Prometheus saw the leader change", timeout=60, cluster=kubectl.cluster,
-                         namespace=ns)  # fmt: skip
-        old_index = int(leader.rsplit("-", 1)[1])
+            await wait_until(counted, "Prometheus saw the leader change", timeout=60, cluster=kubectl.cluster,
+                             namespace=ns)  # fmt: skip
+            old_index = int(leader.rsplit("-", 1)[1])
 
-        async def new_leader() -> list[dict[str, object]]:
-            return prometheus.query(f"kustos_etcdcluster_leader_member_index{nn} != {old_index}")
+            async def new_leader() -> list[dict[str, object]]:
+                return prometheus.query(f"kustos_etcdcluster_leader_member_index{nn} != {old_index}")
 
-        await wait_until(new_leader, "another member leads", timeout=30)
+            await wait_until(new_leader, "another member leads", timeout=30)
+        finally:
+            kubectl.cluster.release_container(ns, leader, "etcd")
         picture = PICTURE if os.environ.get("KUSTOS_UPDATE_DOCS") == "1" else tmp_path / PICTURE.name
         render_dashboard(prometheus, start, time.time(), picture)
     assert picture.stat().st_size > 10_000
     status = await wait_healthy(kubectl, "m", 3)
-    assert victim in {m["name"] for m in status["members"]}  # it came back, it was not replaced
+    assert {victim, leader} <= {m["name"] for m in status["members"]}  # back, not replaced
 
 
 MiB = 2**20
@@ -175,10 +178,15 @@ async def _clear_and_count(kubectl: Kubectl, operator: OperatorProcess) -> None:
         await unreachable(kubectl, victim)
         fence(kubectl, victim)
 
+        async def recorded() -> bool:
+            return last_action(kubectl).get("action") == "Clear"
+
+        await wait_until(recorded, "the Clear recorded", timeout=120)
+
         async def counted() -> bool:
             return count("Clear") == cleared + 1
 
-        await wait_until(counted, "the Clear counted", timeout=60)
+        await wait_until(counted, "the Clear counted", timeout=10)
     finally:
         await restored(kubectl, victim)
 
