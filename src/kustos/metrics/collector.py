@@ -212,9 +212,8 @@ def etcd_metrics(clusters: Sequence[EtcdClusterFacts]) -> Iterator[Metric]:
                 in_use.add_metric(labels, m.backend_in_use_bytes)
             if m.backend_quota_bytes is not None:
                 quota.add_metric(labels, m.backend_quota_bytes)
-    yield from (
-        rebuilds, restores, changes, info, phase, degraded, alarm, healthy, learner, unhealthy, backend, in_use, quota,
-    )  # fmt: skip
+    yield from (rebuilds, restores, changes, info, phase, degraded, alarm)
+    yield from (healthy, learner, unhealthy, backend, in_use, quota)
 
 
 def node_image_metrics(images: Sequence[NodeImageFacts]) -> Iterator[Metric]:
