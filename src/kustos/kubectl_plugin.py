@@ -156,11 +156,21 @@ def cluster_rows(f: EtcdClusterFacts, now: datetime) -> list[tuple[str, str]]:
         ("healthy voters", f"{f.healthy_voters}/{f.voters}"),
         ("quorum margin", quorum),
         ("leader", f"{leader.name} (index {leader.index})" if leader else "none"),
-        ("leader changes", "-" if f.leader_changes is None else str(f.leader_changes)),
+        (
+            "leader changes",
+            "- (counted by the operator: its /metrics)"
+            if f.leader_changes is None
+            else str(f.leader_changes),
+        ),
         ("alarms", ", ".join(f"{alarm} on {member}" for member, alarm in f.alarms) or "none"),
         ("last backup", backup),
         ("backup schedule", f"every {_age(every)}" if every else "none"),
-        ("rebuilds", str(f.rebuilds) + (" (one running)" if f.recovering else "")),
+        (
+            "rebuilds",
+            str(f.rebuilds)
+            + (" (one running)" if f.recovering else "")
+            + ("; restored from a backup" if f.restored else ""),
+        ),
         ("degraded", f.degraded or "no"),
     ]
 

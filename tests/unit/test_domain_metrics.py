@@ -25,6 +25,7 @@ from kustos.metrics.facts import etcd_cluster_facts, last_backups, schedule_peri
 from kustos.runtime.clock import FixedClock
 from kustos.runtime.manager import Manager
 from kustos.runtime.metrics import Metrics
+from kustos.runtime.observations import EtcdObservation, MemberBackend, Observations
 from kustos.runtime.times import rfc3339
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -134,18 +135,61 @@ def test_schedule_period(schedule: BackupSchedule, seconds: float) -> None:
     assert schedule_period(schedule, NOW) == seconds
 
 
-def test_backend_size_quota_alarms_and_leader_changes_when_the_status_carries_them() -> None:
+def test_backend_size_quota_alarms_and_leader_changes_from_the_controllers_observation() -> None:
     cluster = _cluster(_member(0, leader=True), _member(1), _member(2))
-    for member in cluster["status"]["members"]:
-        member["dbSize"], member["dbSizeQuota"] = 900, 1000
-    cluster["status"]["alarms"] = [{"member": "a-1", "alarm": "NOSPACE"}]
-    cluster["status"]["leaderChanges"] = 4
-    registry = _scrape(Sources(etcd_clusters=lambda: [cluster]))
+    seen = Observations()
+    backends = tuple(MemberBackend(f"a-{i}", 900, 300, 1000) for i in range(3))
+    seen.publish_etcd("db", "a", EtcdObservation(backends, 7, 5, 4, (("a-1", "NOSPACE"),)))
+    registry = _scrape(Sources(etcd_clusters=lambda: [cluster], observations=seen))
     nn = {"namespace": "db", "name": "a"}
     assert _value(registry, "kustos_etcd_member_backend_bytes", **nn, member="a-1") == 900
+    assert _value(registry, "kustos_etcd_member_backend_in_use_bytes", **nn, member="a-1") == 300
     assert _value(registry, "kustos_etcd_member_backend_quota_bytes", **nn, member="a-1") == 1000
     assert _value(registry, "kustos_etcdcluster_alarm", **nn, member="a-1", alarm="NOSPACE") == 1
     assert _value(registry, "kustos_etcdcluster_leader_changes_total", **nn) == 4
+    rows = dict(cluster_rows(etcd_cluster_facts(cluster, {}, NOW, seen.etcd("db", "a")), NOW))
+    assert (rows["leader changes"], rows["alarms"]) == ("4", "NOSPACE on a-1")
+
+    seen.forget_etcd("db", "a")  # a process that never observed it (or the cluster is gone)
+    registry = _scrape(Sources(etcd_clusters=lambda: [cluster], observations=seen))
+    assert _value(registry, "kustos_etcd_member_backend_bytes", **nn, member="a-1") is None
+    assert _value(registry, "kustos_etcdcluster_leader_changes_total", **nn) is None
+
+
+def test_a_cluster_restored_from_a_backup_counts_one_restore_once_formed() -> None:
+    cluster = _cluster(_member(0, leader=True), size=1, restore={"backup": "nightly"})
+    nn = {"namespace": "db", "name": "a"}
+    cluster["status"]["recovery"] = {
+        "epoch": 0,
+        "phase": "Running",
+        "sourceKind": "backup",
+        "source": "nightly",
+    }
+    assert (
+        _value(_scrape(Sources(etcd_clusters=lambda: [cluster])), "kustos_etcdcluster_restores_total", **nn)
+        == 0
+    )
+    cluster["status"]["recovery"]["phase"] = "Succeeded"
+    cluster["status"]["clusterId"] = "1a2b"
+    registry = _scrape(Sources(etcd_clusters=lambda: [cluster]))
+    assert _value(registry, "kustos_etcdcluster_restores_total", **nn) == 1
+    assert _value(registry, "kustos_etcdcluster_rebuilds_total", **nn) == 2  # status.epoch, its own count
+    rows = dict(cluster_rows(etcd_cluster_facts(cluster, {}, NOW), NOW))
+    assert rows["rebuilds"] == "2; restored from a backup"
+
+
+def test_maintenance_counts_what_its_controller_recorded() -> None:
+    policy = _obj(MaintenancePolicy(spec=MaintenancePolicySpec()), "default", None)
+    seen = Observations()
+    seen.count_maintenance("default", "Clear", "Done")
+    seen.count_maintenance("default", "Clear", "Done")
+    seen.count_maintenance("default", "Purge", "Refused")
+    seen.count_purged("default")
+    registry = _scrape(Sources(maintenance_policies=lambda: [policy], observations=seen))
+    actions = "kustos_maintenance_actions_total"
+    assert _value(registry, actions, name="default", action="Clear", outcome="Done") == 2
+    assert _value(registry, actions, name="default", action="Purge", outcome="Refused") == 1
+    assert _value(registry, "kustos_maintenance_nodes_purged_total", name="default") == 1
 
 
 def test_the_space_available_condition_raises_the_nospace_alarm() -> None:
@@ -258,6 +302,7 @@ class _FakeManager:
         self.caches = caches
         self.asked: list[str] = []
         self.metrics = Metrics(CollectorRegistry())
+        self.observations = Observations()
 
     def informer(self, ref: Any) -> _FakeInformer:
         self.asked.append(ref.kind)

@@ -48,7 +48,7 @@ def tree(tmp_path: Path) -> Path:
         ("etcd/planner.py", "import kustos.devcluster.cluster", "devcluster/ is imported by nothing"),
         ("api/etcd.py", "import kustos.storage.controller", "api/ (the models"),
         ("etcd/controller.py", "import kustos.proof.recorder", "proof/ (the history recorder and checker)"),
-        ("metrics/facts.py", "import kustos.etcd.observe", "metrics/ reads the models' status only"),
+        ("metrics/facts.py", "import kustos.etcd.observe", "metrics/ reads the models' status and"),
         ("etcd/controller.py", "import kustos.metrics.facts", "no family imports metrics/"),
         ("nodejob/planner.py", "import kustos.runtime.api", "planners decide without I/O"),
         ("nodes/nodeimage/planner.py", "import asyncio", "planners decide without I/O"),

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import disruption, membership, planner, recovery, webhook
+from kustos.etcd import disruption, membership, planner, published, recovery, webhook
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
 from kustos.etcd.observe import EtcdView, Observer, adoption_check
@@ -119,6 +119,7 @@ class EtcdClusterReconciler:
         raw = self.clusters.get(key)
         if raw is None or objects.deleting(raw):
             self.expected.forget(key)
+            self.manager.observations.forget_etcd(*key.split("/", 1))
             return None  # owner references take everything it owned along
         now = self.clock.now()
         try:
@@ -204,6 +205,7 @@ class EtcdClusterReconciler:
         if rebuild is not None and rebuild.phase == "Running":
             return base, await self.rebuilder.plan(cluster, rebuild, now)
         observed, etcd, client_urls = await self.observer.observe(cluster, now)
+        self._publish(cluster, etcd)
         seen = replace(base, observed=observed, etcd=etcd, client_urls=client_urls)
         step: ClusterStep = planner.plan(observed)
         if cluster.spec.restore is not None and isinstance(step, planner.CreateSeed):
@@ -216,6 +218,13 @@ class EtcdClusterReconciler:
         if isinstance(step, planner.QuorumLost):
             return seen, self._consider_recovery(raw, cluster, observed, etcd, client_urls, step, now)
         return seen, step
+
+    def _publish(self, cluster: EtcdCluster, etcd: EtcdView) -> None:
+        """Backend sizes, alarms and leader changes for the metrics (memory, not status)."""
+        namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
+        board = self.manager.observations
+        board.publish_etcd(namespace, name, published.observation(
+            board.etcd(namespace, name), etcd, published.configured_quota(cluster)))  # fmt: skip
 
     async def _stuck(self, cluster: EtcdCluster, now: datetime) -> tuple[Stuck, ...]:
         """Member pods that cannot start or run, with why (a crash loop with its last log lines)."""

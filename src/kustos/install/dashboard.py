@@ -128,10 +128,15 @@ ROWS: tuple[Row, ...] = (
                 "Nodes cleared, purged, refused",
                 (
                     (
-                        "max by (name, action) (increase(kustos_maintenance_actions_total[1h]))",
-                        "{{name}} {{action}}/h",
+                        "max by (name, action, outcome) (increase(kustos_maintenance_actions_total[1h]))",
+                        "{{name}} {{action}} {{outcome}}/h",
+                    ),
+                    (
+                        "max by (name) (increase(kustos_maintenance_nodes_purged_total[1h]))",
+                        "{{name}} nodes purged/h",
                     ),
                 ),
+                description="Counted by the leading replica since it started (a restart resets them).",
             ),
         ),
     ),

@@ -111,7 +111,8 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
         must not lose the record of a step taken: once more on the policy as it is now
         (nothing else writes its status)."""
         old = MaintenancePolicyStatus.model_validate(raw.get("status") or {})
-        told = notes + planner.action_notes(old, MaintenancePolicyStatus.model_validate(status))
+        new = MaintenancePolicyStatus.model_validate(status)
+        told = notes + planner.action_notes(old, new)
         try:
             await record(self.api, POLICIES, raw, status, self.manager.events, notes=told, announce=ANNOUNCED,
                          is_warning=_warning)  # fmt: skip
@@ -119,9 +120,19 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             if not err.conflict:
                 raise
             fresh = await self.api.get(POLICIES, None, objects.name(raw))
-            if fresh is not None:
-                await record(self.api, POLICIES, fresh, status, self.manager.events, notes=told,
-                             announce=ANNOUNCED, is_warning=_warning)  # fmt: skip
+            if fresh is None:
+                return
+            await record(self.api, POLICIES, fresh, status, self.manager.events, notes=told,
+                         announce=ANNOUNCED, is_warning=_warning)  # fmt: skip
+        if (
+            new.last_action is not None
+            and new.last_action != old.last_action
+            and new.last_action.outcome != "Failed"
+        ):
+            # Recorded anew (the same test as its Event): counted for the metrics, in memory.
+            self.manager.observations.count_maintenance(
+                objects.name(raw), new.last_action.action, new.last_action.outcome
+            )
 
     # ---- observe -----------------------------------------------------------------------
 
@@ -218,6 +229,8 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                 options = PurgeOptions.from_spec(policy.spec)
                 purger = Purger(self.api, options, self._announce, await self._toolbox(options))
                 outcome = await purger.next(node)
+                if outcome.deleted:
+                    self.manager.observations.count_purged(policy.metadata["name"])
                 return planner.Purged(node, outcome.message, outcome.refused)
         return step
 

@@ -77,6 +77,8 @@ class Outcome:
     message: str
     refused: bool = False
     finished: bool = False
+    deleted: bool = False
+    """This step deleted the Node: its purge is complete (``finished`` alone may mean it was gone)."""
 
 
 def steps_for(node: dict[str, Any] | None, options: PurgeOptions) -> tuple[str, ...]:
@@ -166,7 +168,7 @@ class Purger:
             return await self._said(node, Outcome(ETCD, message))
         await self._said(node, Outcome(NODE, f"deleting Node {name}"))
         await self.api.delete(NODES, None, name, uid=objects.uid(node))
-        return Outcome(NODE, f"deleted Node {name}", finished=True)
+        return Outcome(NODE, f"deleted Node {name}", finished=True, deleted=True)
 
     async def run(self, name: str, progress: Callable[[Outcome], None] = lambda _: None) -> Outcome:
         """Every step until the Node is gone or a step is refused (the CLI's purge)."""

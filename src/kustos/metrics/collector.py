@@ -1,13 +1,15 @@
 """A prometheus-client Collector that turns the cached objects into the domain metrics at scrape
 time: reading the informers' caches costs no API or etcd call, and the figures are exactly what
-the last reconcile recorded in each status. Every replica exports them (a standby's caches are
-warm), so rules aggregate with ``max by``; docs/metrics.md lists every metric."""
+the last reconcile recorded in each status, plus what the controllers observed and keep out of
+status on purpose (``runtime.observations``: backend sizes, alarms, leader changes, maintenance
+counts; only the leading replica has them). Every replica exports the rest (a standby's caches
+are warm), so rules aggregate with ``max by``; docs/metrics.md lists every metric."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,6 +36,7 @@ from kustos.metrics.facts import (
 )
 from kustos.runtime.clock import Clock, SystemClock
 from kustos.runtime.manager import Manager
+from kustos.runtime.observations import Observations
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ class Sources:
     node_images: Source = _none
     maintenance_policies: Source = _none
     storage_clusters: Source = _none
+    observations: Observations = field(default_factory=Observations)
+    """What the controllers of this process observed (empty where they do not run)."""
 
 
 def _gauge(name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
@@ -141,9 +146,14 @@ def etcd_metrics(clusters: Sequence[EtcdClusterFacts]) -> Iterator[Metric]:
     rebuilds = CounterMetricFamily(
         "kustos_etcdcluster_rebuilds", "Disaster recoveries (status.epoch)", labels=_NN
     )
+    restores = CounterMetricFamily(
+        "kustos_etcdcluster_restores",
+        "1 once a cluster created from a backup (spec.restore) formed",
+        labels=_NN,
+    )
     changes = CounterMetricFamily(
         "kustos_etcdcluster_leader_changes",
-        "Leader changes the operator saw (status.leaderChanges)",
+        "Leader changes (raft term increases) since this operator began observing the cluster",
         labels=_NN,
     )
     info = _gauge(
@@ -172,10 +182,16 @@ def etcd_metrics(clusters: Sequence[EtcdClusterFacts]) -> Iterator[Metric]:
         "kustos_etcd_member_unhealthy_seconds", "How long the member has been unhealthy", _MEMBER
     )
     backend = _gauge("kustos_etcd_member_backend_bytes", "The member's database file size", _MEMBER)
+    in_use = _gauge(
+        "kustos_etcd_member_backend_in_use_bytes",
+        "The part of the database file holding data (the rest a defragmentation gives back)",
+        _MEMBER,
+    )
     quota = _gauge("kustos_etcd_member_backend_quota_bytes", "The member's backend quota", _MEMBER)
     for c in clusters:
         nn = [c.namespace, c.name]
         rebuilds.add_metric(nn, c.rebuilds)
+        restores.add_metric(nn, int(c.restored))
         if c.leader_changes is not None:
             changes.add_metric(nn, c.leader_changes)
         info.add_metric([*nn, c.version or "", c.desired_version], 1)
@@ -192,9 +208,12 @@ def etcd_metrics(clusters: Sequence[EtcdClusterFacts]) -> Iterator[Metric]:
             unhealthy.add_metric(labels, m.unhealthy_seconds)
             if m.backend_bytes is not None:
                 backend.add_metric(labels, m.backend_bytes)
+            if m.backend_in_use_bytes is not None:
+                in_use.add_metric(labels, m.backend_in_use_bytes)
             if m.backend_quota_bytes is not None:
                 quota.add_metric(labels, m.backend_quota_bytes)
-    yield from (rebuilds, changes, info, phase, degraded, alarm, healthy, learner, unhealthy, backend, quota)
+    yield from (rebuilds, restores, changes, info, phase, degraded, alarm)
+    yield from (healthy, learner, unhealthy, backend, in_use, quota)
 
 
 def node_image_metrics(images: Sequence[NodeImageFacts]) -> Iterator[Metric]:
@@ -235,8 +254,14 @@ def maintenance_metrics(policies: Sequence[MaintenanceFacts]) -> Iterator[Metric
     )
     actions = CounterMetricFamily(
         "kustos_maintenance_actions",
-        "Nodes cleared, purged, refused (status.counts)",
-        labels=["name", "action"],
+        "Actions recorded (Clear, Uncordon, ForceDeletePod, ReleaseClaim, Purge steps) by outcome"
+        " (Done, Refused), since this operator started",
+        labels=["name", "action", "outcome"],
+    )
+    purged = CounterMetricFamily(
+        "kustos_maintenance_nodes_purged",
+        "Nodes whose purge finished (Node deleted), since this operator started",
+        labels=["name"],
     )
     for p in policies:
         dead.add_metric([p.name], p.dead_nodes)
@@ -245,9 +270,10 @@ def maintenance_metrics(policies: Sequence[MaintenanceFacts]) -> Iterator[Metric
             last.add_metric([p.name, action, outcome], moment.timestamp())
         if p.refusal:
             refusal.add_metric([p.name, p.refusal[0]], p.refusal[1].timestamp())
-        for action, count in sorted(p.counts.items()):
-            actions.add_metric([p.name, action], count)
-    yield from (dead, last, refusal, actions)
+        for (action, outcome), count in sorted(p.counts.items()):
+            actions.add_metric([p.name, action, outcome], count)
+        purged.add_metric([p.name], p.purged)
+    yield from (dead, last, refusal, actions, purged)
 
 
 def storage_metrics(clusters: Sequence[StorageClusterFacts]) -> Iterator[Metric]:
@@ -275,12 +301,20 @@ class DomainCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         now = self.clock.now()
         backups = last_backups(self.sources.etcd_backups())
-        yield from etcd_metrics(
-            _facts("EtcdCluster", self.sources.etcd_clusters(), lambda o: etcd_cluster_facts(o, backups, now))
-        )
+        seen = self.sources.observations
+
+        def etcd(o: Obj) -> EtcdClusterFacts:
+            return etcd_cluster_facts(
+                o, backups, now, seen.etcd(o["metadata"].get("namespace", ""), o["metadata"]["name"])
+            )
+
+        def maintenance(o: Obj) -> MaintenanceFacts:
+            return maintenance_facts(o, seen.maintenance(o["metadata"]["name"]))
+
+        yield from etcd_metrics(_facts("EtcdCluster", self.sources.etcd_clusters(), etcd))
         yield from node_image_metrics(_facts("NodeImage", self.sources.node_images(), node_image_facts))
         yield from maintenance_metrics(
-            _facts("MaintenancePolicy", self.sources.maintenance_policies(), maintenance_facts)
+            _facts("MaintenancePolicy", self.sources.maintenance_policies(), maintenance)
         )
         yield from storage_metrics(
             _facts("StorageCluster", self.sources.storage_clusters(), storage_cluster_facts)
@@ -301,7 +335,7 @@ def register(manager: Manager, controllers: Iterable[str], clock: Clock | None =
     """Export the domain metrics of the kinds whose controllers run, from their shared informers
     (the same caches, so no extra watch), on the manager's /metrics."""
     chosen = set(controllers)
-    sources = Sources()
+    sources = Sources(observations=manager.observations)
 
     def cache(model: Any) -> Source:
         return manager.informer(model.crd.ref).list

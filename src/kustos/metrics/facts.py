@@ -20,6 +20,7 @@ from kustos.api.maintenance import MaintenancePolicy
 from kustos.api.nodeimage import NodeImage
 from kustos.api.storage import StorageCluster
 from kustos.runtime import objects
+from kustos.runtime.observations import EtcdObservation
 from kustos.runtime.times import parse_duration, parse_rfc3339
 
 Obj = Mapping[str, Any]
@@ -48,9 +49,11 @@ class MemberFacts:
     unhealthy_seconds: float
     """How long it has been unhealthy (0 while healthy)."""
     backend_bytes: int | None
-    """Its database file's size (status.members[].dbSize), when the status carries it."""
+    """Its database file's size, from the controller's last observation (None: not observed)."""
+    backend_in_use_bytes: int | None
+    """The part of the file holding data (the rest a defragmentation gives back)."""
     backend_quota_bytes: int | None
-    """Its backend quota (status.members[].dbSizeQuota), when the status carries it."""
+    """Its backend quota, from the same observation."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +68,13 @@ class EtcdClusterFacts:
     member_failure_timeout_seconds: float
     rebuilds: int
     """Disaster recoveries so far (status.epoch)."""
+    restored: bool
+    """Created from a backup (spec.restore), and the restore is done: the cluster formed."""
     recovering: bool
     leader_changes: int | None
-    """status.leaderChanges, when the status carries it."""
+    """Leader changes the controller saw (None: this operator has not observed the cluster)."""
     alarms: tuple[tuple[str, str], ...]
-    """(member, alarm) pairs, like (a-0, NOSPACE), from status.alarms when the status carries it."""
+    """(member, alarm) pairs, like (a-0, NOSPACE), from the controller's last observation."""
     backup_interval_seconds: float | None
     """The scheduled backups' period; None without a schedule."""
     last_backup_time: datetime | None
@@ -136,8 +141,10 @@ class MaintenanceFacts:
     """(action, outcome, time) of the newest action."""
     refusal: tuple[str, datetime] | None
     """(action, time) of the refusal still outstanding."""
-    counts: dict[str, int] = field(default_factory=dict)
-    """status.counts (cleared, purged, refused), when the status carries them."""
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(action, outcome) -> actions recorded since this operator started (Clear/Done, .../Refused)."""
+    purged: int = 0
+    """Nodes whose purge finished (their Node deleted) since this operator started."""
 
 
 @dataclass(frozen=True)
@@ -173,13 +180,6 @@ def schedule_period(schedule: BackupSchedule, now: datetime) -> float | None:
     return (second - first).total_seconds()
 
 
-def _int(value: Any) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except (TypeError, ValueError):
-        return None
-
-
 def _true_condition(conditions: Iterable[Any], type_: str) -> str | None:
     for c in conditions:
         if c.type == type_ and c.status == "True":
@@ -212,18 +212,20 @@ def last_backups(backups: Iterable[Obj]) -> LastBackups:
     return newest
 
 
-def etcd_cluster_facts(obj: Obj, backups: LastBackups, now: datetime) -> EtcdClusterFacts:
-    """The facts of one EtcdCluster (a cache dict), with the newest backups (``last_backups``)."""
+def etcd_cluster_facts(
+    obj: Obj, backups: LastBackups, now: datetime, observed: EtcdObservation | None = None
+) -> EtcdClusterFacts:
+    """The facts of one EtcdCluster (a cache dict), with the newest backups (``last_backups``)
+    and what its controller last saw through etcd (``observed``: backends, alarms, leader
+    changes; absent in a process that does not run the controller)."""
     cluster = EtcdCluster.model_validate(obj)
     status = cluster.status
     name, namespace = objects.name(obj), objects.namespace(obj) or ""
-    raw_status: Obj = obj.get("status") or {}
-    # Fields read raw: the status model does not declare them yet (see docs/metrics.md).
-    raw_members = {str(m.get("name")): m for m in raw_status.get("members") or [] if isinstance(m, Mapping)}
+    backends = {b.name: b for b in observed.members} if observed else {}
     members = []
     for m in status.members if status else []:
         since = parse_rfc3339(m.unhealthy_since)
-        raw = raw_members.get(m.name, {})
+        backend = backends.get(m.name)
         members.append(
             MemberFacts(
                 name=m.name,
@@ -234,17 +236,12 @@ def etcd_cluster_facts(obj: Obj, backups: LastBackups, now: datetime) -> EtcdClu
                 unhealthy_seconds=0.0
                 if m.healthy or since is None
                 else max(0.0, (now - since).total_seconds()),
-                backend_bytes=_int(raw.get("dbSize")),
-                backend_quota_bytes=_int(raw.get("dbSizeQuota")),
+                backend_bytes=backend.db_size if backend else None,
+                backend_in_use_bytes=backend.db_size_in_use if backend else None,
+                backend_quota_bytes=backend.quota if backend else None,
             )
         )
-    alarms = tuple(
-        sorted(
-            (str(a.get("member") or ""), str(a.get("alarm") or ""))
-            for a in raw_status.get("alarms") or []
-            if isinstance(a, Mapping)
-        )
-    )
+    alarms = observed.alarms if observed else ()
     if not alarms and status and _false_condition(status.conditions, "SpaceAvailable"):
         # The EtcdCluster controller says NOSPACE on the cluster, not per member: member "".
         alarms = (("", "NOSPACE"),)
@@ -260,8 +257,14 @@ def etcd_cluster_facts(obj: Obj, backups: LastBackups, now: datetime) -> EtcdClu
         members=tuple(members),
         member_failure_timeout_seconds=parse_duration(spec.member_failure_timeout).total_seconds(),
         rebuilds=status.epoch if status else 0,
+        restored=bool(
+            spec.restore
+            and status
+            and status.cluster_id
+            and not (status.recovery and status.recovery.phase == "Running")
+        ),
         recovering=bool(status and status.recovery and status.recovery.phase == "Running"),
-        leader_changes=_int(raw_status.get("leaderChanges")),
+        leader_changes=observed.leader_changes if observed else None,
         alarms=alarms,
         backup_interval_seconds=schedule_period(spec.backup, now) if spec.backup else None,
         last_backup_time=last_time,
@@ -299,20 +302,21 @@ def node_image_facts(obj: Obj) -> NodeImageFacts:
     )
 
 
-def maintenance_facts(obj: Obj) -> MaintenanceFacts:
+def maintenance_facts(obj: Obj, counts: tuple[dict[tuple[str, str], int], int] = ({}, 0)) -> MaintenanceFacts:
+    """A policy's facts, with what its controller counted (``Observations.maintenance``)."""
     policy = MaintenancePolicy.model_validate(obj)
     s = policy.status
     last = s.last_action if s else None
     refusal = s.last_refusal if s else None
     last_time = parse_rfc3339(last.time) if last else None
     refusal_time = parse_rfc3339(refusal.time) if refusal else None
-    raw_counts = (obj.get("status") or {}).get("counts") or {}
     return MaintenanceFacts(
         name=objects.name(obj),
         dead_nodes=len(s.dead_nodes) if s else 0,
         last_action=(last.action, last.outcome, last_time) if last and last_time else None,
         refusal=(refusal.action, refusal_time) if refusal and refusal_time else None,
-        counts={str(k): v for k, v in raw_counts.items() if isinstance(v, int)},
+        counts=counts[0],
+        purged=counts[1],
     )
 
 

@@ -32,6 +32,7 @@ from kustos.runtime.informer import Informer, InformerOptions, NamespacesInforme
 from kustos.runtime.kube import KubeClients, connect, object_key
 from kustos.runtime.leader import LeaderElectionConfig, LeaderElector
 from kustos.runtime.metrics import Metrics
+from kustos.runtime.observations import Observations
 from kustos.runtime.server import ProbeServer, WebhookServer
 from kustos.runtime.webhook import ServingCertificate, Webhook, webhook_configurations
 
@@ -65,6 +66,8 @@ class Manager:
         self.clients = clients
         self.options = options
         self.metrics = metrics or Metrics()
+        # What controllers saw and do not record in status, for the domain metrics.
+        self.observations = Observations()
         self.api = Api(clients.raw)
         self.events = EventRecorder(self.api)
         self.probes = ProbeServer(self.metrics, options.metrics_address)
