@@ -7,9 +7,10 @@ same model from a YAML file.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from kustos.api.common import DURATION_PATTERN, Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, list_map
@@ -18,6 +19,11 @@ POLICY_NAME = "default"
 FENCED_ANNOTATION = "kustos.dev/fenced"
 """Written on a Node by a fencing agent (value: RFC 3339 time) once it has powered the node off."""
 IMAGE_OVERRIDE_PATTERN = r"^[^=\s]+=[^=\s]+$"
+
+
+def _ip_address(value: str) -> str:
+    ipaddress.ip_address(value)  # a ValueError names the field through pydantic
+    return value
 
 
 class FencingPolicy(KubeModel):
@@ -81,6 +87,22 @@ class MaintenancePolicySpec(KubeModel):
     .crt and .key) for a stacked etcd; else certificatesDir is read."""
     certificates_dir: str = "/etc/kubernetes/pki"
     """kubeadm's certificates directory (etcd/ca.crt, etcd/healthcheck-client.crt and .key)."""
+    enable_internal_load_balancer: bool = False
+    """Run HAProxy as a static pod on every node, listening on localhost (internalLoadBalancerPort)
+    and forwarding to every control-plane node's API server; its configuration follows the
+    control-plane nodes as they join and leave (docs/maintenance-extras.md)."""
+    internal_load_balancer_port: int = Field(default=6444, ge=1, le=65535)
+    """The port HAProxy listens on."""
+    internal_load_balancer_bind_address: Annotated[str, AfterValidator(_ip_address)] = Field(
+        default="127.0.0.1", pattern=r"^[0-9a-fA-F.:]+$"
+    )
+    """The address HAProxy listens on (EKCO: every address; here loopback unless set)."""
+    internal_load_balancer_haproxy_image: str = Field(default="haproxy:lts-alpine", pattern=r"^\S+$")
+    """The HAProxy image of the static pod (EKCO's default)."""
+    host_task_namespace: str = "kube-system"
+    """Where the pods that write files on the nodes run (EKCO: kurl)."""
+    host_task_image: str | None = Field(default=None, pattern=r"^\S+$")
+    """The image of those pods; the operator's own image when unset."""
 
 
 class MaintenanceAction(KubeModel):
@@ -98,6 +120,17 @@ class MaintenanceAction(KubeModel):
     """What was done, or why not."""
 
 
+class InternalLoadBalancerStatus(KubeModel):
+    """Where the internal load balancer's configuration is, on the nodes."""
+
+    servers: list[str] = Field(default_factory=list)
+    """The API servers HAProxy forwards to, each node=host:port."""
+    nodes_updated: str | None = None
+    """Nodes whose files match the servers over the nodes that should have them, like 3/5."""
+    message: str = ""
+    """What is done or awaited."""
+
+
 class MaintenancePolicyStatus(KubeModel):
     """What node maintenance did last and what it refused."""
 
@@ -110,6 +143,8 @@ class MaintenancePolicyStatus(KubeModel):
     """The newest refusal, kept until a later action on that node succeeds."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
     """Ready (the policy is valid and applied), Degraded (an action keeps failing)."""
+    internal_load_balancer: InternalLoadBalancerStatus | None = None
+    """The internal load balancer (enableInternalLoadBalancer), while it is on."""
 
 
 class MaintenancePolicy(CustomResource[MaintenancePolicySpec, MaintenancePolicyStatus]):

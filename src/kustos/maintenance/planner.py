@@ -28,6 +28,8 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
+from kustos.maintenance import internallb
+from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
 from kustos.runtime.cloud import InstanceState
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
@@ -116,6 +118,8 @@ class Observed:
     name: str = POLICY_NAME
     generation: int | None = None
     previous: MaintenancePolicyStatus = field(default_factory=MaintenancePolicyStatus)
+    load_balancer: LoadBalancerView = field(default_factory=LoadBalancerView)
+    """The API servers and the internal load balancer's writer DaemonSet."""
 
 
 # ---- steps ---------------------------------------------------------------------------
@@ -191,6 +195,8 @@ Step = (
     | ForceDeletePod
     | ReleaseClaim
     | Purge
+    | ApplyLoadBalancer
+    | RemoveLoadBalancer
     | Refuse
     | Ignored
     | Wait
@@ -342,6 +348,10 @@ def plan(o: Observed) -> Step:
                 continue
             if claim.pinned_to in fenced_hosts or claim.pinned_to not in names:
                 return ReleaseClaim(claim.namespace, claim.name, claim.uid, claim.pinned_to, claim.pod)
+    # 6. The internal load balancer follows the control-plane nodes.
+    balancer = internallb.plan(spec, o.load_balancer)
+    if balancer is not None:
+        return balancer
     if refusals:
         return refusals[0]
     unreachable = sorted(n.name for n in o.nodes if not n.ready and n.unreachable_since is not None)
@@ -374,6 +384,24 @@ def describe(step: Step) -> tuple[str, str, str] | None:
                     f"so pod {pod} can start elsewhere"
                 ),
             )
+        case ApplyLoadBalancer(settings):
+            return (
+                "",
+                "InternalLoadBalancer",
+                (
+                    "writing HAProxy's configuration to every node, one at a time: "
+                    + (", ".join(map(str, settings.servers)))
+                ),
+            )
+        case RemoveLoadBalancer(namespace, why):
+            return (
+                "",
+                "InternalLoadBalancerOff",
+                (
+                    f"deleted DaemonSet {namespace}/{internallb.WRITER_NAME} ({why}); HAProxy's files stay "
+                    "on the nodes (kubelets may use localhost:6444): remove them by hand if nothing does"
+                ),
+            )
         case Refuse(node, action, message):
             return node, action, message
     return None
@@ -386,6 +414,7 @@ def status(
     result = o.previous.model_copy(deep=True)
     now = rfc3339(when)
     result.dead_nodes = sorted(n.name for n in dead_nodes(o))
+    result.internal_load_balancer = internallb.status(o.spec, o.load_balancer)
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
@@ -482,6 +511,7 @@ def requeue_after(step: Step) -> float:
 
 
 __all__ = [
+    "ApplyLoadBalancer",
     "ClaimView",
     "ForceDeletePod",
     "Ignored",
@@ -492,6 +522,7 @@ __all__ = [
     "Purged",
     "Refuse",
     "ReleaseClaim",
+    "RemoveLoadBalancer",
     "RemoveOutOfService",
     "Step",
     "TaintOutOfService",
