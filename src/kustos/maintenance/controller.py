@@ -18,9 +18,10 @@ from kustos.api.maintenance import (
     POLICY_NAME,
     MaintenancePolicy,
     MaintenancePolicyStatus,
+    ScaledResource,
 )
 from kustos.images import configured_agent_image
-from kustos.maintenance import internallb, planner, rook
+from kustos.maintenance import internallb, planner, rook, scaling
 from kustos.maintenance.nodes import node_view
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
@@ -45,7 +46,8 @@ from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.reconciler import FamilyReconciler
 from kustos.runtime.record import Note, record, warning
-from kustos.runtime.resources import CLAIMS, DAEMONSETS, NODES, PODS, STATEFULSETS, VOLUMES
+from kustos.runtime.refs import ResourceRef
+from kustos.runtime.resources import CLAIMS, DAEMONSETS, DEPLOYMENTS, NODES, PODS, STATEFULSETS, VOLUMES
 from kustos.runtime.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
@@ -166,7 +168,37 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             generation=objects.generation(policy),
             previous=previous,
             load_balancer=self._load_balancer(),
+            workloads=tuple([await self._workload(entry) for entry in spec.auto_resource_scaling]),
+            candidates=tuple(
+                scaling.Candidate(
+                    objects.name(n),
+                    objects.node_ready(n),
+                    objects.node_unschedulable(n),
+                    tuple(sorted(objects.labels(n).items())),
+                )
+                for n in self.nodes.list()
+            ),
         )
+
+    async def _workload(self, entry: ScaledResource) -> scaling.WorkloadView:
+        """One listed workload's replicas: StatefulSets from the cache, the rest read (a custom
+        resource needs get and patch granted, see docs/maintenance-extras.md)."""
+        ref = scaled_ref(entry)
+        try:
+            if ref == STATEFULSETS:
+                found = self.statefulsets.get(f"{entry.namespace}/{entry.name}")
+            else:
+                found = await self.api.get(ref, entry.namespace, entry.name)
+        except ApiStatusError as err:
+            return scaling.WorkloadView(None, f"cannot read {scaling.describe(entry)}: {err}"[:500])
+        if found is None:
+            return scaling.WorkloadView(None, f"{scaling.describe(entry)} does not exist")
+        replicas = scaling.replicas_at(found, entry.replicas_path)
+        if replicas is None:
+            return scaling.WorkloadView(
+                None, f"{scaling.describe(entry)} has no integer at {entry.replicas_path}"
+            )
+        return scaling.WorkloadView(replicas)
 
     def _load_balancer(self) -> internallb.LoadBalancerView:
         """The control-plane nodes' API servers and the writer DaemonSet, from the caches."""
@@ -265,6 +297,13 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             case internallb.RemoveLoadBalancer(namespace, why):
                 log.info("step: RemoveLoadBalancer %s (%s)", namespace, why)
                 await self.api.delete(DAEMONSETS, namespace, internallb.WRITER_NAME)
+            case scaling.ScaleWorkload(entry, current, to, _):
+                log.info("step: Scale %s from %d to %d", scaling.describe(entry), current, to)
+                pointer = scaling.json_pointer(entry.replicas_path)
+                # Guarded by the count read: one the user raised meanwhile is never lowered.
+                patch = [{"op": "test", "path": pointer, "value": current},
+                         {"op": "replace", "path": pointer, "value": to}]  # fmt: skip
+                await self.api.patch(scaled_ref(entry), entry.namespace, entry.name, patch, kind="json")
             case planner.Purge(node):
                 options = PurgeOptions.from_spec(policy.spec)
                 purger = Purger(self.api, options, self._announce, await self._toolbox(options))
@@ -322,6 +361,15 @@ def _warning(condition: RawCondition) -> bool:
     if condition.get("type") == "PurgeInterrupted":
         return condition.get("status") == "True"
     return warning(condition)
+
+
+def scaled_ref(entry: ScaledResource) -> ResourceRef:
+    if entry.api_version == "apps/v1" and entry.kind == "Deployment":
+        return DEPLOYMENTS
+    if entry.api_version == "apps/v1" and entry.kind == "StatefulSet":
+        return STATEFULSETS
+    group, _, version = entry.api_version.rpartition("/")
+    return ResourceRef(group, version, str(entry.resource), entry.kind)
 
 
 def _policy(_: dict[str, Any]) -> list[str]:

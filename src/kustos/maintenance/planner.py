@@ -28,8 +28,9 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
-from kustos.maintenance import internallb
+from kustos.maintenance import internallb, scaling
 from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
+from kustos.maintenance.scaling import Candidate, ScaleWorkload, WorkloadView
 from kustos.runtime.cloud import InstanceState
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
@@ -120,6 +121,10 @@ class Observed:
     previous: MaintenancePolicyStatus = field(default_factory=MaintenancePolicyStatus)
     load_balancer: LoadBalancerView = field(default_factory=LoadBalancerView)
     """The API servers and the internal load balancer's writer DaemonSet."""
+    workloads: tuple[WorkloadView, ...] = ()
+    """spec.autoResourceScaling's workloads as they are, in the spec's order."""
+    candidates: tuple[Candidate, ...] = ()
+    """Every node, as auto-resource scaling counts them."""
 
 
 # ---- steps ---------------------------------------------------------------------------
@@ -197,6 +202,7 @@ Step = (
     | Purge
     | ApplyLoadBalancer
     | RemoveLoadBalancer
+    | ScaleWorkload
     | Refuse
     | Ignored
     | Wait
@@ -352,6 +358,11 @@ def plan(o: Observed) -> Step:
     balancer = internallb.plan(spec, o.load_balancer)
     if balancer is not None:
         return balancer
+    # 7. Workloads grow as their nodes join.
+    if len(o.workloads) == len(spec.auto_resource_scaling):
+        scale = scaling.plan(spec.auto_resource_scaling, o.workloads, o.candidates)
+        if scale is not None:
+            return scale
     if refusals:
         return refusals[0]
     unreachable = sorted(n.name for n in o.nodes if not n.ready and n.unreachable_since is not None)
@@ -402,6 +413,15 @@ def describe(step: Step) -> tuple[str, str, str] | None:
                     "on the nodes (kubelets may use localhost:6444): remove them by hand if nothing does"
                 ),
             )
+        case ScaleWorkload(entry, current, to, nodes):
+            return (
+                "",
+                "Scale",
+                (
+                    f"scaled {scaling.describe(entry)} from {current} to {to} replicas: {nodes} node(s) "
+                    f"count for it, {entry.replicas} desired"
+                ),
+            )
         case Refuse(node, action, message):
             return node, action, message
     return None
@@ -415,6 +435,8 @@ def status(
     now = rfc3339(when)
     result.dead_nodes = sorted(n.name for n in dead_nodes(o))
     result.internal_load_balancer = internallb.status(o.spec, o.load_balancer)
+    if len(o.workloads) == len(o.spec.auto_resource_scaling):
+        result.auto_resource_scaling = scaling.status(o.spec.auto_resource_scaling, o.workloads, o.candidates)
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
@@ -524,6 +546,7 @@ __all__ = [
     "ReleaseClaim",
     "RemoveLoadBalancer",
     "RemoveOutOfService",
+    "ScaleWorkload",
     "Step",
     "TaintOutOfService",
     "dead_nodes",
