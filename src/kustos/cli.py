@@ -77,7 +77,7 @@ def _cluster(name: str, workers: int = 3, fast: bool = False, real_nodes: int = 
 
 @dev.command("build")
 def dev_build() -> None:
-    """Build the missing control-plane, node, etcd and kwok binaries; install runc from Debian."""
+    """Build the missing control-plane, node, etcd and kwok binaries; install runc and haproxy from Debian."""
     from kustos.devcluster import binaries
 
     missing = binaries.missing_binaries()
