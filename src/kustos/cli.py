@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 
 from kustos.etcd import cli as etcd_cli
-from kustos.maintenance import purge_cli
+from kustos.maintenance import internallb_node, purge_cli
 from kustos.storage import upgrade_cli
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ app.add_typer(dev, name="dev")
 app.add_typer(etcd_cli.etcd, name="etcd")
 app.add_typer(upgrade_cli.storage, name="storage")
 app.command("purge-node")(purge_cli.purge_node)
+app.add_typer(internallb_node.internal_lb, name="internal-lb")
 proof = typer.Typer(help="Record histories of clients on a test etcd cluster and check them (docs/proof.md).")
 app.add_typer(proof, name="proof")
 
@@ -76,7 +77,7 @@ def _cluster(name: str, workers: int = 3, fast: bool = False, real_nodes: int = 
 
 @dev.command("build")
 def dev_build() -> None:
-    """Build the missing control-plane, node, etcd and kwok binaries; install runc from Debian."""
+    """Build the missing control-plane, node, etcd and kwok binaries; install runc and haproxy from Debian."""
     from kustos.devcluster import binaries
 
     missing = binaries.missing_binaries()

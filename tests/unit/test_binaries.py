@@ -287,16 +287,17 @@ def test_the_upstream_version_is_read_from_a_debian_version(debian: str, upstrea
     assert debian_upstream_version(debian) == upstream
 
 
-def test_runc_comes_from_debian_into_the_cache(cache: Path) -> None:
-    runc = DEBIAN_PACKAGES["runc"]
+def test_runc_and_haproxy_come_from_debian_into_the_cache(cache: Path) -> None:
+    runc, haproxy = DEBIAN_PACKAGES["runc"], DEBIAN_PACKAGES["haproxy"]
 
-    assert missing_debian_packages() == [runc]
+    assert missing_debian_packages() == [runc, haproxy]
     assert binary_path("runc") == cache / "bin" / f"runc-{runc.upstream_version}"
+    assert binary_path("haproxy") == cache / "bin" / f"haproxy-{haproxy.upstream_version}"
 
     bin_dir().mkdir(parents=True)
     binary_path("runc").write_bytes(b"\x7fELF")
 
-    assert missing_debian_packages() == []
+    assert missing_debian_packages() == [haproxy]
 
 
 def test_without_apt_the_error_says_what_to_install_and_where(
@@ -306,7 +307,8 @@ def test_without_apt_the_error_says_what_to_install_and_where(
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
 
-    with pytest.raises(BuildError, match=r"apt-get is not available to install runc: install runc 1\.1\.5"):
+    wanted = r"apt-get is not available to install runc, haproxy: install runc 1\.1\.5, haproxy 2\.6\.12"
+    with pytest.raises(BuildError, match=wanted):
         install_debian_packages(DEBIAN_PACKAGES.values(), root=tmp_path / "cache", log=lambda _: None)
 
     assert install_debian_packages([], root=tmp_path / "cache") == []

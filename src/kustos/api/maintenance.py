@@ -7,9 +7,10 @@ same model from a YAML file.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, model_validator
 
 from kustos.api.common import DURATION_PATTERN, Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, list_map
@@ -18,6 +19,11 @@ POLICY_NAME = "default"
 FENCED_ANNOTATION = "kustos.dev/fenced"
 """Written on a Node by a fencing agent (value: RFC 3339 time) once it has powered the node off."""
 IMAGE_OVERRIDE_PATTERN = r"^[^=\s]+=[^=\s]+$"
+
+
+def _ip_address(value: str) -> str:
+    ipaddress.ip_address(value)  # a ValueError names the field through pydantic
+    return value
 
 
 class FencingPolicy(KubeModel):
@@ -30,6 +36,34 @@ class FencingPolicy(KubeModel):
     after_toleration: bool = False
     """Treat a node unreachable for longer than nodeUnreachableToleration as fenced. Unsafe for
     a node that is merely partitioned (it may still run a copy of the pod); EKCO's behaviour."""
+
+
+BUILT_IN_SCALABLE = ("Deployment", "StatefulSet")
+
+
+class ScaledResource(KubeModel):
+    """A workload scaled up to its desired replicas as Ready nodes allow (auto-resource scaling)."""
+
+    api_version: str = Field(default="apps/v1", pattern=r"^([a-z0-9.-]+/)?v[0-9a-z]+$")
+    """apps/v1 for a Deployment or StatefulSet, else the custom resource's group/version."""
+    kind: str = Field(min_length=1)
+    """Deployment, StatefulSet, or a custom resource's kind."""
+    resource: str | None = Field(default=None, pattern=r"^[a-z0-9.-]+$")
+    """A custom resource's plural (prometheuses); Deployments and StatefulSets need none."""
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    replicas: int = Field(ge=1)
+    """The replicas wanted once there are enough nodes; never more."""
+    replicas_path: str = Field(default="spec.replicas", pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+    """Where the object keeps its replica count, dotted (a custom resource's may differ)."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Only Ready, schedulable nodes with these labels count (every Ready, schedulable node when empty)."""
+
+    @model_validator(mode="after")
+    def _resource_of_a_custom_kind(self) -> ScaledResource:
+        if not (self.api_version == "apps/v1" and self.kind in BUILT_IN_SCALABLE) and not self.resource:
+            raise ValueError(f"resource (the plural) is needed for {self.api_version} {self.kind}")
+        return self
 
 
 class MaintenancePolicySpec(KubeModel):
@@ -81,6 +115,25 @@ class MaintenancePolicySpec(KubeModel):
     .crt and .key) for a stacked etcd; else certificatesDir is read."""
     certificates_dir: str = "/etc/kubernetes/pki"
     """kubeadm's certificates directory (etcd/ca.crt, etcd/healthcheck-client.crt and .key)."""
+    enable_internal_load_balancer: bool = False
+    """Run HAProxy as a static pod on every node, listening on localhost (internalLoadBalancerPort)
+    and forwarding to every control-plane node's API server; its configuration follows the
+    control-plane nodes as they join and leave (docs/maintenance-extras.md)."""
+    internal_load_balancer_port: int = Field(default=6444, ge=1, le=65535)
+    """The port HAProxy listens on."""
+    internal_load_balancer_bind_address: Annotated[str, AfterValidator(_ip_address)] = Field(
+        default="127.0.0.1", pattern=r"^[0-9a-fA-F.:]+$"
+    )
+    """The address HAProxy listens on (EKCO: every address; here loopback unless set)."""
+    internal_load_balancer_haproxy_image: str = Field(default="haproxy:lts-alpine", pattern=r"^\S+$")
+    """The HAProxy image of the static pod (EKCO's default)."""
+    host_task_namespace: str = "kube-system"
+    """Where the pods that write files on the nodes run (EKCO: kurl)."""
+    host_task_image: str | None = Field(default=None, pattern=r"^\S+$")
+    """The image of those pods; the operator's own image when unset."""
+    auto_resource_scaling: list[ScaledResource] = Field(default_factory=list)
+    """Workloads scaled up to their desired replicas as Ready nodes join: one replica per
+    eligible node, never above the desired count, never below what the object says."""
 
 
 class MaintenanceAction(KubeModel):
@@ -98,6 +151,31 @@ class MaintenanceAction(KubeModel):
     """What was done, or why not."""
 
 
+class InternalLoadBalancerStatus(KubeModel):
+    """Where the internal load balancer's configuration is, on the nodes."""
+
+    servers: list[str] = Field(default_factory=list)
+    """The API servers HAProxy forwards to, each node=host:port."""
+    nodes_updated: str | None = None
+    """Nodes whose files match the servers over the nodes that should have them, like 3/5."""
+    message: str = ""
+    """What is done or awaited."""
+
+
+class ScalingState(KubeModel):
+    """Where one auto-scaled workload is."""
+
+    workload: str
+    """Kind namespace/name."""
+    desired: int
+    replicas: int | None = None
+    """What the object says now (None: not readable, see message)."""
+    nodes: int = 0
+    """Ready, schedulable nodes that count for it."""
+    message: str = ""
+    """Done, or what waits for nodes."""
+
+
 class MaintenancePolicyStatus(KubeModel):
     """What node maintenance did last and what it refused."""
 
@@ -110,6 +188,10 @@ class MaintenancePolicyStatus(KubeModel):
     """The newest refusal, kept until a later action on that node succeeds."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
     """Ready (the policy is valid and applied), Degraded (an action keeps failing)."""
+    internal_load_balancer: InternalLoadBalancerStatus | None = None
+    """The internal load balancer (enableInternalLoadBalancer), while it is on."""
+    auto_resource_scaling: list[ScalingState] = Field(default_factory=list)
+    """Each workload of spec.autoResourceScaling: scaled, or waiting for nodes."""
 
 
 class MaintenancePolicy(CustomResource[MaintenancePolicySpec, MaintenancePolicyStatus]):

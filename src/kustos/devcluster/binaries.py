@@ -231,7 +231,11 @@ class DebianPackage:
         return f"{self.name}-{self.upstream_version}"
 
 
-DEBIAN_PACKAGES = {"runc": DebianPackage("runc", "1.1.5", "/usr/sbin/runc")}
+DEBIAN_PACKAGES = {
+    "runc": DebianPackage("runc", "1.1.5", "/usr/sbin/runc"),
+    # The internal load balancer's tests run the real HAProxy in front of the API server.
+    "haproxy": DebianPackage("haproxy", "2.6.12", "/usr/sbin/haproxy"),
+}
 
 
 def missing_debian_packages(root: Path | None = None) -> list[DebianPackage]:

@@ -18,8 +18,10 @@ from kustos.api.maintenance import (
     POLICY_NAME,
     MaintenancePolicy,
     MaintenancePolicyStatus,
+    ScaledResource,
 )
-from kustos.maintenance import planner, rook
+from kustos.images import configured_agent_image
+from kustos.maintenance import internallb, planner, rook, scaling
 from kustos.maintenance.nodes import node_view
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
@@ -40,10 +42,12 @@ from kustos.runtime.controller import Controller
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import NORMAL, WARNING
+from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.reconciler import FamilyReconciler
 from kustos.runtime.record import Note, record, warning
-from kustos.runtime.resources import CLAIMS, NODES, PODS, STATEFULSETS, VOLUMES
+from kustos.runtime.refs import ResourceRef
+from kustos.runtime.resources import CLAIMS, DAEMONSETS, DEPLOYMENTS, NODES, PODS, STATEFULSETS, VOLUMES
 from kustos.runtime.times import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,11 @@ POLICIES = MaintenancePolicy.crd.ref
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOUNCED = frozenset({"Degraded", "Ready", "FencingAnnotationsValid", "PurgeInterrupted"})
 UNSCHEDULED_INDEX = "maintenance-unscheduled"
+WRITER_SELECTOR = f"{internallb.COMPONENT_LABEL}={internallb.WRITER_NAME}"
+# kubeadm's kube-apiserver static pods and the annotation with each one's advertised endpoint
+# (etcd/kubeadm.py reads the same annotation for etcd's addresses; only the host there).
+APISERVER_LABELS = {"component": "kube-apiserver", "tier": "control-plane"}
+APISERVER_ENDPOINT_ANNOTATION = "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"
 Obj = dict[str, Any]
 
 
@@ -96,6 +105,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
         self.claims = manager.informer(CLAIMS)
         self.volumes = manager.informer(VOLUMES)
         self.statefulsets = manager.informer(STATEFULSETS)
+        self.writers = manager.informer(DAEMONSETS, InformerOptions(label_selector=WRITER_SELECTOR))
 
     def plan(self, observed: Observed) -> Step:
         return planner.plan(observed)
@@ -168,6 +178,72 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             name=objects.name(policy),
             generation=objects.generation(policy),
             previous=previous,
+            load_balancer=self._load_balancer(),
+            workloads=tuple([await self._workload(entry) for entry in spec.auto_resource_scaling]),
+            candidates=tuple(
+                scaling.Candidate(
+                    objects.name(n),
+                    objects.node_ready(n),
+                    objects.node_unschedulable(n),
+                    tuple(sorted(objects.labels(n).items())),
+                )
+                for n in self.nodes.list()
+            ),
+        )
+
+    async def _workload(self, entry: ScaledResource) -> scaling.WorkloadView:
+        """One listed workload's replicas: StatefulSets from the cache, the rest read (a custom
+        resource needs get and patch granted, see docs/maintenance-extras.md)."""
+        ref = scaled_ref(entry)
+        try:
+            if ref == STATEFULSETS:
+                found = self.statefulsets.get(f"{entry.namespace}/{entry.name}")
+            else:
+                found = await self.api.get(ref, entry.namespace, entry.name)
+        except ApiStatusError as err:
+            return scaling.WorkloadView(None, f"cannot read {scaling.describe(entry)}: {err}"[:500])
+        if found is None:
+            return scaling.WorkloadView(None, f"{scaling.describe(entry)} does not exist")
+        replicas = scaling.replicas_at(found, entry.replicas_path)
+        if replicas is None:
+            return scaling.WorkloadView(
+                None, f"{scaling.describe(entry)} has no integer at {entry.replicas_path}"
+            )
+        return scaling.WorkloadView(replicas)
+
+    def _load_balancer(self) -> internallb.LoadBalancerView:
+        """The control-plane nodes' API servers and the writer DaemonSet, from the caches."""
+        control_plane = {
+            objects.name(n): objects.internal_ip(n) for n in self.nodes.list() if objects.is_control_plane(n)
+        }
+        annotated: dict[str, str] = {}
+        for node in control_plane:
+            for pod in self.pods.by_index(self.pods_by_node, node):
+                labels = objects.labels(pod)
+                endpoint = objects.annotations(pod).get(APISERVER_ENDPOINT_ANNOTATION)
+                if (
+                    objects.namespace(pod) == "kube-system"
+                    and endpoint
+                    and all(labels.get(k) == v for k, v in APISERVER_LABELS.items())
+                ):
+                    annotated[node] = endpoint
+        writer = None
+        for daemonset in self.writers.list():
+            if objects.name(daemonset) != internallb.WRITER_NAME or objects.deleting(daemonset):
+                continue
+            state = daemonset.get("status") or {}
+            writer = internallb.WriterView(
+                namespace=str(objects.namespace(daemonset)),
+                digest=objects.annotations(daemonset).get(internallb.CONFIG_HASH_ANNOTATION, ""),
+                desired=int(state.get("desiredNumberScheduled") or 0),
+                updated=int(state.get("updatedNumberScheduled") or 0),
+                ready=int(state.get("numberReady") or 0),
+                current=state.get("observedGeneration") == objects.generation(daemonset),
+            )
+        return internallb.LoadBalancerView(
+            servers=internallb.api_servers(control_plane, annotated),
+            writer=writer,
+            writer_image=configured_agent_image(),
         )
 
     async def _instance_state(self, node: dict[str, Any]) -> InstanceState | None:
@@ -225,6 +301,20 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             case planner.ReleaseClaim(namespace, name, uid, node, pod):
                 log.info("step: ReleaseClaim %s/%s pinned to %s for %s", namespace, name, node, pod)
                 await self.api.delete(CLAIMS, namespace, name, uid=uid)
+            case internallb.ApplyLoadBalancer(settings):
+                log.info("step: ApplyLoadBalancer %s", ", ".join(map(str, settings.servers)))
+                owner = {"apiVersion": policy.api_version, "kind": policy.kind, "metadata": policy.metadata}
+                await self.api.apply(DAEMONSETS, internallb.writer_daemonset(settings, owner))
+            case internallb.RemoveLoadBalancer(namespace, why):
+                log.info("step: RemoveLoadBalancer %s (%s)", namespace, why)
+                await self.api.delete(DAEMONSETS, namespace, internallb.WRITER_NAME)
+            case scaling.ScaleWorkload(entry, current, to, _):
+                log.info("step: Scale %s from %d to %d", scaling.describe(entry), current, to)
+                pointer = scaling.json_pointer(entry.replicas_path)
+                # Guarded by the count read: one the user raised meanwhile is never lowered.
+                patch = [{"op": "test", "path": pointer, "value": current},
+                         {"op": "replace", "path": pointer, "value": to}]  # fmt: skip
+                await self.api.patch(scaled_ref(entry), entry.namespace, entry.name, patch, kind="json")
             case planner.Purge(node):
                 options = PurgeOptions.from_spec(policy.spec)
                 purger = Purger(self.api, options, self._announce, await self._toolbox(options))
@@ -286,6 +376,15 @@ def _warning(condition: RawCondition) -> bool:
     return warning(condition)
 
 
+def scaled_ref(entry: ScaledResource) -> ResourceRef:
+    if entry.api_version == "apps/v1" and entry.kind == "Deployment":
+        return DEPLOYMENTS
+    if entry.api_version == "apps/v1" and entry.kind == "StatefulSet":
+        return STATEFULSETS
+    group, _, version = entry.api_version.rpartition("/")
+    return ResourceRef(group, version, str(entry.resource), entry.kind)
+
+
 def _policy(_: dict[str, Any]) -> list[str]:
     return [POLICY_NAME]
 
@@ -296,4 +395,5 @@ def register(manager: Manager, deps: Deps) -> None:
     controller.watch(NODES, _policy)
     controller.watch(PODS, _policy)
     controller.watch(CLAIMS, _policy)
+    controller.watch(DAEMONSETS, _policy, InformerOptions(label_selector=WRITER_SELECTOR))
     manager.add_controller(controller)

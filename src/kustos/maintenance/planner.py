@@ -28,6 +28,9 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
+from kustos.maintenance import internallb, scaling
+from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
+from kustos.maintenance.scaling import Candidate, ScaleWorkload, WorkloadView
 from kustos.runtime.cloud import InstanceState
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
@@ -116,6 +119,12 @@ class Observed:
     name: str = POLICY_NAME
     generation: int | None = None
     previous: MaintenancePolicyStatus = field(default_factory=MaintenancePolicyStatus)
+    load_balancer: LoadBalancerView = field(default_factory=LoadBalancerView)
+    """The API servers and the internal load balancer's writer DaemonSet."""
+    workloads: tuple[WorkloadView, ...] = ()
+    """spec.autoResourceScaling's workloads as they are, in the spec's order."""
+    candidates: tuple[Candidate, ...] = ()
+    """Every node, as auto-resource scaling counts them."""
 
 
 # ---- steps ---------------------------------------------------------------------------
@@ -191,6 +200,9 @@ Step = (
     | ForceDeletePod
     | ReleaseClaim
     | Purge
+    | ApplyLoadBalancer
+    | RemoveLoadBalancer
+    | ScaleWorkload
     | Refuse
     | Ignored
     | Wait
@@ -342,6 +354,15 @@ def plan(o: Observed) -> Step:
                 continue
             if claim.pinned_to in fenced_hosts or claim.pinned_to not in names:
                 return ReleaseClaim(claim.namespace, claim.name, claim.uid, claim.pinned_to, claim.pod)
+    # 6. The internal load balancer follows the control-plane nodes.
+    balancer = internallb.plan(spec, o.load_balancer)
+    if balancer is not None:
+        return balancer
+    # 7. Workloads grow as their nodes join.
+    if len(o.workloads) == len(spec.auto_resource_scaling):
+        scale = scaling.plan(spec.auto_resource_scaling, o.workloads, o.candidates)
+        if scale is not None:
+            return scale
     if refusals:
         return refusals[0]
     unreachable = sorted(n.name for n in o.nodes if not n.ready and n.unreachable_since is not None)
@@ -374,6 +395,33 @@ def describe(step: Step) -> tuple[str, str, str] | None:
                     f"so pod {pod} can start elsewhere"
                 ),
             )
+        case ApplyLoadBalancer(settings):
+            return (
+                "",
+                "InternalLoadBalancer",
+                (
+                    "writing HAProxy's configuration to every node, one at a time: "
+                    + (", ".join(map(str, settings.servers)))
+                ),
+            )
+        case RemoveLoadBalancer(namespace, why):
+            return (
+                "",
+                "InternalLoadBalancerOff",
+                (
+                    f"deleted DaemonSet {namespace}/{internallb.WRITER_NAME} ({why}); HAProxy's files stay "
+                    "on the nodes (kubelets may use localhost:6444): remove them by hand if nothing does"
+                ),
+            )
+        case ScaleWorkload(entry, current, to, nodes):
+            return (
+                "",
+                "Scale",
+                (
+                    f"scaled {scaling.describe(entry)} from {current} to {to} replicas: {nodes} node(s) "
+                    f"count for it, {entry.replicas} desired"
+                ),
+            )
         case Refuse(node, action, message):
             return node, action, message
     return None
@@ -386,6 +434,9 @@ def status(
     result = o.previous.model_copy(deep=True)
     now = rfc3339(when)
     result.dead_nodes = sorted(n.name for n in dead_nodes(o))
+    result.internal_load_balancer = internallb.status(o.spec, o.load_balancer)
+    if len(o.workloads) == len(o.spec.auto_resource_scaling):
+        result.auto_resource_scaling = scaling.status(o.spec.auto_resource_scaling, o.workloads, o.candidates)
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
@@ -482,6 +533,7 @@ def requeue_after(step: Step) -> float:
 
 
 __all__ = [
+    "ApplyLoadBalancer",
     "ClaimView",
     "ForceDeletePod",
     "Ignored",
@@ -492,7 +544,9 @@ __all__ = [
     "Purged",
     "Refuse",
     "ReleaseClaim",
+    "RemoveLoadBalancer",
     "RemoveOutOfService",
+    "ScaleWorkload",
     "Step",
     "TaintOutOfService",
     "dead_nodes",
