@@ -146,8 +146,21 @@ def agent_pod(
             }],
         },
         "spec": {"restartPolicy": "Never", "activeDeadlineSeconds": AGENT_DEADLINE_SECONDS,
-                 "initContainers": [save], "containers": [container], "volumes": volumes},
+                 "initContainers": [save], "containers": [container], "volumes": volumes,
+                 **member_placement(cluster)},
     }  # fmt: skip
+
+
+def member_placement(cluster: EtcdCluster) -> Obj:
+    """The cluster's nodeSelector and tolerations, for an agent pod: a backup claim is a local
+    volume pinned to the node of its first pod, and a restore's seed (a member) must mount it
+    there, so backups run where members may run (members kept on dedicated, tainted nodes)."""
+    placement: Obj = {}
+    if cluster.spec.pod.node_selector:
+        placement["nodeSelector"] = dict(cluster.spec.pod.node_selector)
+    if cluster.spec.pod.tolerations:
+        placement["tolerations"] = list(cluster.spec.pod.tolerations)
+    return placement
 
 
 def failed_container(pod: Obj) -> str:

@@ -1,0 +1,426 @@
+"""An EtcdCluster's lifecycle on real nodes (issue 20, item 5): members are containers a kubelet
+runs with containerd and runc, never the process runner's processes.
+
+Four real nodes serve the module, started together: three for a cluster that spreads its
+members with required anti-affinity and one spare its replacements land on. Members land
+only there (``spec.pod``: the real nodes' label and taint); the operator is the suite's
+(``running_operator``: the chart's ServiceAccount). One cluster, ``life``, is shared by the
+scenarios that leave it whole (create, resize, member loss, backup); the others make their
+own and delete it. Every scenario runs the ``Writer`` and ends with no acknowledged write lost.
+
+The namespace enforces the baseline Pod Security level: member pods carry no securityContext
+yet, so restricted would refuse them (it warns instead; the security work makes it enforce).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kustos.devcluster.binaries import ETCD_VERSIONS
+from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.realnode import REAL_NODE_LABEL, RealNode
+from kustos.devcluster.s3 import S3Server
+from kustos.etcd.client import EtcdClient, EtcdTLS, EtcdTLSError
+from tests.integration.conftest import Kubectl
+from tests.integration.etcd_support import (
+    Writer,
+    assert_consistent,
+    etcd_cluster,
+    running_operator,
+    status_of,
+    wait_healthy,
+)
+from tests.integration.kube import wait_until
+from tests.integration.operator import OperatorProcess
+from tests.integration.test_etcd_backup import s3, s3_secret, s3_storage  # noqa: F401  (fixture)
+from tests.integration.test_etcd_recovery import take_backup, wait_recovered
+from tests.integration.test_etcd_tls import user_client_certificate
+
+pytestmark = pytest.mark.integration
+
+REAL_NODES = 4
+OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
+# Members run only on real nodes: their label, and the taint that keeps the session's other
+# workloads off them.
+ON_REAL_NODES: dict[str, Any] = {
+    "nodeSelector": {REAL_NODE_LABEL: "true"},
+    "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+}
+# A container the kubelet restarts is back within seconds; a node stopped is replaced after this.
+FAILURE_TIMEOUT = "20s"
+
+
+def on_real_nodes(name: str, size: int, anti_affinity: str = "preferred", **spec: Any) -> dict[str, Any]:
+    return etcd_cluster(name, size, pod={**ON_REAL_NODES, "antiAffinity": anti_affinity},
+                        memberFailureTimeout=FAILURE_TIMEOUT, **spec)  # fmt: skip
+
+
+# ---- the module's nodes, namespace and operator ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_nodes(dev_cluster: DevCluster) -> Iterator[list[RealNode]]:
+    """Four real nodes, started side by side, tainted for members only."""
+    started = time.monotonic()
+    nodes: list[RealNode] = []
+    try:
+        nodes = dev_cluster.start_real_nodes(range(1, REAL_NODES + 1))
+        print(f"\n{REAL_NODES} real nodes Ready in {time.monotonic() - started:.1f} s")
+        for node in nodes:
+            dev_cluster.kubectl(
+                "taint", "node", node.name, f"{REAL_NODE_LABEL}=true:NoSchedule", "--overwrite"
+            )
+        yield nodes
+    finally:
+        for node in nodes or dev_cluster.real_nodes():
+            dev_cluster.remove_real_node(node)
+        # The session cluster goes on without real nodes: no kube-proxy, no tables of it.
+        dev_cluster.stop_kube_proxy()
+
+
+@pytest.fixture(scope="module")
+def kubectl(dev_cluster: DevCluster, real_nodes: list[RealNode]) -> Iterator[Kubectl]:
+    """One namespace for the module (its clusters outlive a test), baseline enforced."""
+    name = f"rn-{uuid.uuid4().hex[:8]}"
+    dev_cluster.kubectl("create", "namespace", name)
+    dev_cluster.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=baseline",
+                        "pod-security.kubernetes.io/warn=restricted")  # fmt: skip
+
+    def default_service_account() -> bool:
+        return bool(dev_cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).strip())
+
+    deadline = time.monotonic() + 60
+    while not default_service_account() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        yield Kubectl(dev_cluster, name)
+    finally:
+        dev_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    crds: None, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    with running_operator(kubectl, tmp_path_factory.mktemp("operator")) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+async def life(kubectl: Kubectl, operator: OperatorProcess, real_nodes: list[RealNode]) -> str:
+    """The shared cluster: three members, one per real node (required anti-affinity)."""
+    started = time.monotonic()
+    kubectl.apply(on_real_nodes("life", 3, anti_affinity="required"))
+    status = await wait_healthy(kubectl, "life", 3, timeout=180)
+    print(f"\nlife: 3 members healthy on real nodes {time.monotonic() - started:.1f} s after create")
+    assert_on_real_nodes(kubectl, "life", real_nodes, status)
+    return "life"
+
+
+# ---- what every scenario checks -----------------------------------------------------------
+
+
+def member_pods(kubectl: Kubectl, cluster: str) -> list[dict[str, Any]]:
+    pods = kubectl.get("pods", None, "-l", f"kustos.dev/cluster={cluster}")["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def assert_on_real_nodes(
+    kubectl: Kubectl, cluster: str, nodes: list[RealNode], status: dict[str, Any]
+) -> None:
+    """Every member's pod is on a real node and its etcd is a container of that node's runtime."""
+    by_name = {n.name: n for n in nodes}
+    pods = {p["metadata"]["name"]: p for p in member_pods(kubectl, cluster)}
+    for member in status["members"]:
+        pod = pods[member["name"]]
+        node = by_name.get(pod["spec"]["nodeName"])
+        assert node is not None, f"{member['name']} runs on {pod['spec']['nodeName']}, not a real node"
+        running = node.crictl(
+            "ps", "--name", "etcd", "--label", f"io.kubernetes.pod.name={member['name']}", "-q"
+        )
+        assert running.split(), f"no etcd container of {member['name']} on {node.name}"
+
+
+@dataclass
+class Writes:
+    """A writer started on a cluster; ``check`` stops it and finds every acknowledged key."""
+
+    kubectl: Kubectl
+    cluster: str
+    writer: Writer
+
+    def follow(self) -> dict[str, Any]:
+        status = status_of(self.kubectl, self.cluster)
+        self.writer.update(status)
+        return status
+
+    async def check(self, at_least: int = 20) -> None:
+        await self.writer.stop()
+        status = await wait_healthy(
+            self.kubectl, self.cluster, len(status_of(self.kubectl, self.cluster)["members"])
+        )
+        assert len(self.writer.acknowledged) >= at_least, f"{self.writer.failures} writes failed"
+        for member in status["members"]:
+            assert await self.writer.missing(member["clientUrl"]) == [], f"{member['name']} lost writes"
+
+
+async def start_writes(kubectl: Kubectl, cluster: str, tls: EtcdTLS | None = None) -> Writes:
+    status = status_of(kubectl, cluster)
+    writes = Writes(kubectl, cluster, Writer([m["clientUrl"] for m in status["members"]], tls))
+    writes.writer.start()
+
+    async def going() -> bool:
+        return len(writes.writer.acknowledged) >= 10
+
+    await wait_until(going, f"the writer to get going on {cluster}", timeout=30)
+    return writes
+
+
+async def until(kubectl: Kubectl, check: Any, what: str, timeout: float = 120) -> Any:
+    return await wait_until(
+        check, what, timeout=timeout, cluster=kubectl.cluster, namespace=kubectl.namespace
+    )
+
+
+def delete_cluster(kubectl: Kubectl, name: str) -> None:
+    """Free the nodes for the next scenario (the namespace goes at the module's end)."""
+    kubectl("delete", "etcdcluster", name, "--wait=false", check=False)
+
+
+# ---- the scenarios ------------------------------------------------------------------------
+
+
+async def test_a_cluster_created_on_real_nodes_resizes_keeping_every_write(
+    kubectl: Kubectl, life: str, real_nodes: list[RealNode]
+) -> None:
+    writes = await start_writes(kubectl, life)
+    for size in (4, 3):  # the fourth member on the spare node, then back
+        kubectl("patch", "etcdcluster", life, "--type=merge", "-p", json.dumps({"spec": {"size": size}}))
+
+        async def resized(size: int = size) -> bool:
+            current = writes.follow()
+            members = current.get("members") or []
+            return current.get("ready") == f"{size}/{size}" and len(members) == size
+
+        await until(kubectl, resized, f"{life} resized to {size}")
+        status = await wait_healthy(kubectl, life, size)
+        writes.writer.update(status)
+        assert_on_real_nodes(kubectl, life, real_nodes, status)
+    await writes.check()
+    assert_consistent(kubectl, life, 3, status)
+
+
+async def test_a_deleted_member_pod_is_replaced_on_a_real_node(
+    kubectl: Kubectl, life: str, real_nodes: list[RealNode]
+) -> None:
+    writes = await start_writes(kubectl, life)
+    victim = next(m["name"] for m in status_of(kubectl, life)["members"] if m["leader"])
+    kubectl("delete", "pod", victim, "--wait=false")
+
+    async def replaced() -> bool:
+        names = {m["name"] for m in writes.follow().get("members") or []}
+        return victim not in names and len(names) == 3
+
+    await until(kubectl, replaced, f"{victim} (the leader) replaced")
+    status = await wait_healthy(kubectl, life, 3)
+    writes.writer.update(status)
+    assert_on_real_nodes(kubectl, life, real_nodes, status)
+    await writes.check()
+    assert_consistent(kubectl, life, 3, status)
+
+
+async def test_a_killed_member_container_is_restarted_by_the_kubelet_as_the_same_member(
+    kubectl: Kubectl, life: str, real_nodes: list[RealNode]
+) -> None:
+    status = status_of(kubectl, life)
+    writes = await start_writes(kubectl, life)
+    victim = next(m for m in status["members"] if m["leader"])
+    pod = kubectl.get("pod", victim["name"])
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    container = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    node = next(n for n in real_nodes if n.name == pod["spec"]["nodeName"])
+    # The container's process as the runtime sees it (the shim's child): SIGKILL, as the OOM
+    # killer or a crash would end it.
+    pid = json.loads(node.crictl("inspect", container))["info"]["pid"]
+    os.kill(pid, signal.SIGKILL)
+
+    async def restarted() -> bool:
+        current = kubectl.get("pod", victim["name"])["status"]["containerStatuses"][0]
+        writes.follow()
+        return current["restartCount"] > restarts and bool(current.get("ready"))
+
+    await until(kubectl, restarted, f"{victim['name']}'s etcd restarted by the kubelet")
+    status = await wait_healthy(kubectl, life, 3)
+    # Its data survived in the pod's emptyDir: the same member, not a replacement.
+    assert {m["name"]: m["id"] for m in status["members"]}[victim["name"]] == victim["id"]
+    assert kubectl.get("pod", victim["name"])["metadata"]["uid"] == pod["metadata"]["uid"]
+    await writes.check()
+    assert_consistent(kubectl, life, 3, status)
+
+
+async def test_a_member_on_a_stopped_real_node_is_replaced_on_the_spare(
+    kubectl: Kubectl, life: str, real_nodes: list[RealNode]
+) -> None:
+    status = status_of(kubectl, life)
+    writes = await start_writes(kubectl, life)
+    victim = next(m["name"] for m in status["members"] if not m["leader"])
+    node = kubectl.get("pod", victim)["spec"]["nodeName"]
+    started = time.monotonic()
+    kubectl.cluster.take_node_down(node)
+    try:
+
+        async def replaced() -> bool:
+            names = {m["name"] for m in writes.follow().get("members") or []}
+            return victim not in names and len(names) == 3
+
+        await until(kubectl, replaced, f"{victim} on stopped node {node} replaced", timeout=150)
+        status = await wait_healthy(kubectl, life, 3)
+        print(f"\nnode stopped -> member replaced and healthy: {time.monotonic() - started:.1f} s")
+        writes.writer.update(status)
+        nodes = {kubectl.get("pod", m["name"])["spec"]["nodeName"] for m in status["members"]}
+        assert node not in nodes and len(nodes) == 3
+        await writes.check()
+    finally:
+        kubectl.cluster.bring_node_up(node)
+
+    async def node_back() -> bool:
+        return kubectl.cluster._node_ready(node)
+
+    await until(kubectl, node_back, f"{node} Ready again", timeout=90)
+    assert_consistent(kubectl, life, 3, status)
+
+
+async def test_backups_to_a_claim_and_to_s3_restore_every_acknowledged_write(
+    kubectl: Kubectl,
+    life: str,
+    s3: S3Server,  # noqa: F811
+    real_nodes: list[RealNode],
+) -> None:
+    writes = await start_writes(kubectl, life)
+    await asyncio.sleep(1)
+    await writes.check()  # stopped: every key it saw acknowledged is in the backups below
+    s3_secret(kubectl, s3)
+    # The agent pods run the kustos image on the real nodes (they go where members may).
+    on_claim, on_s3 = await asyncio.gather(
+        take_backup(kubectl, "life-pvc", life), take_backup(kubectl, "life-s3", life, storage=s3_storage(s3))
+    )
+    assert on_claim["location"].startswith("pvc://") and on_s3["location"].startswith("s3://")
+    agents = kubectl.get("pods", None, "-l", "kustos.dev/cluster-backup=life")["items"]
+    real = {n.name for n in real_nodes}
+    assert agents and all(p["spec"]["nodeName"] in real for p in agents)
+
+    kubectl.apply(on_real_nodes("from-pvc", 1, restore={"backup": "life-pvc"}),
+                  on_real_nodes("from-s3", 3, restore={"backup": "life-s3"}))  # fmt: skip
+    try:
+        for name, size in (("from-pvc", 1), ("from-s3", 3)):
+            status = await wait_healthy(kubectl, name, size, timeout=180)
+            assert status["recovery"]["sourceKind"] == "backup" and status["recovery"]["phase"] == "Succeeded"
+            assert_on_real_nodes(kubectl, name, real_nodes, status)
+            for member in status["members"]:
+                assert await writes.writer.missing(member["clientUrl"]) == [], f"{member['name']} misses keys"
+    finally:
+        for name in ("from-pvc", "from-s3"):
+            delete_cluster(kubectl, name)
+
+
+async def test_upgrade_to_the_new_minor_and_rollback_keep_every_write(
+    kubectl: Kubectl, operator: OperatorProcess, real_nodes: list[RealNode]
+) -> None:
+    kubectl.apply(on_real_nodes("roll", 3, version=OLD))
+    await wait_healthy(kubectl, "roll", 3, timeout=180)
+    writes = await start_writes(kubectl, "roll")
+    try:
+        for version in (NEW, OLD):
+            started = time.monotonic()
+            kubectl("patch", "etcdcluster", "roll", "--type=merge", "-p",
+                    json.dumps({"spec": {"version": version}}))  # fmt: skip
+
+            async def rolled(version: str = version) -> bool:
+                current = writes.follow()
+                members = current.get("members") or []
+                return (current.get("currentVersion") == version and current.get("phase") == "Running"
+                        and len(members) == 3 and all(m["healthy"] for m in members))  # fmt: skip
+
+            await until(kubectl, rolled, f"roll on etcd {version}", timeout=240)
+            print(f"\nroll to {version}: {time.monotonic() - started:.1f} s")
+            status = await wait_healthy(kubectl, "roll", 3)
+            writes.writer.update(status)
+            images = {p["spec"]["containers"][0]["image"] for p in member_pods(kubectl, "roll")}
+            assert images == {f"registry.k8s.io/etcd:{version}-0"}, images
+            assert_on_real_nodes(kubectl, "roll", real_nodes, status)
+        await writes.check()
+        assert_consistent(kubectl, "roll", 3, status)
+    finally:
+        delete_cluster(kubectl, "roll")
+
+
+async def test_a_tls_cluster_serves_and_replaces_a_member_keeping_every_write(
+    kubectl: Kubectl, operator: OperatorProcess, real_nodes: list[RealNode], tmp_path: Path
+) -> None:
+    kubectl.apply(on_real_nodes("sec", 3, tls={"lifetime": "24h"}))
+    try:
+        status = await wait_healthy(kubectl, "sec", 3, timeout=180)
+        assert all(m["clientUrl"].startswith("https://") for m in status["members"])
+        assert_on_real_nodes(kubectl, "sec", real_nodes, status)
+        user = user_client_certificate(kubectl, "sec", tmp_path / "user")
+        writes = await start_writes(kubectl, "sec", tls=user)
+        victim = next(m["name"] for m in status["members"] if not m["leader"])
+        kubectl("delete", "pod", victim, "--wait=false")
+
+        async def replaced() -> bool:
+            names = {m["name"] for m in writes.follow().get("members") or []}
+            return victim not in names and len(names) == 3
+
+        await until(kubectl, replaced, f"{victim} replaced over TLS", timeout=180)
+        status = await wait_healthy(kubectl, "sec", 3, timeout=120)
+        writes.writer.update(status)
+        await writes.check()
+        # A client without a certificate is refused by every member.
+        async with EtcdClient(
+            status["members"][0]["clientUrl"], EtcdTLS(user.ca_file), timeout=3.0
+        ) as anonymous:
+            with pytest.raises(EtcdTLSError):
+                await anonymous.status()
+    finally:
+        delete_cluster(kubectl, "sec")
+
+
+async def test_quorum_loss_is_recovered_from_the_survivor_with_every_acknowledged_write(
+    kubectl: Kubectl, operator: OperatorProcess, real_nodes: list[RealNode]
+) -> None:
+    kubectl.apply(on_real_nodes("dr", 3, recovery={"automatic": True, "delay": "3s"}))
+    try:
+        status = await wait_healthy(kubectl, "dr", 3, timeout=180)
+        writes = await start_writes(kubectl, "dr")
+        await asyncio.sleep(2)
+        await writes.writer.stop()
+        survivor = next(m for m in status["members"] if not m["leader"])
+
+        async def caught_up() -> bool:  # the survivor has applied every acknowledged write
+            return await writes.writer.missing(survivor["clientUrl"]) == []
+
+        await until(kubectl, caught_up, f"{survivor['name']} caught up")
+        lost = [m["name"] for m in status["members"] if m["name"] != survivor["name"]]
+        started = time.monotonic()
+        kubectl("delete", "pod", *lost, "--grace-period=0", "--force", "--wait=false")
+
+        status = await wait_recovered(kubectl, "dr", 3)
+        print(f"\nquorum lost -> rebuilt and healthy: {time.monotonic() - started:.1f} s")
+        recovery = status["recovery"]
+        assert recovery["sourceKind"] == "member" and recovery["source"] == survivor["name"], recovery
+        assert_on_real_nodes(kubectl, "dr", real_nodes, status)
+        for member in status["members"]:
+            assert await writes.writer.missing(member["clientUrl"]) == [], f"{member['name']} lost writes"
+    finally:
+        delete_cluster(kubectl, "dr")
