@@ -21,17 +21,20 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kustos.devcluster import operator as dev_operator
 from kustos.devcluster.binaries import ETCD_VERSIONS
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.realnode import REAL_NODE_LABEL, RealNode
 from kustos.devcluster.s3 import S3Server
 from kustos.etcd.client import EtcdClient, EtcdTLS, EtcdTLSError
+from kustos.maintenance.planner import OUT_OF_SERVICE_TAINT
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
     Writer,
@@ -41,11 +44,21 @@ from tests.integration.etcd_support import (
     status_of,
     wait_healthy,
 )
-from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess
+from tests.integration.kube import is_ready, wait_until
+from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, OperatorProcess, reset_chart_identity
 from tests.integration.test_etcd_backup import s3, s3_secret, s3_storage  # noqa: F401  (fixture)
 from tests.integration.test_etcd_recovery import take_backup, wait_recovered
 from tests.integration.test_etcd_tls import user_client_certificate
+from tests.integration.test_maintenance import (
+    FENCED,
+    fence,
+    policy,
+    running,
+    statefulset,
+    taint_keys,
+    unreachable,
+)
+from tests.integration.test_real_nodes import node_ready
 
 pytestmark = pytest.mark.integration
 
@@ -57,6 +70,8 @@ ON_REAL_NODES: dict[str, Any] = {
     "nodeSelector": {REAL_NODE_LABEL: "true"},
     "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
 }
+# The chart's nodeSelector value must be a string (helm --set makes "true" a boolean).
+POOL_LABEL = "kustos.dev/pool"
 # A container the kubelet restarts is back within seconds; a node stopped is replaced after this.
 FAILURE_TIMEOUT = "20s"
 
@@ -83,8 +98,10 @@ def real_nodes(dev_cluster: DevCluster) -> Iterator[list[RealNode]]:
             )
         yield nodes
     finally:
-        for node in nodes or dev_cluster.real_nodes():
-            dev_cluster.remove_real_node(node)
+        stopping = time.monotonic()
+        with ThreadPoolExecutor(REAL_NODES) as pool:
+            list(pool.map(dev_cluster.remove_real_node, nodes or dev_cluster.real_nodes()))
+        print(f"\nreal nodes removed in {time.monotonic() - stopping:.1f} s")
         # The session cluster goes on without real nodes: no kube-proxy, no tables of it.
         dev_cluster.stop_kube_proxy()
 
@@ -115,6 +132,8 @@ def operator(
 ) -> Iterator[OperatorProcess]:
     with running_operator(kubectl, tmp_path_factory.mktemp("operator")) as process:
         yield process
+        stopping = time.monotonic()
+    print(f"\noperator stopped in {time.monotonic() - stopping:.1f} s")
 
 
 @pytest.fixture(scope="module")
@@ -165,12 +184,21 @@ class Writes:
         self.writer.update(status)
         return status
 
-    async def check(self, at_least: int = 20) -> None:
-        await self.writer.stop()
-        status = await wait_healthy(
-            self.kubectl, self.cluster, len(status_of(self.kubectl, self.cluster)["members"])
-        )
-        assert len(self.writer.acknowledged) >= at_least, f"{self.writer.failures} writes failed"
+    async def check(self) -> None:
+        """Writes still go through after what the scenario did (10 more acknowledged), then
+        every acknowledged key is on every member."""
+        after = len(self.writer.acknowledged) + 10
+
+        async def writing() -> bool:
+            self.follow()
+            return len(self.writer.acknowledged) >= after
+
+        try:
+            await until(self.kubectl, writing, f"writes to {self.cluster} going through", timeout=60)
+        finally:
+            await self.writer.stop()
+        size = len(status_of(self.kubectl, self.cluster)["members"])
+        status = await wait_healthy(self.kubectl, self.cluster, size)
         for member in status["members"]:
             assert await self.writer.missing(member["clientUrl"]) == [], f"{member['name']} lost writes"
 
@@ -190,6 +218,16 @@ async def start_writes(kubectl: Kubectl, cluster: str, tls: EtcdTLS | None = Non
 async def until(kubectl: Kubectl, check: Any, what: str, timeout: float = 120) -> Any:
     return await wait_until(
         check, what, timeout=timeout, cluster=kubectl.cluster, namespace=kubectl.namespace
+    )
+
+
+def agent_logs(kubectl: Kubectl, cluster: str) -> str:
+    """What the backup agents' containers said (a failed backup's reason is in them)."""
+    pods = kubectl.get("pods", None, "-l", f"kustos.dev/cluster-backup={cluster}")["items"]
+    return "\n".join(
+        f"--- {p['metadata']['name']}/{c}:\n{kubectl('logs', p['metadata']['name'], '-c', c, check=False)}"
+        for p in pods
+        for c in ("etcdctl", "snapshot")
     )
 
 
@@ -269,15 +307,25 @@ async def test_a_killed_member_container_is_restarted_by_the_kubelet_as_the_same
     assert_consistent(kubectl, life, 3, status)
 
 
-async def test_a_member_on_a_stopped_real_node_is_replaced_on_the_spare(
+async def test_a_stopped_real_node_loses_its_member_then_is_cleared_out_of_service_once_fenced(
     kubectl: Kubectl, life: str, real_nodes: list[RealNode]
 ) -> None:
-    status = status_of(kubectl, life)
+    """The node's kubelet and containers stop. The EtcdCluster replaces its member on the spare
+    by itself; a StatefulSet pod pinned there by its claim moves only once a fencing agent says
+    the node is off: kustos taints it out of service, releases the claim, the pod runs elsewhere.
+    The node's return removes the taint."""
+    cluster = kubectl.cluster
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(policy()))
+    pinned = statefulset("pinned", beside=life)
+    pinned["spec"]["template"]["spec"].update(ON_REAL_NODES)
+    kubectl.apply(pinned)
+    first = await running(kubectl, "pinned-0")
+    node = first["spec"]["nodeName"]
+    old_claim = kubectl.get("pvc", "data-pinned-0")["metadata"]["uid"]
+    victim = next(p["metadata"]["name"] for p in member_pods(kubectl, life) if p["spec"]["nodeName"] == node)
     writes = await start_writes(kubectl, life)
-    victim = next(m["name"] for m in status["members"] if not m["leader"])
-    node = kubectl.get("pod", victim)["spec"]["nodeName"]
     started = time.monotonic()
-    kubectl.cluster.take_node_down(node)
+    cluster.take_node_down(node)
     try:
 
         async def replaced() -> bool:
@@ -290,14 +338,37 @@ async def test_a_member_on_a_stopped_real_node_is_replaced_on_the_spare(
         writes.writer.update(status)
         nodes = {kubectl.get("pod", m["name"])["spec"]["nodeName"] for m in status["members"]}
         assert node not in nodes and len(nodes) == 3
+        assert_on_real_nodes(kubectl, life, real_nodes, status)
+        assert kubectl.get("pod", "pinned-0")["spec"]["nodeName"] == node, "moved before fencing"
+
+        await unreachable(kubectl, node)
+        fence(kubectl, node)
+        fenced = time.monotonic()
+
+        async def moved() -> dict[str, Any] | None:
+            found = json.loads(kubectl("get", "pod", "pinned-0", "-o", "json", check=False) or "null")
+            ok = found and found["spec"].get("nodeName") not in (None, node) and is_ready(found)
+            return found if ok else None
+
+        await until(kubectl, moved, "pinned-0 Running on another real node", timeout=150)
+        print(f"\nfenced -> pinned pod Running elsewhere: {time.monotonic() - fenced:.1f} s")
+        assert OUT_OF_SERVICE_TAINT in taint_keys(kubectl, node)
+        assert kubectl.get("pvc", "data-pinned-0")["metadata"]["uid"] != old_claim, (
+            "the claim was not released"
+        )
         await writes.check()
     finally:
-        kubectl.cluster.bring_node_up(node)
+        cluster.bring_node_up(node)
+        cluster.kubectl("annotate", "node", node, f"{FENCED}-")
 
-    async def node_back() -> bool:
-        return kubectl.cluster._node_ready(node)
+    async def back() -> bool:
+        return node_ready(cluster, node) == "True" and OUT_OF_SERVICE_TAINT not in taint_keys(kubectl, node)
 
-    await until(kubectl, node_back, f"{node} Ready again", timeout=90)
+    try:
+        await until(kubectl, back, f"{node} Ready without the out-of-service taint", timeout=90)
+    finally:
+        kubectl("delete", "statefulset", "pinned", "--wait=false", check=False)
+        cluster.kubectl("delete", "maintenancepolicy", "default", "--wait=false", check=False)
     assert_consistent(kubectl, life, 3, status)
 
 
@@ -312,9 +383,13 @@ async def test_backups_to_a_claim_and_to_s3_restore_every_acknowledged_write(
     await writes.check()  # stopped: every key it saw acknowledged is in the backups below
     s3_secret(kubectl, s3)
     # The agent pods run the kustos image on the real nodes (they go where members may).
-    on_claim, on_s3 = await asyncio.gather(
-        take_backup(kubectl, "life-pvc", life), take_backup(kubectl, "life-s3", life, storage=s3_storage(s3))
-    )
+    try:
+        on_claim, on_s3 = await asyncio.gather(
+            take_backup(kubectl, "life-pvc", life),
+            take_backup(kubectl, "life-s3", life, storage=s3_storage(s3)),
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{agent_logs(kubectl, life)}") from None
     assert on_claim["location"].startswith("pvc://") and on_s3["location"].startswith("s3://")
     agents = kubectl.get("pods", None, "-l", "kustos.dev/cluster-backup=life")["items"]
     real = {n.name for n in real_nodes}
@@ -424,3 +499,68 @@ async def test_quorum_loss_is_recovered_from_the_survivor_with_every_acknowledge
             assert await writes.writer.missing(member["clientUrl"]) == [], f"{member['name']} lost writes"
     finally:
         delete_cluster(kubectl, "dr")
+
+
+async def test_the_charts_operator_pods_on_real_nodes_fail_over_when_the_leader_pod_is_killed(
+    kubectl: Kubectl, operator: OperatorProcess, real_nodes: list[RealNode]
+) -> None:
+    """Last: the chart's two pods (the kustos image, the chart's security context) on the real
+    nodes take over from the module's operator; the leader's pod is killed mid-resize and the
+    other pod finishes it."""
+    cluster = kubectl.cluster
+    operator.stop()  # one operator at a time: the chart's pods manage this namespace now
+    for node in real_nodes:
+        cluster.kubectl("label", "node", node.name, f"{POOL_LABEL}=real", "--overwrite")
+    reset_chart_identity(cluster)
+    on_real = [
+        f"nodeSelector.{POOL_LABEL.replace('.', chr(92) + '.')}=real",
+        f"tolerations[0].key={REAL_NODE_LABEL}",
+        "tolerations[0].operator=Exists",
+        "tolerations[0].effect=NoSchedule",
+    ]
+    started = time.monotonic()
+    dev_operator.install(cluster, ["crds.install=false", *on_real], CHART_RELEASE, CHART_NAMESPACE)
+    try:
+        pods = dev_operator.wait_ready(cluster, 2, timeout=180)
+        print(f"\nthe chart's 2 operator pods Ready on real nodes in {time.monotonic() - started:.1f} s")
+        real = {n.name for n in real_nodes}
+        assert {p["spec"]["nodeName"] for p in pods} <= real
+        kubectl.apply(on_real_nodes("ha", 3))
+        status = await wait_healthy(kubectl, "ha", 3, timeout=180)
+        writes = await start_writes(kubectl, "ha")
+        leader = dev_operator.leader_pod(cluster)
+        assert leader in {p["metadata"]["name"] for p in pods}, f"the Lease names {leader}"
+        kubectl("patch", "etcdcluster", "ha", "--type=merge", "-p", '{"spec":{"size":4}}')
+
+        async def in_flight() -> bool:
+            current = writes.follow()
+            return len(current.get("members") or []) > 3 or current.get("ready") == "3/4"
+
+        await until(kubectl, in_flight, "the resize to be under way")
+        killed = time.monotonic()
+        cluster.kubectl("delete", "pod", "-n", CHART_NAMESPACE, leader, "--grace-period=0", "--force")
+
+        async def taken_over() -> str | None:
+            holder = dev_operator.leader_pod(cluster)
+            return holder if holder and holder != leader else None
+
+        successor = await until(kubectl, taken_over, "another operator pod to take the Lease")
+        print(f"\nleader pod killed -> {successor} leads: {time.monotonic() - killed:.1f} s")
+
+        async def resized() -> bool:
+            current = writes.follow()
+            return current.get("ready") == "4/4" and len(current.get("members") or []) == 4
+
+        await until(kubectl, resized, "the new leader to finish the resize", timeout=180)
+        status = await wait_healthy(kubectl, "ha", 4)
+        writes.writer.update(status)
+        assert_on_real_nodes(kubectl, "ha", real_nodes, status)
+        await writes.check()
+        assert_consistent(kubectl, "ha", 4, status)
+    finally:
+        delete_cluster(kubectl, "ha")
+        # The pods first: uninstalling removes the RBAC while they may still be writing.
+        dev_operator.install(cluster, ["crds.install=false", "replicas=0", *on_real], CHART_RELEASE,
+                             CHART_NAMESPACE)  # fmt: skip
+        dev_operator.wait_gone(cluster, timeout=120)
+        reset_chart_identity(cluster)

@@ -112,13 +112,19 @@ def test_agent_pod_runs_where_members_may_run() -> None:
     dedicated = cluster()
     dedicated.spec.pod.node_selector = {"role": "etcd"}
     dedicated.spec.pod.tolerations = [{"key": "role", "operator": "Exists", "effect": "NoSchedule"}]
-    pod = plan.agent_pod(
-        backup(), dedicated, BackupStorage(pvc=PVCStorage()), ("main-1", "http://m1:2379"), 1, "img", STARTED
+    pod = plan.placed_like_members(
+        plan.agent_pod(
+            backup(), dedicated, BackupStorage(pvc=PVCStorage()), ("m", "http://m:2379"), 1, "i", STARTED
+        ),
+        dedicated,
     )
     assert pod["spec"]["nodeSelector"] == {"role": "etcd"}
     assert pod["spec"]["tolerations"] == [{"key": "role", "operator": "Exists", "effect": "NoSchedule"}]
-    anywhere = plan.agent_pod(
-        backup(), cluster(), BackupStorage(pvc=PVCStorage()), ("main-1", "http://m1:2379"), 1, "img", STARTED
+    anywhere = plan.placed_like_members(
+        plan.agent_pod(
+            backup(), cluster(), BackupStorage(pvc=PVCStorage()), ("m", "http://m:2379"), 1, "i", STARTED
+        ),
+        cluster(),
     )
     assert "nodeSelector" not in anywhere["spec"] and "tolerations" not in anywhere["spec"]
 
