@@ -33,6 +33,7 @@ from kustos.devcluster.binaries import ETCD_VERSIONS
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.realnode import REAL_NODE_LABEL, RealNode
 from kustos.devcluster.s3 import S3Server
+from kustos.etcd.backup import AGENT_CONTAINER, BACKUP_LABEL, SAVE_CONTAINER
 from kustos.etcd.client import EtcdClient, EtcdTLS, EtcdTLSError
 from kustos.maintenance.planner import OUT_OF_SERVICE_TAINT
 from tests.integration.conftest import Kubectl
@@ -47,7 +48,7 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import is_ready, wait_until
 from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, OperatorProcess, reset_chart_identity
 from tests.integration.test_etcd_backup import s3, s3_secret, s3_storage  # noqa: F401  (fixture)
-from tests.integration.test_etcd_recovery import take_backup, wait_recovered
+from tests.integration.test_etcd_recovery import wait_recovered
 from tests.integration.test_etcd_tls import user_client_certificate
 from tests.integration.test_maintenance import (
     FENCED,
@@ -72,6 +73,8 @@ ON_REAL_NODES: dict[str, Any] = {
 }
 # The chart's nodeSelector value must be a string (helm --set makes "true" a boolean).
 POOL_LABEL = "kustos.dev/pool"
+# The chart's lease timings (values.yaml leaderElection), in place of the suite's fast ones.
+LEASE = ("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
 # A container the kubelet restarts is back within seconds; a node stopped is replaced after this.
 FAILURE_TIMEOUT = "20s"
 
@@ -130,10 +133,12 @@ def kubectl(dev_cluster: DevCluster, real_nodes: list[RealNode]) -> Iterator[Kub
 def operator(
     crds: None, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    with running_operator(kubectl, tmp_path_factory.mktemp("operator")) as process:
+    """The suite's operator (the chart's ServiceAccount), scoped to the module's namespace, with
+    the chart's default lease timings: the suite's fast ones (a 3 s renew deadline) made it
+    stand down, as it must, when this 2-core machine delayed a renewal, and no scenario here
+    is about its failover (the chart's pods' is, last)."""
+    with running_operator(kubectl, tmp_path_factory.mktemp("operator"), extra=LEASE) as process:
         yield process
-        stopping = time.monotonic()
-    print(f"\noperator stopped in {time.monotonic() - stopping:.1f} s")
 
 
 @pytest.fixture(scope="module")
@@ -221,13 +226,28 @@ async def until(kubectl: Kubectl, check: Any, what: str, timeout: float = 120) -
     )
 
 
-def agent_logs(kubectl: Kubectl, cluster: str) -> str:
+async def backed_up(kubectl: Kubectl, name: str, cluster: str, **spec: Any) -> dict[str, Any]:
+    """An EtcdBackup that succeeds; its first failed agent pod fails the test with its logs
+    (kustos retries it with backoff, which would only wait longer)."""
+    kubectl.apply({"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdBackup", "metadata": {"name": name},
+                   "spec": {"clusterName": cluster, **spec}})  # fmt: skip
+
+    async def succeeded() -> dict[str, Any] | None:
+        status = dict(kubectl.get("etcdbackup", name).get("status") or {})
+        agents = kubectl.get("pods", None, "-l", f"{BACKUP_LABEL}={name}")["items"]
+        failed = [p for p in agents if (p.get("status") or {}).get("phase") == "Failed"]
+        assert not failed, f"backup {name}'s agent failed on a real node:\n{agent_logs(kubectl, failed)}"
+        return status if status.get("phase") == "Succeeded" else None
+
+    return await until(kubectl, succeeded, f"backup {name}", timeout=90)
+
+
+def agent_logs(kubectl: Kubectl, pods: list[dict[str, Any]]) -> str:
     """What the backup agents' containers said (a failed backup's reason is in them)."""
-    pods = kubectl.get("pods", None, "-l", f"kustos.dev/cluster-backup={cluster}")["items"]
     return "\n".join(
         f"--- {p['metadata']['name']}/{c}:\n{kubectl('logs', p['metadata']['name'], '-c', c, check=False)}"
         for p in pods
-        for c in ("etcdctl", "snapshot")
+        for c in (SAVE_CONTAINER, AGENT_CONTAINER)
     )
 
 
@@ -372,6 +392,13 @@ async def test_a_stopped_real_node_loses_its_member_then_is_cleared_out_of_servi
     assert_consistent(kubectl, life, 3, status)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding (issue 20, item 7): an agent pod's etcdctl (the etcd image: root) saves the "
+    "snapshot 0600, which its kustos container (the image's user 65532) cannot read; one user for "
+    "every container and fsGroup on the claim (the restricted agent pods of the security work) fix it; "
+    "remove this mark when they merge",
+)
 async def test_backups_to_a_claim_and_to_s3_restore_every_acknowledged_write(
     kubectl: Kubectl,
     life: str,
@@ -383,13 +410,9 @@ async def test_backups_to_a_claim_and_to_s3_restore_every_acknowledged_write(
     await writes.check()  # stopped: every key it saw acknowledged is in the backups below
     s3_secret(kubectl, s3)
     # The agent pods run the kustos image on the real nodes (they go where members may).
-    try:
-        on_claim, on_s3 = await asyncio.gather(
-            take_backup(kubectl, "life-pvc", life),
-            take_backup(kubectl, "life-s3", life, storage=s3_storage(s3)),
-        )
-    except AssertionError as err:
-        raise AssertionError(f"{err}\n{agent_logs(kubectl, life)}") from None
+    on_claim, on_s3 = await asyncio.gather(
+        backed_up(kubectl, "life-pvc", life), backed_up(kubectl, "life-s3", life, storage=s3_storage(s3))
+    )
     assert on_claim["location"].startswith("pvc://") and on_s3["location"].startswith("s3://")
     agents = kubectl.get("pods", None, "-l", "kustos.dev/cluster-backup=life")["items"]
     real = {n.name for n in real_nodes}
@@ -409,6 +432,7 @@ async def test_backups_to_a_claim_and_to_s3_restore_every_acknowledged_write(
             delete_cluster(kubectl, name)
 
 
+@pytest.mark.timeout(480)
 async def test_upgrade_to_the_new_minor_and_rollback_keep_every_write(
     kubectl: Kubectl, operator: OperatorProcess, real_nodes: list[RealNode]
 ) -> None:
@@ -427,7 +451,11 @@ async def test_upgrade_to_the_new_minor_and_rollback_keep_every_write(
                 return (current.get("currentVersion") == version and current.get("phase") == "Running"
                         and len(members) == 3 and all(m["healthy"] for m in members))  # fmt: skip
 
-            await until(kubectl, rolled, f"roll on etcd {version}", timeout=240)
+            try:
+                await until(kubectl, rolled, f"roll on etcd {version}", timeout=150)
+            except AssertionError as err:
+                status = status_of(kubectl, "roll")
+                raise AssertionError(f"{err}\nstatus: {json.dumps(status)[:4000]}") from None
             print(f"\nroll to {version}: {time.monotonic() - started:.1f} s")
             status = await wait_healthy(kubectl, "roll", 3)
             writes.writer.update(status)
