@@ -232,14 +232,15 @@ async def backed_up(kubectl: Kubectl, name: str, cluster: str, **spec: Any) -> d
     kubectl.apply({"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdBackup", "metadata": {"name": name},
                    "spec": {"clusterName": cluster, **spec}})  # fmt: skip
 
-    async def succeeded() -> dict[str, Any] | None:
+    async def done() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
         status = dict(kubectl.get("etcdbackup", name).get("status") or {})
         agents = kubectl.get("pods", None, "-l", f"{BACKUP_LABEL}={name}")["items"]
         failed = [p for p in agents if (p.get("status") or {}).get("phase") == "Failed"]
-        assert not failed, f"backup {name}'s agent failed on a real node:\n{agent_logs(kubectl, failed)}"
-        return status if status.get("phase") == "Succeeded" else None
+        return (status, failed) if failed or status.get("phase") == "Succeeded" else None
 
-    return await until(kubectl, succeeded, f"backup {name}", timeout=90)
+    status, failed = await until(kubectl, done, f"backup {name}", timeout=90)
+    assert not failed, f"backup {name}'s agent failed on a real node:\n{agent_logs(kubectl, failed)}"
+    return status
 
 
 def agent_logs(kubectl: Kubectl, pods: list[dict[str, Any]]) -> str:
