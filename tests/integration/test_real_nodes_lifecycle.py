@@ -10,6 +10,8 @@ own and delete it. Every scenario runs the ``Writer`` and ends with no acknowled
 
 The namespace enforces the baseline Pod Security level: member pods carry no securityContext
 yet, so restricted would refuse them (it warns instead; the security work makes it enforce).
+The last test runs the chart's pods from kustos's image, which real nodes import at their
+start once `kustos dev image` has built it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from kustos.devcluster.realnode import REAL_NODE_LABEL, RealNode
 from kustos.devcluster.s3 import S3Server
 from kustos.etcd.backup import AGENT_CONTAINER, BACKUP_LABEL, SAVE_CONTAINER
 from kustos.etcd.client import EtcdClient, EtcdTLS, EtcdTLSError
+from kustos.images import agent_image
 from kustos.maintenance.planner import OUT_OF_SERVICE_TAINT
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
@@ -537,6 +540,11 @@ async def test_the_charts_operator_pods_on_real_nodes_fail_over_when_the_leader_
     nodes take over from the module's operator; the leader's pod is killed mid-resize and the
     other pod finishes it."""
     cluster = kubectl.cluster
+    image = agent_image()
+    for node in real_nodes:  # imported at the node's start from `kustos dev image`'s archive
+        assert node.crictl("inspecti", image, check=False).strip(), (
+            f"{node.name} has no {image}: run `kustos dev image`"
+        )
     operator.stop()  # one operator at a time: the chart's pods manage this namespace now
     for node in real_nodes:
         cluster.kubectl("label", "node", node.name, f"{POOL_LABEL}=real", "--overwrite")
