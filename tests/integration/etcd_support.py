@@ -6,7 +6,7 @@ import asyncio
 import json
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,17 +46,22 @@ def install_crds(cluster: DevCluster) -> None:
 
 @contextmanager
 def running_operator(
-    kubectl: Kubectl, log_dir: Path, env: dict[str, str] | None = None, resolv_conf: Path | None = None
+    kubectl: Kubectl,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    resolv_conf: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> Iterator[OperatorProcess]:
     """``kustos run`` with every kustos controller, scoped to the test's namespace (resolving
     through the cluster DNS unless ``resolv_conf`` names another resolver).
 
     It is the chart's ServiceAccount and nothing more (``chart_identity``): its leader election
     Lease and webhook configurations are the chart's, in kustos-system. The API server's audit
-    log is checked at the end of the session: nothing it asked was refused.
+    log is checked at the end of the session: nothing it asked was refused. ``extra``: more
+    ``kustos run`` options (a later one overrides the chart's).
     """
     process = start_chart_operator(
-        kubectl.cluster, log_dir, "--namespace", kubectl.namespace, env=env, resolv_conf=resolv_conf
+        kubectl.cluster, log_dir, "--namespace", kubectl.namespace, *extra, env=env, resolv_conf=resolv_conf
     )
     try:
         yield process

@@ -107,6 +107,28 @@ def test_agent_pod_for_a_claim_saves_with_etcdctl_onto_the_claim_then_verifies()
     ]
 
 
+def test_agent_pod_runs_where_members_may_run() -> None:
+    """Its claim is pinned to its node: a restore's seed (a member) must be able to mount it."""
+    dedicated = cluster()
+    dedicated.spec.pod.node_selector = {"role": "etcd"}
+    dedicated.spec.pod.tolerations = [{"key": "role", "operator": "Exists", "effect": "NoSchedule"}]
+    pod = plan.placed_like_members(
+        plan.agent_pod(
+            backup(), dedicated, BackupStorage(pvc=PVCStorage()), ("m", "http://m:2379"), 1, "i", STARTED
+        ),
+        dedicated,
+    )
+    assert pod["spec"]["nodeSelector"] == {"role": "etcd"}
+    assert pod["spec"]["tolerations"] == [{"key": "role", "operator": "Exists", "effect": "NoSchedule"}]
+    anywhere = plan.placed_like_members(
+        plan.agent_pod(
+            backup(), cluster(), BackupStorage(pvc=PVCStorage()), ("m", "http://m:2379"), 1, "i", STARTED
+        ),
+        cluster(),
+    )
+    assert "nodeSelector" not in anywhere["spec"] and "tolerations" not in anywhere["spec"]
+
+
 def test_agent_pod_for_s3_takes_credentials_from_the_secret_and_keeps_for_the_schedule() -> None:
     scheduled = backup("main-20261122-120000", labels={plan.SCHEDULED_LABEL: "true"})
     storage = BackupStorage(s3=S3Storage.model_validate(S3))

@@ -10,6 +10,7 @@ running cluster just reports it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -283,6 +285,23 @@ class DevCluster:
             self._wait_for(lambda: self._node_ready(node.name), timeout, what)
             self._label_worker(node.name)
         return node
+
+    def start_real_nodes(
+        self, indices: Sequence[int], log: Callable[[str], None] = lambda _: None, timeout: float = 120
+    ) -> list[RealNode]:
+        """Start several real nodes side by side (their image imports are most of a start),
+        then wait until every one is Ready."""
+        if not indices:
+            return []
+        first = self.start_real_node(indices[0], log, wait=False)  # it starts the host's kube-proxy
+        with ThreadPoolExecutor(max(1, len(indices) - 1)) as pool:
+            others = list(pool.map(lambda i: self.start_real_node(i, log, wait=False), indices[1:]))
+        nodes = [first, *others]
+        for node in nodes:
+            what = f"real node {node.name} to be Ready (kubelet log: {node.log('kubelet')})"
+            self._wait_for(functools.partial(self._node_ready, node.name), timeout, what)
+            self._label_worker(node.name)
+        return nodes
 
     def _ensure_kube_proxy(self, node: str, log: Callable[[str], None]) -> None:
         """kube-proxy (nftables) for the host, so pods on real nodes reach ClusterIPs (issue 20): every

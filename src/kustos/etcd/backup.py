@@ -221,3 +221,16 @@ def expired(backups: list[Obj], keep: int) -> list[Obj]:
         done.sort(key=lambda b: (b["metadata"].get("creationTimestamp", ""), objects.name(b)))
         old += done[: max(0, len(done) - keep)]
     return old
+
+
+def placed_like_members(pod: Obj, cluster: EtcdCluster) -> Obj:
+    """``pod`` (an agent's) given the cluster's nodeSelector and tolerations: a backup claim is a
+    local volume pinned to the node of its first pod, and a restore's seed (a member) must
+    mount it there, so backups run where members may run (members kept on dedicated, tainted
+    nodes, for example)."""
+    placement = cluster.spec.pod
+    if placement.node_selector:
+        pod["spec"]["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        pod["spec"]["tolerations"] = list(placement.tolerations)
+    return pod

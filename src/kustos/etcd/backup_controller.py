@@ -106,9 +106,8 @@ class EtcdBackupReconciler:
             await self.api.apply(CLAIMS, plan.default_claim(cluster, storage.pvc))
         attempt = status.attempts + 1
         try:
-            await self.api.create(
-                PODS, plan.agent_pod(backup, cluster, storage, member, attempt, self.image, self.clock.now())
-            )
+            pod = plan.agent_pod(backup, cluster, storage, member, attempt, self.image, self.clock.now())
+            await self.api.create(PODS, plan.placed_like_members(pod, cluster))
         except ApiStatusError as err:
             if not err.conflict:
                 raise
