@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import disruption, membership, planner, recovery, webhook
+from kustos.etcd import disruption, evictions, membership, planner, recovery, webhook
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
 from kustos.etcd.observe import EtcdView, Observer, adoption_check
@@ -536,6 +536,7 @@ def register(manager: Manager, deps: Deps) -> None:
     controller.watch(ETCDBACKUPS, _clusters_of_backup(reconciler))
     manager.add_controller(controller)
     webhook.register(manager, deps)  # admission for what the schema cannot say (F-OPS-2)
+    evictions.register(manager, deps)  # evictions asked of members: they move (issue 21)
 
 
 __all__ = [

@@ -19,6 +19,9 @@ CLUSTER_LABEL = "kustos.dev/cluster"
 MEMBER_LABEL = "kustos.dev/member"
 MEMBER_ID_ANNOTATION = "kustos.dev/member-id"
 VERSION_ANNOTATION = "kustos.dev/etcd-version"
+# When an eviction of a member pod was first asked (evictions.py): it is moved like one on a
+# cordoned node. The pod goes with it.
+EVICTION_ANNOTATION = "kustos.dev/eviction-requested"
 EPOCH_LABEL = "kustos.dev/epoch"  # which rebuild of the cluster a member pod belongs to
 DATA_DIR = "/var/lib/etcd"
 
