@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from kustos.etcd.client import EtcdClient, NoSpace
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, assert_consistent, etcd_cluster, status_of, wait_healthy
 from tests.integration.kube import wait_until
@@ -269,6 +270,7 @@ async def test_members_asked_to_leave_by_evictions_alone_move(
             print(f"member left {node} after {times[-1]:.1f} s of refused evictions")
             status = await wait_healthy(kubectl, "ev", 3)
             watched.writer.update(status)
+    print(f"{len(watched.writer.acknowledged)} writes acknowledged, {refusals} evictions refused")
     assert refusals >= len(targets)
     assert "QuorumLost" not in watched.phases, watched.phases
     events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
@@ -276,3 +278,34 @@ async def test_members_asked_to_leave_by_evictions_alone_move(
     assert_consistent(kubectl, "ev", 3, status)
     assert len(watched.writer.acknowledged) > 50
     assert await watched.writer.missing(status["members"][0]["clientUrl"]) == []
+
+
+async def test_a_volume_too_small_for_the_data_is_said_with_the_size_needed(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """A 256 MiB volume (a 16 MiB quota derived from it) filled with live data, distinct keys
+    that no compaction frees: NOSPACE is recovered as always, and the cluster says the volume
+    is too small, naming the size that would hold the data."""
+    kubectl.apply(etcd_cluster("tiny", 1, storage={"type": "pvc", "size": "256Mi"},
+                               maintenance={"defragmentation": {"enabled": False}}))  # fmt: skip
+    status = await wait_healthy(kubectl, "tiny", 1)
+    value = b"x" * (64 * 1024)
+    async with EtcdClient(status["members"][0]["clientUrl"], timeout=10.0) as client:
+        for i in range(2000):
+            try:
+                await client.put(f"/live/{i:05d}", value)
+            except NoSpace:
+                break
+        else:
+            raise AssertionError("the 16 MiB quota was never reached")
+
+    async def said() -> str | None:
+        selector = "involvedObject.name=tiny,reason=VolumeTooSmall"
+        events = kubectl("get", "events", "--field-selector", selector, "-o", "jsonpath={.items[*].message}")
+        return events or None
+
+    message = await wait_until(said, "the cluster to say its volume is too small", timeout=120,
+                               cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    assert "derived from spec.storage.size 256Mi" in message and "at least 1Gi is needed" in message, message
+    maintenance = status_of(kubectl, "tiny")["maintenance"]
+    assert "the volume is too small" in maintenance["message"], maintenance

@@ -56,7 +56,7 @@ from kustos.etcd.status import (
     notes,
     status,
 )
-from kustos.etcd.stuck import LOG_TAIL, Stuck, classify, with_log
+from kustos.etcd.stuck import LOG_TAIL, Stuck, classify, volume_stuck, with_log
 from kustos.etcd.versions import creation_version, rollback, target_version, version_refusal
 from kustos.images import configured_agent_image
 from kustos.runtime import faults, objects
@@ -229,7 +229,7 @@ class EtcdClusterReconciler:
                 if cluster.spec.storage.type == "pvc"
                 else None
             )
-            stuck = classify(pod, claim, now)
+            stuck = classify(pod, claim, now) or await volume_stuck(self.api, pod, now)
             if stuck is not None and stuck.container:
                 try:
                     stuck = with_log(stuck, await self.api.logs(namespace, name, stuck.container, LOG_TAIL))
