@@ -5,11 +5,13 @@ that cannot start says why."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 import yaml
 
+from kustos.etcd.client import EtcdClient, NoSpace
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, assert_consistent, etcd_cluster, status_of, wait_healthy
 from tests.integration.kube import wait_until
@@ -209,3 +211,101 @@ async def test_pods_that_cannot_start_are_named_with_their_reason(
     finally:
         kubectl("delete", "etcdbackups,etcdclusters", "--all", "--wait=false")
         kubectl.cluster.kubectl("delete", "storageclass", never, "--wait=false", check=False)
+
+
+async def evict(kubectl: Kubectl, pod: str, dry_run: bool = False) -> tuple[int, str]:
+    """One call of the Eviction API, as the cluster-autoscaler or the descheduler makes it
+    (no cordon): the exit code and what the API server said."""
+    cluster = kubectl.cluster
+    path = f"/api/v1/namespaces/{kubectl.namespace}/pods/{pod}/eviction" + ("?dryRun=All" if dry_run else "")
+    metadata = {"name": pod, "namespace": kubectl.namespace}
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": metadata}
+    process = await asyncio.create_subprocess_exec(
+        str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig),
+        "create", "--raw", path, "-f", "-",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await process.communicate(json.dumps(body).encode())
+    return process.returncode or 0, out.decode()
+
+
+async def test_members_asked_to_leave_by_evictions_alone_move(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """An autoscaler-style loop with no cordon and no taint: it calls the Eviction API for the
+    member on the node it wants empty, every second, until that node holds none, then takes
+    the next member node. The budget refuses every call (429); the operator sees the refused
+    calls through its eviction webhook and moves each member (replacement first). A dry run
+    moves nothing. No acknowledged write is lost and quorum is kept throughout."""
+    kubectl.apply(etcd_cluster("ev", 3))
+    status = await wait_healthy(kubectl, "ev", 3)
+
+    async def no_eviction_allowed() -> bool:
+        pdb = kubectl.get("pdb", "ev")
+        return pdb["spec"]["minAvailable"] == 3 and (pdb.get("status") or {}).get("currentHealthy") == 3
+
+    await wait_until(no_eviction_allowed, "a steady budget that allows no eviction", timeout=30)
+    first = sorted(member_nodes(kubectl, "ev"))[0]
+    code, output = await evict(kubectl, first, dry_run=True)
+    assert code != 0 and "disruption budget" in output, output
+    await asyncio.sleep(3)
+    assert first in member_nodes(kubectl, "ev")
+    assert "kustos.dev/eviction-requested" not in kubectl.get("pod", first)["metadata"].get("annotations", {})
+
+    targets = sorted(set(member_nodes(kubectl, "ev").values()))
+    refusals, times = 0, []
+    async with Watched(kubectl, "ev", status) as watched:
+        for node in targets:
+            started = time.monotonic()
+            deadline = started + 180
+            while on_node := [p for p, n in member_nodes(kubectl, "ev").items() if n == node]:
+                assert time.monotonic() < deadline, f"members still on {node}: {on_node}"
+                for pod in on_node:
+                    code, output = await evict(kubectl, pod)
+                    # Refused by the budget, or the pod is already gone (the operator deleted it).
+                    assert code != 0 and ("disruption budget" in output or "NotFound" in output), output
+                    refusals += "disruption budget" in output
+                await asyncio.sleep(1)
+            times.append(time.monotonic() - started)
+            print(f"member left {node} after {times[-1]:.1f} s of refused evictions")
+            status = await wait_healthy(kubectl, "ev", 3)
+            watched.writer.update(status)
+    print(f"{len(watched.writer.acknowledged)} writes acknowledged, {refusals} evictions refused")
+    assert refusals >= len(targets)
+    assert "QuorumLost" not in watched.phases, watched.phases
+    events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
+    assert "moved off draining node" in events, events
+    assert_consistent(kubectl, "ev", 3, status)
+    assert len(watched.writer.acknowledged) > 50
+    assert await watched.writer.missing(status["members"][0]["clientUrl"]) == []
+
+
+async def test_a_volume_too_small_for_the_data_is_said_with_the_size_needed(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """A 256 MiB volume (a 16 MiB quota derived from it) filled with live data, distinct keys
+    that no compaction frees: NOSPACE is recovered as always, and the cluster says the volume
+    is too small, naming the size that would hold the data."""
+    kubectl.apply(etcd_cluster("tiny", 1, storage={"type": "pvc", "size": "256Mi"},
+                               maintenance={"defragmentation": {"enabled": False}}))  # fmt: skip
+    status = await wait_healthy(kubectl, "tiny", 1)
+    value = b"x" * (64 * 1024)
+    async with EtcdClient(status["members"][0]["clientUrl"], timeout=10.0) as client:
+        for i in range(2000):
+            try:
+                await client.put(f"/live/{i:05d}", value)
+            except NoSpace:
+                break
+        else:
+            raise AssertionError("the 16 MiB quota was never reached")
+
+    async def said() -> str | None:
+        selector = "involvedObject.name=tiny,reason=VolumeTooSmall"
+        events = kubectl("get", "events", "--field-selector", selector, "-o", "jsonpath={.items[*].message}")
+        return events or None
+
+    message = await wait_until(said, "the cluster to say its volume is too small", timeout=120,
+                               cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    assert "derived from spec.storage.size 256Mi" in message and "at least 1Gi is needed" in message, message
+    maintenance = status_of(kubectl, "tiny")["maintenance"]
+    assert "the volume is too small" in maintenance["message"], maintenance

@@ -19,6 +19,7 @@ import yaml
 
 from kustos.api import RESOURCES
 from kustos.devcluster import binaries
+from kustos.etcd.evictions import eviction_webhook
 from kustos.etcd.webhook import webhooks as etcd_webhooks
 from kustos.install import chart as chart_files
 from kustos.install.values import ChartValues, defaults
@@ -146,7 +147,7 @@ def test_the_values_model_refuses_a_repeated_or_invalid_namespace() -> None:
 
 def _operator_entries(namespaced: bool) -> dict[str, dict[str, Any]]:
     """What the operator's manager applies, for the chart's Service (runtime/webhook.py)."""
-    served = etcd_webhooks()
+    served = [*etcd_webhooks(), eviction_webhook(cast(Any, None), cast(Any, None), cast(Any, None))]
     if not namespaced:
         served.append(scheduler_webhook(cast(Any, None), cast(Any, None)))
         # The pod image override webhook has its own configuration, made by the leader.

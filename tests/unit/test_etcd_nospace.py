@@ -8,7 +8,7 @@ from typing import Any
 
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd import maintenance as m
-from kustos.etcd.pods import MAX_QUOTA, backend_quota, member_pod
+from kustos.etcd.pods import MAX_QUOTA, backend_quota, member_pod, space_shortage
 from tests.unit.test_etcd_maintenance import MiB, member, observed
 
 
@@ -67,6 +67,27 @@ def test_the_quota_leaves_room_for_a_defragmentation_copy_and_the_wal() -> None:
         "--quota-backend-bytes=1000"
     ]
     assert quota_flags(cluster({"type": "emptyDir"})) == []
+
+
+def test_a_volume_too_small_for_its_live_data_is_said_with_the_size_needed() -> None:
+    small = cluster({"type": "pvc", "size": "256Mi"})  # a 16 MiB quota
+    assert space_shortage(small, 6 * MiB) is None  # compaction left room to grow
+    said = space_shortage(small, 15 * MiB)
+    assert said is not None and "fills 94% of the backend quota (16 MiB" in said
+    assert "derived from spec.storage.size 256Mi" in said and "at least 1Gi is needed" in said
+    # The size said holds twice the data.
+    big = space_shortage(cluster({"type": "pvc", "size": "8Gi"}), 3000 * MiB)
+    assert big is not None and "at least 12Gi" in big
+    assert 2 * 3000 * MiB <= backend_quota(12 * 1024 * MiB)
+    beyond = space_shortage(cluster({"type": "pvc", "size": "20Gi"}), 7000 * MiB)
+    assert beyond is not None and "beyond the 8 GiB" in beyond
+    theirs = space_shortage(
+        cluster({"type": "pvc", "size": "1Gi"}, ["--quota-backend-bytes=1000000"]), 900_000
+    )
+    assert theirs is not None and "--quota-backend-bytes in spec.extraArgs" in theirs
+    assert "--quota-backend-bytes=16777216" in theirs  # at least the 16 MiB etcd needs
+    default = space_shortage(cluster({"type": "emptyDir"}), 1500 * MiB)
+    assert default is not None and "etcd's default quota" in default
 
 
 def test_the_alarm_is_said_in_conditions_and_an_event_not_as_a_lost_quorum() -> None:

@@ -50,6 +50,23 @@ def test_a_pod_on_a_lost_or_absent_node_is_on_a_lost_node() -> None:
     assert absent is not None and absent.node_lost
 
 
+def test_a_member_whose_eviction_was_asked_is_draining_like_one_on_a_cordoned_node() -> None:
+    asked = pod_view(
+        "e", pod("e-0", annotations={"kustos.dev/eviction-requested": "2026-11-26T00:00:00Z"}), NODES.get
+    )
+    cordoned = {"n3": {"metadata": {"name": "n3"}, "spec": {"unschedulable": True}, **NODE_READY["status"]}}
+    tainted = {
+        "n4": {"metadata": {"name": "n4"}, "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler"}]}}
+    }
+    plain = pod_view("e", pod("e-1"), NODES.get)
+    assert asked is not None and asked.draining
+    assert plain is not None and not plain.draining
+    on_cordoned = pod_view("e", pod("e-2", node="n3"), cordoned.get)
+    on_tainted = pod_view("e", pod("e-3", node="n4"), tainted.get)
+    assert on_cordoned is not None and on_cordoned.draining
+    assert on_tainted is not None and on_tainted.draining
+
+
 def test_a_pod_that_is_not_a_member_pod_is_not_seen() -> None:
     assert pod_view("e", pod("e-backup-1"), NODES.get) is None
     assert pod_view("e", pod("other-0"), NODES.get) is None

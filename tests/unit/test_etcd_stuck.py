@@ -9,7 +9,7 @@ from typing import Any
 
 from kustos.etcd import planner
 from kustos.etcd.status import notes, status
-from kustos.etcd.stuck import Stuck, classify, with_log
+from kustos.etcd.stuck import Stuck, classify, volume_failure, waiting_for_volumes, with_log
 from kustos.runtime.steps import Done, Wait
 from tests.unit.test_etcd_status import condition, formed
 
@@ -148,3 +148,49 @@ def test_a_replacement_with_no_node_to_go_to_says_which_drain_waits_and_why() ->
     # Without migration the same pod is just unschedulable.
     kept = replace(seen, observed=replace(seen.observed, migrate=False))
     assert condition(status(kept, Wait("x", 1.0), NOW), "Degraded")["reason"] == "Unschedulable"
+
+
+def no_sandbox(since: str) -> dict[str, Any]:
+    return {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "True", "lastTransitionTime": since},
+        {"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": since},
+    ]}  # fmt: skip
+
+
+def warning(reason: str, message: str, at: str) -> dict[str, Any]:
+    return {"type": "Warning", "reason": reason, "message": message, "lastTimestamp": at}
+
+
+def test_a_scheduled_pod_without_its_sandbox_after_a_grace_waits_for_its_volumes() -> None:
+    assert waiting_for_volumes(pod(no_sandbox(LONG_AGO), node="w1"), NOW)
+    assert not waiting_for_volumes(pod(no_sandbox(JUST_NOW), node="w1"), NOW)
+    assert not waiting_for_volumes(pod(no_sandbox(LONG_AGO)), NOW)  # not scheduled: the scheduler says why
+    started = {**no_sandbox(LONG_AGO), "phase": "Running"}
+    assert not waiting_for_volumes(pod(started, node="w1"), NOW)
+
+
+def test_a_volume_that_does_not_attach_or_mount_is_said_with_the_drivers_words_and_the_node() -> None:
+    stuck_pod = pod(no_sandbox(LONG_AGO), node="w1")
+    attach = warning(
+        "FailedAttachVolume", 'AttachVolume.Attach failed for volume "pv-1" : timed out', LONG_AGO
+    )
+    mount = warning("FailedMount", 'MountVolume.NewMounter initialization failed for volume "pv-1" : path '
+                    '"/nope" does not exist', JUST_NOW)  # fmt: skip
+    said = volume_failure(stuck_pod, [attach, mount])
+    assert said is not None and said.reason == "VolumeMountFailed"  # the newest
+    assert 'path "/nope" does not exist' in said.message and "node w1" in said.message
+    said = volume_failure(stuck_pod, [attach, warning("BackOff", "x", JUST_NOW)], what="backup agent pod")
+    assert said is not None and said.reason == "VolumeAttachFailed"
+    assert said.message.startswith("backup agent pod e-0 cannot start: its volume does not attach to node w1")
+    assert "volumeattachments" in said.message
+    assert volume_failure(stuck_pod, [warning("BackOff", "x", JUST_NOW)]) is None
+
+
+def test_an_init_container_that_cannot_pull_is_named_like_a_container() -> None:
+    """A restore's seed fetches its snapshot in an init container."""
+    status = {
+        "phase": "Pending",
+        "initContainerStatuses": waiting("ErrImagePull", "not found")["containerStatuses"],
+    }
+    said = classify(pod(status, node="w1"), None, NOW)
+    assert said is not None and said.reason == "ImagePullFailed"

@@ -275,7 +275,8 @@ class StuckPod(KubeModel):
     pod: str
     """The pod's name."""
     reason: str
-    """ImagePullFailed, CrashLoopBackOff, Unschedulable or VolumePending."""
+    """ImagePullFailed, CrashLoopBackOff, Unschedulable, VolumePending, VolumeAttachFailed,
+    VolumeMountFailed or NoSpareNode."""
     message: str = ""
     """What is wrong and what would fix it."""
 

@@ -20,7 +20,7 @@ from kustos.etcd import backup as plan
 from kustos.etcd.pods import CLUSTER_LABEL
 from kustos.etcd.resources import ETCDBACKUPS, ETCDCLUSTERS
 from kustos.etcd.snapshot import parse_error, parse_result, scheduled_name
-from kustos.etcd.stuck import classify
+from kustos.etcd.stuck import classify, volume_stuck
 from kustos.images import configured_agent_image
 from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
@@ -66,7 +66,8 @@ class EtcdBackupReconciler:
             if phase == "Succeeded":
                 return await self._succeeded(raw, backup, status, pod_name)
             if pod is not None and phase != "Failed":
-                stuck = classify(pod, None, self.clock.now(), what="backup agent pod")
+                now, what = self.clock.now(), "backup agent pod"
+                stuck = classify(pod, None, now, what) or await volume_stuck(self.api, pod, now, what)
                 if stuck is not None and status.message != stuck.message:
                     # Said, not failed: the pod may yet start (an image pulled, a node added).
                     status.message = stuck.message

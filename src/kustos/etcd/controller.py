@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import disruption, membership, planner, published, recovery, webhook
+from kustos.etcd import disruption, evictions, membership, planner, published, recovery, webhook
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
 from kustos.etcd.observe import EtcdView, Observer, adoption_check
@@ -56,7 +56,7 @@ from kustos.etcd.status import (
     notes,
     status,
 )
-from kustos.etcd.stuck import LOG_TAIL, Stuck, classify, with_log
+from kustos.etcd.stuck import LOG_TAIL, Stuck, classify, volume_stuck, with_log
 from kustos.etcd.versions import creation_version, rollback, target_version, version_refusal
 from kustos.images import configured_agent_image
 from kustos.runtime import faults, objects
@@ -238,7 +238,7 @@ class EtcdClusterReconciler:
                 if cluster.spec.storage.type == "pvc"
                 else None
             )
-            stuck = classify(pod, claim, now)
+            stuck = classify(pod, claim, now) or await volume_stuck(self.api, pod, now)
             if stuck is not None and stuck.container:
                 try:
                     stuck = with_log(stuck, await self.api.logs(namespace, name, stuck.container, LOG_TAIL))
@@ -545,6 +545,7 @@ def register(manager: Manager, deps: Deps) -> None:
     controller.watch(ETCDBACKUPS, _clusters_of_backup(reconciler))
     manager.add_controller(controller)
     webhook.register(manager, deps)  # admission for what the schema cannot say (F-OPS-2)
+    evictions.register(manager, deps)  # evictions asked of members: they move (issue 21)
 
 
 __all__ = [

@@ -28,6 +28,7 @@ from kustos.etcd import maintenance as plan
 from kustos.etcd.certs import operator_certificates
 from kustos.etcd.client import Compacted, EtcdClient, EtcdError, EtcdTLS
 from kustos.etcd.observe import member_health
+from kustos.etcd.pods import space_shortage
 from kustos.etcd.resources import ETCDCLUSTERS
 from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
@@ -113,7 +114,7 @@ class MaintenanceReconciler:
         )  # fmt: skip
         step = plan.plan(observed)
         if isinstance(step, plan.Compact | plan.Disarm | plan.FinishSpace):
-            await self._recover_space(raw, recorded, step, views, tls)
+            await self._recover_space(raw, cluster, recorded, step, views, tls)
             return Result(requeue_after=AFTER_STEP)
         if isinstance(step, plan.Defragment):
             await self._defragment(raw, recorded, step, tls)
@@ -202,7 +203,7 @@ class MaintenanceReconciler:
             await self.manager.events.record(raw, WARNING, "DefragmentationFailed", message)
 
     async def _recover_space(
-        self, raw: dict[str, Any], recorded: MaintenanceStatus, step: plan.Step,
+        self, raw: dict[str, Any], cluster: EtcdCluster, recorded: MaintenanceStatus, step: plan.Step,
         views: list[plan.MemberView], tls: EtcdTLS | None,
     ) -> None:  # fmt: skip
         """Compact, or disarm, or close the record of a NOSPACE recovery (the defragmentations
@@ -234,9 +235,13 @@ class MaintenanceReconciler:
                     f"NOSPACE alarm disarmed after compacting to revision {done.compacted_revision} and "
                     f"defragmenting {', '.join(done.defragmented) or 'no member'}: writes are accepted again"
                 )
-                recorded.no_space, recorded.message = None, message
+                # What is left now is live data: if it fills the quota, so will the next writes.
+                shortage = space_shortage(cluster, max((m.db_size_in_use for m in views), default=0))
+                recorded.no_space, recorded.message = None, f"{message}; {shortage}" if shortage else message
                 await self._write(raw, recorded)
                 await self.manager.events.record(raw, NORMAL, "SpaceRecovered", message)
+                if shortage:
+                    await self.manager.events.record(raw, WARNING, "VolumeTooSmall", shortage)
             case plan.FinishSpace():
                 recorded.no_space, recorded.message = None, "the NOSPACE alarm is no longer raised"
                 await self._write(raw, recorded)

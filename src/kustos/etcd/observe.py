@@ -17,7 +17,14 @@ from kustos.etcd import maintenance, membership, planner
 from kustos.etcd.certs import CertificateManager, ClusterTLS
 from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, MemberList, Status, cluster_health
 from kustos.etcd.planner import ClaimView, MemberView, Observed, PodView
-from kustos.etcd.pods import CLUSTER_LABEL, MEMBER_ID_ANNOTATION, MEMBER_LABEL, VERSION_ANNOTATION, pod_epoch
+from kustos.etcd.pods import (
+    CLUSTER_LABEL,
+    EVICTION_ANNOTATION,
+    MEMBER_ID_ANNOTATION,
+    MEMBER_LABEL,
+    VERSION_ANNOTATION,
+    pod_epoch,
+)  # fmt: skip
 from kustos.etcd.versions import image_version, rollback, rollback_target, target_version, upgrade_refusal
 from kustos.runtime import objects
 from kustos.runtime.informer import Informer
@@ -189,6 +196,11 @@ def draining_node(node: Obj | None) -> bool:
     return objects.node_unschedulable(node) or any(t.get("key") in REMOVAL_TAINTS for t in taints)
 
 
+def eviction_requested(pod: Obj) -> bool:
+    """Someone asked to evict this member pod (the budget refused it: ``evictions.py``)."""
+    return EVICTION_ANNOTATION in objects.annotations(pod)
+
+
 def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodView | None:
     """The planner's view of a member pod (None: not a member pod of ``cluster``)."""
     name = objects.name(pod)
@@ -211,7 +223,8 @@ def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodVi
         member_id=int(member_id, 16) if member_id else None,
         node_lost=node_name is not None and objects.node_lost(node(node_name)),
         node=node_name,
-        draining=node_name is not None and draining_node(node(node_name)),
+        # A refused eviction (evictions.py) says the same as a cordon: this member must move.
+        draining=eviction_requested(pod) or (node_name is not None and draining_node(node(node_name))),
         version=version,
         running_since=objects.running_since(pod),
     )

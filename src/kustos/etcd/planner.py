@@ -24,7 +24,8 @@ The rules, in the order they are tried:
    follower; the leader only after moving leadership away. While an adopted
    cluster still has original members, grow one past size, then shrink: each of
    them is replaced by a member pod, one at a time.
-8b. A member on a draining node (cordoned, or tainted by a node remover) moves, unless
+8b. A member on a draining node (cordoned, or tainted by a node remover), or whose eviction was
+   asked (``evictions.py``), moves, unless
    ``migrate`` is off: surge as for an upgrade (a new member joins as a learner elsewhere,
    the scheduler keeps it off the draining node, and is promoted), then rule 8 removes the
    member on the draining node (leadership moved first) and rule 5 deletes its pod. One
@@ -88,7 +89,7 @@ class PodView:
     running_since: datetime | None = None  # when its etcd process last started
     tls_stale: str | None = None  # why it must restart onto a new certificate (certs.py)
     node: str | None = None  # the node it runs on
-    draining: bool = False  # that node is cordoned or tainted for removal (``draining_node``)
+    draining: bool = False  # its node is cordoned or tainted for removal, or its eviction was asked
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ CLUSTER_LABEL = "kustos.dev/cluster"
 MEMBER_LABEL = "kustos.dev/member"
 MEMBER_ID_ANNOTATION = "kustos.dev/member-id"
 VERSION_ANNOTATION = "kustos.dev/etcd-version"
+# When an eviction of a member pod was first asked (evictions.py): it is moved like one on a
+# cordoned node. The pod goes with it.
+EVICTION_ANNOTATION = "kustos.dev/eviction-requested"
 EPOCH_LABEL = "kustos.dev/epoch"  # which rebuild of the cluster a member pod belongs to
 DATA_DIR = "/var/lib/etcd"
 
@@ -100,6 +103,69 @@ def backend_quota(volume_bytes: int) -> int:
     of the database beside the old one; at most etcd's suggested 8 GiB. So NOSPACE (which
     the operator recovers) comes before the disk is full (which it cannot)."""
     return max(16 * MiB, min(MAX_QUOTA, (volume_bytes - 256 * MiB) // 2))
+
+
+GiB = 1024 * MiB
+# etcd's own default --quota-backend-bytes.
+DEFAULT_QUOTA = 2 * GiB
+
+
+def quota_source(cluster: EtcdCluster) -> tuple[int, str]:
+    """The backend quota members run with, and where it comes from: ``extraArgs``, ``volume``
+    (derived from spec.storage.size) or ``default`` (etcd's own)."""
+    spec = cluster.spec
+    for arg in spec.extra_args:
+        if arg.startswith("--quota-backend-bytes="):
+            value = arg.split("=", 1)[1]
+            if value.isdigit():
+                return int(value), "extraArgs"
+    if spec.storage.type == "pvc":
+        return backend_quota(int(parse_quantity(spec.storage.size))), "volume"
+    return DEFAULT_QUOTA, "default"
+
+
+def volume_for(quota: int) -> int:
+    """The smallest volume (whole GiB) whose derived quota (``backend_quota``) is ``quota``."""
+    return -(-(2 * quota + 256 * MiB) // GiB) * GiB
+
+
+# Live data (what compaction and defragmentation leave) above this share of the quota brings
+# the NOSPACE alarm back soon after every recovery: the quota, and the volume, are too small.
+FULL_SHARE = 0.5
+
+
+def space_shortage(cluster: EtcdCluster, data: int) -> str | None:
+    """What to give the cluster when ``data`` bytes (a member's database in use once compacted
+    and defragmented) fill more than FULL_SHARE of its quota: a quota twice the data, and for
+    a quota derived from the volume, the volume size that derives it. None: it fits."""
+    quota, source = quota_source(cluster)
+    if data <= quota * FULL_SHARE:
+        return None
+    needed = max(2 * data, 16 * MiB)
+    said = (
+        f"the data left after compaction and defragmentation ({data / MiB:.0f} MiB) fills "
+        f"{100 * data / quota:.0f}% of the backend quota ({quota / MiB:.0f} MiB"
+    )
+    if source == "volume" and needed > MAX_QUOTA:
+        return (
+            f"{said}, derived from spec.storage.size {cluster.spec.storage.size}): NOSPACE will come "
+            f"back, and a quota of {needed / MiB:.0f} MiB is beyond the {MAX_QUOTA // GiB} GiB that etcd "
+            "suggests and kustos derives from any volume: less data, or --quota-backend-bytes in "
+            "spec.extraArgs"
+        )
+    if source == "volume":
+        size = volume_for(needed)
+        return (
+            f"{said}, derived from spec.storage.size {cluster.spec.storage.size}): the volume is too small, "
+            f"NOSPACE will come back; a volume of at least {size // GiB}Gi is needed (spec.storage.size, "
+            f"a quota of {needed / MiB:.0f} MiB), or less data"
+        )
+    where = "--quota-backend-bytes in spec.extraArgs" if source == "extraArgs" else "etcd's default quota"
+    return (
+        f"{said}, {where}): NOSPACE will come back; a quota of at least {needed} bytes is needed "
+        f"(--quota-backend-bytes={needed}, on a volume of at least {volume_for(needed) // GiB}Gi), "
+        "or less data"
+    )
 
 
 def quota_args(cluster: EtcdCluster) -> list[str]:

@@ -230,7 +230,8 @@ def _no_spare_node(seen: Seen) -> tuple[Stuck, ...]:
         return seen.stuck
     return tuple(
         Stuck(s.pod, "NoSpareNode", (
-            f"member {leaving.name} cannot leave node {leaving.node} (cordoned or being removed): "
+            f"member {leaving.name} cannot leave node {leaving.node} "
+            "(cordoned, being removed, or its eviction asked): "
             f"its replacement {s.message.removeprefix('member pod ')}; "
             f"the drain of {leaving.node} waits until then, or uncordon {leaving.node}"
         )) if s.reason == "Unschedulable" else s

@@ -1,22 +1,28 @@
 """Why a pod the etcd family made cannot start or run, in plain words with the next step
-(pure: the pod, its claim and the time in; a ``Stuck`` or None out).
+(pure: the pod, its claim, its Warning events and the time in; a ``Stuck`` or None out; but
+``volume_stuck``, which reads the events of a pod whose volumes are not mounted).
 
 Without this a member whose image cannot be pulled reads "seed member latest-0 is
 starting" forever. What the kubelet, the scheduler and the volume controller already said
 is in the objects: a container's waiting reason, the PodScheduled condition's message, the
-claim's phase. A short grace keeps a moment's state (a scheduler retry while a node comes
-up, a claim a provisioner is about to bind) out of the conditions.
+claim's phase; the attach-detach controller and the kubelet say why a volume does not
+attach or mount only in Events on the pod (FailedAttachVolume, FailedMount). A short grace
+keeps a moment's state (a scheduler retry while a node comes up, a claim a provisioner is
+about to bind) out of the conditions.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from kustos.runtime import objects
+from kustos.runtime.api import Api
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.events import EVENTS
 from kustos.runtime.times import parse_rfc3339
 
 Obj = Mapping[str, Any]
@@ -30,8 +36,15 @@ CRASH_RESTARTS = 2
 LOG_LINES = 5
 LOG_TAIL = 400  # lines read from a crashing container's log to find LOG_LINES that say why
 
+# The Warning events that say a scheduled pod's volume did not attach (the attach-detach
+# controller) or mount (the kubelet), and the reason each is said with.
+VOLUME_EVENTS = {"FailedAttachVolume": "VolumeAttachFailed", "FailedMount": "VolumeMountFailed"}
+
 # NoSpareNode: an Unschedulable replacement of a member leaving a draining node (status.py).
-REASONS = ("ImagePullFailed", "CrashLoopBackOff", "Unschedulable", "VolumePending", "NoSpareNode")
+REASONS = (
+    "ImagePullFailed", "CrashLoopBackOff", "Unschedulable", "VolumePending", *VOLUME_EVENTS.values(),
+    "NoSpareNode",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,8 @@ def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod
         return None
     name = objects.name(pod)
     status = pod.get("status") or {}
-    for container in status.get("containerStatuses") or []:
+    # A restore's seed runs its fetch and restore as init containers: they are said the same way.
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (container.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason") or ""
         if reason in IMAGE_PULL:
@@ -92,6 +106,55 @@ def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod
                 "spec.pod (nodeSelector, tolerations, affinity, resources), or relax it"
             ))  # fmt: skip
     return None
+
+
+def waiting_for_volumes(pod: Obj, now: datetime) -> bool:
+    """Scheduled, yet its sandbox not made for PENDING_GRACE: the kubelet attaches and mounts a
+    pod's volumes before it makes the sandbox (PodReadyToStartContainers) and pulls images, so
+    this is a volume (or the pod network) that is not ready."""
+    status = pod.get("status") or {}
+    if objects.deleting(pod) or not objects.pod_node(pod) or status.get("phase", "Pending") != "Pending":
+        return False
+    sandbox = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "PodReadyToStartContainers"), None
+    )
+    if sandbox is None or sandbox.get("status") != "False":
+        return False
+    since = parse_rfc3339(sandbox.get("lastTransitionTime"))
+    return since is not None and now - since >= PENDING_GRACE
+
+
+def volume_failure(pod: Obj, events: Sequence[Obj], what: str = "member pod") -> Stuck | None:
+    """The newest FailedAttachVolume or FailedMount event of ``pod``, said with the next step."""
+    said = [e for e in events if e.get("type") == "Warning" and e.get("reason") in VOLUME_EVENTS]
+    if not said:
+        return None
+    latest = max(said, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    name, node = objects.name(pod), objects.pod_node(pod)
+    message = str(latest.get("message") or latest["reason"]).strip().rstrip(".")
+    if latest["reason"] == "FailedAttachVolume":
+        return Stuck(name, "VolumeAttachFailed", (
+            f"{what} {name} cannot start: its volume does not attach to node {node} ({message}); "
+            "check the volume's CSI driver (its controller and attacher), that the volume is in the "
+            f"node's zone and not attached elsewhere (`kubectl get volumeattachments`)"
+        ))  # fmt: skip
+    return Stuck(name, "VolumeMountFailed", (
+        f"{what} {name} cannot start: its volume does not mount on node {node} ({message}); "
+        f"check the volume's driver on {node} and the PersistentVolume (`kubectl describe pod {name}`)"
+    ))  # fmt: skip
+
+
+async def volume_stuck(api: Api, pod: Obj, now: datetime, what: str = "member pod") -> Stuck | None:
+    """``volume_failure`` of a pod ``waiting_for_volumes``, from its Warning events (None while
+    it waits for no such reason, or when the events cannot be read)."""
+    if not waiting_for_volumes(pod, now):
+        return None
+    selector = f"involvedObject.uid={objects.uid(pod)},type=Warning"
+    try:
+        events = await api.list_objects(EVENTS, objects.namespace(pod), field_selector=selector)
+    except ReconcileError:
+        return None
+    return volume_failure(pod, events, what)
 
 
 # Lines that say why a process stopped; etcd prints a bad flag's error first, then its whole

@@ -76,6 +76,8 @@ class Webhook:
     namespace_selector: Obj | None = None
     object_selector: Obj | None = None
     timeout_seconds: int = 10
+    side_effects: Literal["None", "NoneOnDryRun"] = "None"
+    """NoneOnDryRun: the handler writes (records what it saw) except on a dry run."""
     configuration: str | None = None
     """The name of a configuration of its own, applied and removed by its family as its spec
     says (the pod image overrides: only while there are overrides); None: in the manager's
@@ -85,7 +87,7 @@ class Webhook:
         entry: Obj = {
             "name": self.name,
             "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
+            "sideEffects": self.side_effects,
             "failurePolicy": self.failure_policy,
             "timeoutSeconds": self.timeout_seconds,
             "rules": self.rules,
