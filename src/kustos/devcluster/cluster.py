@@ -220,8 +220,7 @@ class DevCluster:
         self._create_base_objects()
         self._ensure_coredns()
         self._ensure_agent()
-        for index in range(1, self.config.real_nodes + 1):
-            self.start_real_node(index, log, wait=False, kustos_image=kustos_image)
+        self._start_real_nodes(range(1, self.config.real_nodes + 1), log, kustos_image)
         self._wait_for(self._nodes_ready, timeout, "every node to be Ready")
         for node in self.real_nodes():
             self._label_worker(node.name)
@@ -295,6 +294,21 @@ class DevCluster:
             self._wait_for(lambda: self._node_ready(node.name), timeout, what)
             self._label_worker(node.name)
         return node
+
+    def _start_real_nodes(
+        self, indices: Sequence[int], log: Callable[[str], None], kustos_image: Path | None
+    ) -> None:
+        """The first alone (it starts kube-proxy and writes the image archives), the others at
+        once: importing kustos's image is most of a node's start."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not indices:
+            return
+        self.start_real_node(indices[0], log, wait=False, kustos_image=kustos_image)
+        with ThreadPoolExecutor(max_workers=max(1, len(indices) - 1)) as pool:
+            rest = [pool.submit(self.start_real_node, i, log, False, 120, kustos_image) for i in indices[1:]]
+            for future in rest:
+                future.result()
 
     def _ensure_kube_proxy(self, node: str, log: Callable[[str], None]) -> None:
         """kube-proxy (nftables) for the host, so pods on real nodes reach ClusterIPs (issue 20): every

@@ -136,8 +136,9 @@ def kwok_groups_manifest() -> dict[str, Any]:
 
 
 def start_kwok_group(cluster: DevCluster, nodes: int = 2) -> list[str]:
-    """The kwok group with ``nodes`` nodes (created by the provider, as a cloud would); an
-    existing group is left as it is (a rollout may have replaced its nodes). Returns their names."""
+    """The kwok group with ``nodes`` nodes, created by the provider as a cloud would; a group
+    that has them (a second ``dev up``, or after a rollout replaced them) gets none. Returns
+    their names."""
     import asyncio
 
     from kustos.nodes.cloud.kwok import GROUP_LABEL, KwokProvider
