@@ -66,6 +66,11 @@ console = cast("Console", _LazyConsole())
 NameOption = Annotated[str, typer.Option("--name", help="Name of the dev cluster.")]
 
 
+# Real nodes `kustos dev up` starts: one per member of the sample (its members spread one a
+# node, as the default anti-affinity prefers), the operator's two pods on two of them.
+DEFAULT_REAL_NODES = 3
+
+
 def _cluster(name: str, workers: int = 3, fast: bool = False, real_nodes: int = 0) -> DevCluster:
     from kustos.devcluster.cluster import DevCluster, DevClusterConfig
     from kustos.devcluster.kwokconfig import Timings
@@ -76,27 +81,35 @@ def _cluster(name: str, workers: int = 3, fast: bool = False, real_nodes: int = 
 
 
 @dev.command("build")
-def dev_build() -> None:
-    """Build the missing control-plane, node, etcd and kwok binaries; install runc and haproxy from Debian."""
-    from kustos.devcluster import binaries
+def dev_build(
+    image: Annotated[
+        bool, typer.Option("--image/--no-image", help="Also kustos's image, if this tree's is not built.")
+    ] = True,
+) -> None:
+    """Build the missing control-plane, node, etcd and kwok binaries (runc and haproxy from
+    Debian), and kustos's image from deploy/Dockerfile, which `kustos dev up` runs on its real nodes."""
+    from kustos.devcluster import binaries, kustosimage
 
     missing = binaries.missing_binaries()
     debian = binaries.missing_debian_packages()
-    if not missing and not debian:
-        total = len(binaries.all_binaries()) + len(binaries.DEBIAN_PACKAGES)
-        console.print(f"all {total} binaries are cached in {binaries.bin_dir()}")
-        return
     started = time.monotonic()
     try:
-        binaries.install_debian_packages(debian, log=console.print)
-        binaries.build(missing, log=console.print)
+        if not missing and not debian:
+            total = len(binaries.all_binaries()) + len(binaries.DEBIAN_PACKAGES)
+            console.print(f"all {total} binaries are cached in {binaries.bin_dir()}")
+        else:
+            binaries.install_debian_packages(debian, log=console.print)
+            binaries.build(missing, log=console.print)
+            console.print(
+                f"built {len(missing) + len(debian)} binaries in {time.monotonic() - started:.0f}s"
+                f" into {binaries.bin_dir()}"
+            )
+        if image:
+            archive = kustosimage.current_archive(log=console.print)
+            console.print(f"kustos's image of this tree: {archive}")
     except binaries.BuildError as err:
         console.print(f"[red]{err}")
         raise typer.Exit(1) from err
-    console.print(
-        f"built {len(missing) + len(debian)} binaries in {time.monotonic() - started:.0f}s"
-        f" into {binaries.bin_dir()}"
-    )
 
 
 @dev.command("image")
@@ -117,20 +130,29 @@ def dev_up(
     name: NameOption = DEFAULT_NAME,
     workers: Annotated[int, typer.Option(help="Worker nodes to create.")] = 3,
     real_nodes: Annotated[
-        int, typer.Option(help="Real worker nodes (kubelet, containerd, runc) beside the kwok ones.")
-    ] = 0,
+        int,
+        typer.Option(
+            help="Real worker nodes (kubelet, containerd, runc) beside the kwok ones; the operator and "
+            "the sample run there, from kustos's image (built if missing). 0: everything on kwok nodes, "
+            "pods run by the process runner."
+        ),
+    ] = DEFAULT_REAL_NODES,
     fast: Annotated[bool, typer.Option(help="Test timings: dead nodes are noticed in seconds.")] = False,
     sample: Annotated[
         bool, typer.Option("--sample/--no-sample", help="Run the operator and a sample EtcdCluster.")
     ] = True,
 ) -> None:
     """Start the local control plane in the background, the operator, and a sample EtcdCluster."""
-    from kustos.devcluster import binaries
+    from kustos.devcluster import binaries, kustosimage
     from kustos.devcluster.cluster import DevClusterError
 
     cluster = _cluster(name, workers, fast, real_nodes)
     try:
-        cluster.start(log=console.print)
+        image = None
+        if real_nodes and not cluster.is_running():
+            # Before the nodes start: each imports it while its kubelet is not yet up.
+            image = kustosimage.current_archive(log=console.print)
+        cluster.start(log=console.print, kustos_image=image)
         if sample:
             _run_sample(cluster)
     except (DevClusterError, binaries.BuildError) as err:
@@ -162,23 +184,23 @@ def _run_sample(cluster: DevCluster) -> None:
     from kustos.devcluster.cluster import DevClusterError
 
     # As users install it: the chart (CRDs, RBAC, webhooks, the Deployment) into
-    # kustos-system; its two pods run this checkout's kustos as the chart's ServiceAccount.
+    # kustos-system; its two pods run kustos's image (on real nodes) as the chart's
+    # ServiceAccount, with the kwok cloud provider for the node families.
+    real = bool(cluster.real_nodes())
+    values = dev_operator.write_dev_values(cluster, real_nodes=real)
     console.print(f"installing the operator: helm upgrade --install kustos {dev_operator.chart_dir()} "
-                  f"--namespace {dev_operator.NAMESPACE} ...")  # fmt: skip
+                  f"--namespace {dev_operator.NAMESPACE} --values {values} ...")  # fmt: skip
     try:
-        dev_operator.install(cluster)
+        dev_operator.install(cluster, values_file=values)
         dev_operator.wait_ready(cluster, 2, timeout=180, log=console.print)
     except dev_operator.InstallError as err:
         raise DevClusterError(str(err)) from err
-    sample = {
-        "apiVersion": "kustos.dev/v1alpha1",
-        "kind": "EtcdCluster",
-        "metadata": {"name": SAMPLE, "namespace": "default"},
-        "spec": {"size": 3},  # the default addressing: members by their DNS names
-    }
+    group = dev_operator.start_kwok_group(cluster)
+    console.print(f"kwok node group {dev_operator.KWOK_GROUP} ({dev_operator.KWOK_IMAGE}): {' '.join(group)}")
     if not cluster.kubectl("get", "etcdcluster", SAMPLE, "--ignore-not-found", "-o", "name"):
-        console.print(f"creating EtcdCluster {SAMPLE} (3 members, real etcd processes) ...")
-        cluster.kubectl("apply", "-f", "-", input_text=json.dumps(sample))
+        where = "the etcd image on real nodes" if real else "real etcd processes"
+        console.print(f"creating EtcdCluster {SAMPLE} (3 members, {where}) ...")
+        cluster.kubectl("apply", "-f", "-", input_text=json.dumps(sample_manifest(real)))
     started = time.monotonic()
     deadline = started + 180
     status: dict[str, object] = {}
@@ -209,6 +231,18 @@ def _run_sample(cluster: DevCluster) -> None:
     urls = ",".join(f"http://{ip}:2379" for ip in ips)
     console.print(f"Reach it with: {binaries.binary_path('etcdctl')} --endpoints={urls} member list -w table")
     console.print(f"(its members' DNS names resolve through the cluster DNS at {cluster.dns_server})")
+
+
+def sample_manifest(real_nodes: bool) -> dict[str, Any]:
+    """The sample: three members by their DNS names (the default addressing); with real
+    nodes, held to them by a nodeSelector, as a user pins a workload to a node pool."""
+    spec: dict[str, Any] = {"size": 3}
+    if real_nodes:
+        from kustos.devcluster.realnode import REAL_NODE_LABEL
+
+        spec["pod"] = {"nodeSelector": {REAL_NODE_LABEL: "true"}}
+    return {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster",
+            "metadata": {"name": SAMPLE, "namespace": "default"}, "spec": spec}  # fmt: skip
 
 
 def _name_flag(name: str) -> str:

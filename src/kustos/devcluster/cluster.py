@@ -174,8 +174,14 @@ class DevCluster:
         """Fully started (not half-way through a start that failed) and answering."""
         return self.ready_marker.is_file() and self._api_answers()
 
-    def start(self, log: Callable[[str], None] = lambda _: None, timeout: float = 120) -> None:
-        """Start the control plane, nodes and agent; do nothing if it already runs."""
+    def start(
+        self,
+        log: Callable[[str], None] = lambda _: None,
+        timeout: float = 120,
+        kustos_image: Path | None = None,
+    ) -> None:
+        """Start the control plane, nodes and agent; do nothing if it already runs. Real nodes
+        import ``kustos_image`` (an archive; by default this tree's, when it is built)."""
         if self.is_running():
             self._ensure_coredns()
             self._ensure_agent()
@@ -216,8 +222,8 @@ class DevCluster:
         self._create_base_objects()
         self._ensure_coredns()
         self._ensure_agent()
-        for index in range(1, self.config.real_nodes + 1):
-            self.start_real_node(index, log, wait=False)
+        real = range(1, self.config.real_nodes + 1)
+        self.start_real_nodes(real, log, kustos_image=kustos_image, wait=False)
         self._wait_for(self._nodes_ready, timeout, "every node to be Ready")
         for node in self.real_nodes():
             self._label_worker(node.name)
@@ -264,18 +270,24 @@ class DevCluster:
         return next((n for n in self.real_nodes() if n.name == name), None)
 
     def start_real_node(
-        self, index: int, log: Callable[[str], None] = lambda _: None, wait: bool = True, timeout: float = 120
+        self,
+        index: int,
+        log: Callable[[str], None] = lambda _: None,
+        wait: bool = True,
+        timeout: float = 120,
+        kustos_image: Path | None = None,
     ) -> RealNode:
         """Start real node ``index`` (containerd, preloaded images, kubelet); with ``wait``,
-        until its Node is Ready."""
+        until its Node is Ready. ``kustos_image``: the archive of kustos's image to import;
+        by default this tree's, once `kustos dev build` (or `dev up`) has built it."""
         from kustos.devcluster import kustosimage
         from kustos.devcluster.nodeimages import PAUSE_IMAGE, node_image_archives
 
         node = real_node(self.config.name, self.state_dir, index)
         node.directory.mkdir(parents=True, exist_ok=True)
         self._ensure_kube_proxy(node.name, log)
-        # kustos's image once `kustos dev image` has built it.
-        images = [*node_image_archives(), *[p for p in [kustosimage.archive_path()] if p.is_file()]]
+        kustos_image = kustos_image or kustosimage.archive_path()
+        images = [*node_image_archives(), *([kustos_image] if kustos_image.is_file() else [])]
         try:
             node.start(self.network, self.kubeconfig, self.pki_dir / "ca.crt", images, PAUSE_IMAGE, log)
         except RealNodeError as err:
@@ -287,17 +299,25 @@ class DevCluster:
         return node
 
     def start_real_nodes(
-        self, indices: Sequence[int], log: Callable[[str], None] = lambda _: None, timeout: float = 120
+        self,
+        indices: Sequence[int],
+        log: Callable[[str], None] = lambda _: None,
+        timeout: float = 120,
+        kustos_image: Path | None = None,
+        wait: bool = True,
     ) -> list[RealNode]:
-        """Start several real nodes side by side (their image imports are most of a start),
-        then wait until every one is Ready."""
+        """Start several real nodes: the first alone (it starts the host's kube-proxy), the
+        others side by side (importing kustos's image is most of a node's start); with
+        ``wait``, until every one is Ready."""
         if not indices:
             return []
-        first = self.start_real_node(indices[0], log, wait=False)  # it starts the host's kube-proxy
+        first = self.start_real_node(indices[0], log, wait=False, kustos_image=kustos_image)
         with ThreadPoolExecutor(max(1, len(indices) - 1)) as pool:
-            others = list(pool.map(lambda i: self.start_real_node(i, log, wait=False), indices[1:]))
+            others = list(pool.map(
+                lambda i: self.start_real_node(i, log, wait=False, kustos_image=kustos_image), indices[1:]
+            ))  # fmt: skip
         nodes = [first, *others]
-        for node in nodes:
+        for node in nodes if wait else ():
             what = f"real node {node.name} to be Ready (kubelet log: {node.log('kubelet')})"
             self._wait_for(functools.partial(self._node_ready, node.name), timeout, what)
             self._label_worker(node.name)

@@ -14,11 +14,13 @@ the build bind-mounts the machine's bundle there for its RUN steps only, so a ma
 behind a TLS-inspecting proxy builds too and the image carries Debian's bundle.
 
 The image is exported as a docker archive (its tag inside) for ``ctr images import``
-on every real node.
+on every real node. The archive's name carries a key of everything the Dockerfile reads
+(``content_key``): an unchanged tree is never built twice, a changed one always is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -42,9 +44,65 @@ def repository_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
-def archive_path(image: str | None = None, root: Path | None = None) -> Path:
+# What deploy/Dockerfile copies from the build context (its COPY lines), besides itself.
+CONTEXT_FILES = ("pyproject.toml", "uv.lock", "README.md")
+CONTEXT_DIRS = ("src",)
+# Archives of other trees kept beside the current one (worktrees share the cache).
+KEEP_ARCHIVES = 3
+
+
+def content_key(root: Path | None = None) -> str:
+    """A digest of what goes into the image: the Dockerfile, the files and directories it
+    copies (bytecode caches left out: Python writes them, the image compiles its own) and
+    the Go toolchain its Go base carries."""
+    base = root or repository_root()
+    digest = hashlib.sha256()
+    paths = [base / "deploy" / "Dockerfile", *(base / name for name in CONTEXT_FILES)]
+    for directory in CONTEXT_DIRS:
+        paths += sorted(
+            p for p in (base / directory).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )  # fmt: skip
+    for path in paths:
+        digest.update(path.relative_to(base).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    digest.update(_go_version().encode())
+    return digest.hexdigest()[:12]
+
+
+def _go_version() -> str:
+    result = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=False)
+    return result.stdout.strip() if result.returncode == 0 else "no-go"
+
+
+def _archive_stem(name: str) -> str:
+    return name.replace("/", "_").replace(":", "+")
+
+
+def archive_path(image: str | None = None, root: Path | None = None, key: str | None = None) -> Path:
+    """``<cache>/images/<image made safe>-<content key>.docker.tar`` of this tree."""
     name = image or agent_image()
-    return (root or cache_root()) / "images" / (name.replace("/", "_").replace(":", "+") + ".docker.tar")
+    return (root or cache_root()) / "images" / f"{_archive_stem(name)}-{key or content_key()}.docker.tar"
+
+
+def current_archive(log: Callable[[str], None] = print) -> Path:
+    """This tree's image archive, built first if it is not there yet."""
+    path = archive_path()
+    if path.is_file():
+        path.touch()  # the most recently used ones are kept
+        return path
+    return build(log=log)
+
+
+def _prune_archives(kept: Path) -> None:
+    """Keep the newest ``KEEP_ARCHIVES`` archives of this image (374 MB each)."""
+    stem = kept.name.rsplit("-", 1)[0]
+    others = sorted(
+        (p for p in kept.parent.glob(f"{stem}*.docker.tar") if p != kept),
+        key=lambda p: p.stat().st_mtime, reverse=True,
+    )  # fmt: skip
+    for stale in others[KEEP_ARCHIVES - 1 :]:
+        stale.unlink(missing_ok=True)
 
 
 def _run(argv: list[str]) -> str:
@@ -103,15 +161,23 @@ def build(image: str | None = None, log: Callable[[str], None] = print) -> Path:
     if shutil.which("go") is None:
         raise BuildError("the Go toolchain is not on PATH; the image's Go base copies it")
     name = image or agent_image()
+    key = content_key()
     make_base_images(log)
     started = time.monotonic()
-    log(f"building {name} from deploy/Dockerfile with buildah ...")
-    _run(["buildah", "build", "--isolation", "chroot", "--network", "host", "--pull-never", "--layers",
-          "-v", f"{_CA_BUNDLE}:{_CA_BUNDLE}:ro", "-f", str(repository_root() / "deploy" / "Dockerfile"),
-          "-t", name, str(repository_root())])  # fmt: skip
-    target = archive_path(name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.unlink(missing_ok=True)
-    _run(["buildah", "push", "-q", name, f"docker-archive:{target}:{name}"])
+    log(f"building {name} from deploy/Dockerfile with buildah (tree {key}) ...")
+    with tempfile.TemporaryDirectory() as scratch:
+        # Pushed by its id, not its tag: another checkout building at the same moment moves the tag.
+        iidfile = Path(scratch) / "iid"
+        _run(["buildah", "build", "--isolation", "chroot", "--network", "host", "--pull-never", "--layers",
+              "-v", f"{_CA_BUNDLE}:{_CA_BUNDLE}:ro", "-f", str(repository_root() / "deploy" / "Dockerfile"),
+              "--iidfile", str(iidfile), "-t", name, str(repository_root())])  # fmt: skip
+        image_id = iidfile.read_text().strip()
+        target = archive_path(name, key=key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        partial.unlink(missing_ok=True)
+        _run(["buildah", "push", "-q", image_id, f"docker-archive:{partial}:{name}"])
+        partial.rename(target)  # whole or absent: a reader never imports half an archive
+    _prune_archives(target)
     log(f"built {name} in {time.monotonic() - started:.0f}s: {target}")
     return target

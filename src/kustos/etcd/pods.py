@@ -24,6 +24,10 @@ VERSION_ANNOTATION = "kustos.dev/etcd-version"
 EVICTION_ANNOTATION = "kustos.dev/eviction-requested"
 EPOCH_LABEL = "kustos.dev/epoch"  # which rebuild of the cluster a member pod belongs to
 DATA_DIR = "/var/lib/etcd"
+# The group that owns a member's data volume (distroless's non-root id, the restricted user):
+# the kubelet gives the volume to it, so a member that runs as non-root can write its data
+# directory on a fresh local volume, which is root's 0755 otherwise (issue 20, item 7).
+DATA_FS_GROUP = 65532
 
 
 def labels(cluster: EtcdCluster) -> dict[str, str]:
@@ -234,6 +238,8 @@ def member_pod(
         "terminationGracePeriodSeconds": 30,
         "containers": [container],
         "volumes": [volume],
+        # OnRootMismatch: a large data directory is not walked again on every restart.
+        "securityContext": {"fsGroup": DATA_FS_GROUP, "fsGroupChangePolicy": "OnRootMismatch"},
     }
     if spec.pod.node_selector:
         pod_spec["nodeSelector"] = spec.pod.node_selector
