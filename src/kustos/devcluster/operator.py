@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kustos.devcluster import binaries
+from kustos.runtime.leader import holder_host
 
 if TYPE_CHECKING:
     from kustos.devcluster.cluster import DevCluster
@@ -143,7 +144,7 @@ def leader_pod(cluster: DevCluster, lease: str = RELEASE, namespace: str = NAMES
 
 def holder_pod(holder: str) -> str:
     """``<hostname>_<random id>`` (runtime.manager's identity) -> the hostname, a pod's name."""
-    return holder.rpartition("_")[0] or holder
+    return holder_host(holder)
 
 
 def logs(cluster: DevCluster, namespace: str = NAMESPACE, tail: int = 200) -> str:
