@@ -2,7 +2,8 @@
 
 ``status`` shows every EtcdCluster, StorageCluster and NodeJob in one view, and ``status NAME``
 one EtcdCluster's facts (the figures the domain metrics export, docs/metrics.md, read from its
-status without Prometheus); ``recover``
+status without Prometheus, and the figures only the operator observed, from the leading
+operator pod's /metrics through the API server's pod proxy); ``recover``
 is ``kustos etcd recover`` and ``purge-node`` is ``kustos purge-node`` (the same commands, so
 the two never disagree). The cluster is the
 one kubectl would use: $KUBECONFIG or ~/.kube/config, or --kubeconfig/--context.
@@ -11,10 +12,12 @@ one kubectl would use: $KUBECONFIG or ~/.kube/config, or --kubeconfig/--context.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import httpx2
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -25,8 +28,11 @@ from kustos.api.nodejob import NodeJob
 from kustos.api.storage import StorageCluster
 from kustos.etcd import cli as etcd_cli
 from kustos.maintenance import purge_cli
+from kustos.metrics import scraped
 from kustos.metrics.facts import EtcdClusterFacts, MemberFacts, etcd_cluster_facts, last_backups
 from kustos.runtime import objects
+from kustos.runtime.leader import holder_host
+from kustos.runtime.observations import EtcdObservation
 
 app = typer.Typer(
     help="kustos from kubectl: `kubectl kustos status`, `recover NAME`, `purge-node NAME`.",
@@ -158,9 +164,7 @@ def cluster_rows(f: EtcdClusterFacts, now: datetime) -> list[tuple[str, str]]:
         ("leader", f"{leader.name} (index {leader.index})" if leader else "none"),
         (
             "leader changes",
-            "- (counted by the operator: its /metrics)"
-            if f.leader_changes is None
-            else str(f.leader_changes),
+            "-" if f.leader_changes is None else str(f.leader_changes),
         ),
         ("alarms", ", ".join(f"{alarm} on {member}" for member, alarm in f.alarms) or "none"),
         ("last backup", backup),
@@ -186,7 +190,7 @@ def member_rows(f: EtcdClusterFacts) -> list[list[str]]:
         [
             m.name, "-" if m.index is None else str(m.index), health(m),
             "learner" if m.learner else ("leader" if m.leader else "voter"),
-            _size(m.backend_bytes), _size(m.backend_quota_bytes),
+            _size(m.backend_bytes), _size(m.backend_in_use_bytes), _size(m.backend_quota_bytes),
         ]
         for m in f.members
     ]  # fmt: skip
@@ -210,9 +214,53 @@ async def _get(clients: Any, model: Any, namespace: str | None) -> list[Obj]:
     return sorted(items, key=lambda o: (objects.namespace(o) or "", objects.name(o)))
 
 
+@dataclass(frozen=True)
+class Operator:
+    """Where the operator's leader election Lease is (the chart's: the release's namespace and
+    full name), and the port of its /metrics (None: the pod's first port, the chart's metrics)."""
+
+    namespace: str
+    lease: str
+    metrics_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The leading operator's /metrics, or why it could not be read."""
+
+    exposition: str | None
+    why: str = ""
+
+
+async def _scrape_leader(clients: Any, operator: Operator) -> Scrape:
+    """The leading operator pod's /metrics through the API server's pod proxy (the user needs
+    get on the Lease and on pods/proxy, no route to the pod); the reason in words otherwise."""
+    ns = operator.namespace
+    try:
+        lease = await clients.raw.get(f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{operator.lease}")
+        if lease.status_code != 200:
+            why = {404: "no such Lease", 403: "forbidden to read it"}.get(lease.status_code)
+            return Scrape(None, f"Lease {ns}/{operator.lease}: {why or f'HTTP {lease.status_code}'}")
+        holder = str((lease.json().get("spec") or {}).get("holderIdentity") or "")
+        if not holder:
+            return Scrape(None, f"no operator holds the Lease {ns}/{operator.lease}")
+        pod = holder_host(holder)
+        port = "" if operator.metrics_port is None else f":{operator.metrics_port}"
+        answer = await clients.raw.get(f"/api/v1/namespaces/{ns}/pods/{pod}{port}/proxy/metrics")
+    except httpx2.HTTPError as err:
+        return Scrape(None, f"the API server did not answer: {err}")
+    if answer.status_code == 200:
+        return Scrape(answer.text)
+    why = {
+        404: f"the leader {holder} is not a pod in {ns}: an operator outside the cluster?",
+        403: f"forbidden: it takes get on pods/proxy in {ns}",
+    }.get(answer.status_code)
+    return Scrape(None, why or f"the proxy to pod {ns}/{pod} answered HTTP {answer.status_code}")
+
+
 async def _one_cluster(
-    kubeconfig: Path | None, context: str | None, namespace: str | None, name: str
-) -> tuple[Obj, list[Obj]]:
+    kubeconfig: Path | None, context: str | None, namespace: str | None, name: str, operator: Operator
+) -> tuple[Obj, list[Obj], Scrape]:
     from kustos.runtime.kube import connect, load_config
     from kustos.runtime.metrics import Metrics
 
@@ -223,13 +271,29 @@ async def _one_cluster(
             where = f"namespace {namespace}" if namespace else "any namespace"
             why = "not found" if not found else "in several namespaces: say which with -n"
             raise typer.BadParameter(f"EtcdCluster {name} {why} ({where})", param_hint="NAME")
-        return found[0], await _get(clients, EtcdBackup, objects.namespace(found[0]))
+        backups = await _get(clients, EtcdBackup, objects.namespace(found[0]))
+        return found[0], backups, await _scrape_leader(clients, operator)
     finally:
         await clients.close()
 
 
-def _show_cluster(cluster: Obj, backups: list[Obj], now: datetime) -> None:
-    facts = etcd_cluster_facts(cluster, last_backups(backups), now)
+def observed(cluster: Obj, scrape: Scrape) -> tuple[EtcdObservation | None, str]:
+    """What the leading operator observed of ``cluster``; else a footnote that says why not."""
+    if scrape.exposition is None:
+        return None, f"the operator's /metrics is not reachable ({scrape.why})"
+    namespace, name = objects.namespace(cluster) or "", objects.name(cluster)
+    try:
+        seen = scraped.observation(scrape.exposition, namespace, name)
+    except ValueError as err:  # not a Prometheus exposition: some other server on that port
+        return None, f"the operator's /metrics did not parse ({err})"
+    if seen is None:
+        return None, "the leading operator has not observed this cluster yet"
+    return seen, ""
+
+
+def show_cluster(cluster: Obj, backups: list[Obj], now: datetime, scrape: Scrape) -> None:
+    seen, footnote = observed(cluster, scrape)
+    facts = etcd_cluster_facts(cluster, last_backups(backups), now, seen)
     table = Table(
         title=f"EtcdCluster {facts.namespace}/{facts.name}", title_justify="left", show_header=False
     )
@@ -239,11 +303,13 @@ def _show_cluster(cluster: Obj, backups: list[Obj], now: datetime) -> None:
         table.add_row(*row)
     console.print(table)
     members = Table(title="Members", title_justify="left")
-    for column in ("member", "index", "healthy", "role", "backend", "quota"):
+    for column in ("member", "index", "healthy", "role", "backend", "in use", "quota"):
         members.add_column(column.upper())
     for member in member_rows(facts):
         members.add_row(*member)
     console.print(members)
+    if footnote:
+        console.print(f"backend sizes, leader changes and alarms by member show as -: {footnote}")
 
 
 async def _list_all(kubeconfig: Path | None, context: str | None, namespace: str | None) -> list[list[Obj]]:
@@ -267,12 +333,20 @@ def status(
     ] = None,
     kubeconfig: Annotated[Path | None, typer.Option(help="Default: $KUBECONFIG or ~/.kube/config.")] = None,
     context: Annotated[str | None, typer.Option()] = None,
+    operator_namespace: Annotated[
+        str, typer.Option(help="Where the operator's leader election Lease is (the chart's namespace).")
+    ] = "kustos-system",
+    lease: Annotated[str, typer.Option(help="The Lease's name (the chart release's full name).")] = "kustos",
+    metrics_port: Annotated[
+        int | None, typer.Option(help="The operator pod's metrics port. Default: its first port.")
+    ] = None,
 ) -> None:
     """Every EtcdCluster, StorageCluster and NodeJob: how ready, which phase, what is wrong; or,
     given NAME, one EtcdCluster's facts (what the metrics and alerts say, without Prometheus)."""
     if name is not None:
-        cluster, backups = asyncio.run(_one_cluster(kubeconfig, context, namespace, name))
-        _show_cluster(cluster, backups, datetime.now(UTC))
+        operator = Operator(operator_namespace, lease, metrics_port)
+        cluster, backups, scrape = asyncio.run(_one_cluster(kubeconfig, context, namespace, name, operator))
+        show_cluster(cluster, backups, datetime.now(UTC), scrape)
         return
     listed = asyncio.run(_list_all(kubeconfig, context, namespace))
     for (_, title, columns, rows), items in zip(TABLES, listed, strict=True):

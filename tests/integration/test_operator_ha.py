@@ -3,6 +3,7 @@ pods of the chart's Deployment (the checkout's kustos in the pods' network names
 chart's ServiceAccount). The leader's process is killed while a 3 -> 5 resize is in flight:
 the standby takes the Lease once it expires, finishes the resize, and no acknowledged write
 is lost. The failover time is measured by benchmarks/operator_failover_bench.py, not here.
+The same pods serve `kubectl kustos status NAME` the figures only the leader keeps in memory.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, assert_consistent, etcd_cluster, status_of, wait_healthy
 from tests.integration.kube import wait_until
 from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, reset_chart_identity
+from tests.integration.test_kubectl_plugin import kubectl_kustos
 
 REPLICAS = 2
 
@@ -48,6 +50,32 @@ def _ready_pods(cluster: DevCluster) -> set[str]:
 
 def _pod_log(cluster: DevCluster, pod: str) -> str:
     return cluster.kubectl("logs", "-n", dev_operator.NAMESPACE, pod, check=False)
+
+
+async def test_kubectl_kustos_status_shows_each_members_backend_from_the_leading_pod(
+    chart_operator: None, dev_cluster: DevCluster, kubectl: Kubectl
+) -> None:
+    """The figures the operator keeps only in memory reach the plugin through the API server's
+    proxy to the leading pod's /metrics: a real backend size, in-use size and quota per member."""
+    kubectl.apply(etcd_cluster("seen", 1))
+    await wait_healthy(kubectl, "seen", 1, timeout=60)
+
+    async def backends_shown() -> dict[str, list[str]] | None:
+        result = kubectl_kustos(kubectl, "status", "seen", "-n", kubectl.namespace)
+        assert result.returncode == 0, result.stderr
+        cells = [line.split("│")[1:-1] for line in result.stdout.splitlines() if line.startswith("│ seen-")]
+        members = {c[0].strip(): [v.strip() for v in c[4:7]] for c in cells}
+        if not members or any("-" in v for v in members.values()):
+            return None
+        assert "show as -" not in result.stdout, result.stdout  # no footnote: nothing missing
+        return members
+
+    members = await wait_until(backends_shown, "the plugin to show the members' backends", timeout=30)
+    assert list(members) == ["seen-0"], members
+    size, in_use, quota = members["seen-0"]
+    assert size.endswith(("KiB", "MiB")) and in_use.endswith(("B", "KiB", "MiB")), members
+    assert quota == "2.0 GiB", members  # etcd's default: the test cluster sets no quota
+    kubectl("delete", "etcdcluster", "seen", "--wait=false")
 
 
 async def test_the_standby_finishes_a_resize_when_the_leader_is_killed(

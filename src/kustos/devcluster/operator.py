@@ -28,6 +28,7 @@ import yaml
 
 from kustos.devcluster import binaries
 from kustos.devcluster.realnode import REAL_NODE_LABEL
+from kustos.runtime.leader import holder_host
 
 if TYPE_CHECKING:
     from kustos.devcluster.cluster import DevCluster
@@ -228,7 +229,7 @@ def leader_pod(cluster: DevCluster, lease: str = RELEASE, namespace: str = NAMES
 
 def holder_pod(holder: str) -> str:
     """``<hostname>_<random id>`` (runtime.manager's identity) -> the hostname, a pod's name."""
-    return holder.rpartition("_")[0] or holder
+    return holder_host(holder)
 
 
 def logs(cluster: DevCluster, namespace: str = NAMESPACE, tail: int = 200) -> str:

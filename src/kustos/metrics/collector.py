@@ -46,6 +46,14 @@ ETCD_PHASES: tuple[str, ...] = get_args(get_args(EtcdClusterStatus.model_fields[
 STORAGE_PHASES: tuple[str, ...] = get_args(get_args(StorageClusterStatus.model_fields["phase"].annotation)[0])
 NODE_STATES = ("up_to_date", "outdated", "replacing", "pending", "invalid")
 
+# The observed figures (``runtime.observations``), which only the leading replica exports and
+# ``kubectl kustos status`` reads back from it (``metrics.scraped``): one spelling for both.
+LEADER_CHANGES = "kustos_etcdcluster_leader_changes"
+ALARM = "kustos_etcdcluster_alarm"
+BACKEND_BYTES = "kustos_etcd_member_backend_bytes"
+BACKEND_IN_USE_BYTES = "kustos_etcd_member_backend_in_use_bytes"
+BACKEND_QUOTA_BYTES = "kustos_etcd_member_backend_quota_bytes"
+
 _NN = ["namespace", "name"]
 _MEMBER = ["namespace", "name", "member"]
 
@@ -152,7 +160,7 @@ def etcd_metrics(clusters: Sequence[EtcdClusterFacts]) -> Iterator[Metric]:
         labels=_NN,
     )
     changes = CounterMetricFamily(
-        "kustos_etcdcluster_leader_changes",
+        LEADER_CHANGES,
         "Leader changes (raft term increases) since this operator began observing the cluster",
         labels=_NN,
     )
@@ -170,7 +178,7 @@ def etcd_metrics(clusters: Sequence[EtcdClusterFacts]) -> Iterator[Metric]:
         [*_NN, "reason"],
     )
     alarm = _gauge(
-        "kustos_etcdcluster_alarm",
+        ALARM,
         "1 for each alarm raised on a member (NOSPACE, CORRUPT)",
         [*_NN, "member", "alarm"],
     )
@@ -181,13 +189,13 @@ def etcd_metrics(clusters: Sequence[EtcdClusterFacts]) -> Iterator[Metric]:
     unhealthy = _gauge(
         "kustos_etcd_member_unhealthy_seconds", "How long the member has been unhealthy", _MEMBER
     )
-    backend = _gauge("kustos_etcd_member_backend_bytes", "The member's database file size", _MEMBER)
+    backend = _gauge(BACKEND_BYTES, "The member's database file size", _MEMBER)
     in_use = _gauge(
-        "kustos_etcd_member_backend_in_use_bytes",
+        BACKEND_IN_USE_BYTES,
         "The part of the database file holding data (the rest a defragmentation gives back)",
         _MEMBER,
     )
-    quota = _gauge("kustos_etcd_member_backend_quota_bytes", "The member's backend quota", _MEMBER)
+    quota = _gauge(BACKEND_QUOTA_BYTES, "The member's backend quota", _MEMBER)
     for c in clusters:
         nn = [c.namespace, c.name]
         rebuilds.add_metric(nn, c.rebuilds)

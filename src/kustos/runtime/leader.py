@@ -30,6 +30,12 @@ from kustos.runtime.metrics import Metrics
 log = logging.getLogger(__name__)
 
 
+def holder_host(holder: str) -> str:
+    """A Lease's holderIdentity ``<hostname>_<random id>`` (the manager's identity) -> the
+    hostname, which is the pod's name when the operator runs in a pod."""
+    return holder.rpartition("_")[0] or holder
+
+
 @dataclass(frozen=True)
 class LeaderElectionConfig:
     name: str
