@@ -162,14 +162,14 @@ async def test_pods_that_cannot_start_are_named_with_their_reason(
         "provisioner": "kustos.dev/nobody", "volumeBindingMode": "Immediate",
     }))  # fmt: skip
     expected = {
-        "img": ("ImagePullFailed", "registry.k8s.io/etcd:3.7.3-0"),
+        "img": ("ImagePullFailed", "gcr.io/etcd-development/etcd:v3.7.99"),
         "crash": ("CrashLoopBackOff", "flag provided but not defined"),
         "sched": ("Unschedulable", "didn't match Pod's node affinity/selector"),
         "vol": ("VolumePending", f"storage class {never}"),
     }
     try:
         kubectl.apply(
-            etcd_cluster("img", 1, version="3.7.3"),
+            etcd_cluster("img", 1, version="3.7.99"),  # a patch nobody has released
             etcd_cluster("crash", 1, extraArgs=["--no-such-flag"]),
             etcd_cluster("sched", 1, pod={"nodeSelector": {"kustos.dev/no-such-node": "true"}}),
             etcd_cluster("vol", 1, storage={"type": "pvc", "size": "1Gi", "storageClassName": never}),

@@ -1,7 +1,9 @@
-"""Rolling etcd upgrades and rollbacks (F-ETCD-9) between the two real etcd versions of the dev cluster."""
+"""Rolling etcd upgrades and rollbacks (F-ETCD-9) between the real etcd versions of the dev cluster:
+the newest minor step (3.6 -> 3.7 and back) on both storage types, the older one (3.5 <-> 3.6) once."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +23,7 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
-OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
+OLDEST, OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
 
 
 def pod_versions(kubectl: Kubectl, name: str) -> dict[str, str]:
@@ -44,6 +46,7 @@ class Roll:
     restarts_before: dict[str, int]  # name -> restarts of its etcd container
     written_during: int
     writer: Writer
+    seconds: float  # from the spec change to every member healthy on the new version
 
 
 async def roll(kubectl: Kubectl, name: str, storage: str, start: str, to: str) -> Roll:
@@ -64,6 +67,7 @@ async def roll(kubectl: Kubectl, name: str, storage: str, start: str, to: str) -
 
         await wait_until(writing, "the writer to get going", timeout=30)
         before = len(writer.acknowledged)
+        began = time.monotonic()
         kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{to}"}}}}')
 
         async def rolled() -> bool:
@@ -78,11 +82,13 @@ async def roll(kubectl: Kubectl, name: str, storage: str, start: str, to: str) -
 
         await wait_until(rolled, f"{name} on etcd {to}", timeout=240, cluster=kubectl.cluster,
                          namespace=kubectl.namespace)  # fmt: skip
+        seconds = time.monotonic() - began
         during = len(writer.acknowledged) - before
     finally:
         await writer.stop()
     status = await wait_healthy(kubectl, name, 3)
-    return Roll(status, seen, leader, pods_before, restarts, during, writer)
+    print(f"{name}: {start} -> {to} rolled in {seconds:.1f} s, {during} writes acknowledged meanwhile")
+    return Roll(status, seen, leader, pods_before, restarts, during, writer, seconds)
 
 
 async def assert_rolled_one_at_a_time_leader_last(
@@ -103,24 +109,38 @@ async def assert_rolled_one_at_a_time_leader_last(
     assert await r.writer.missing(r.status["members"][0]["clientUrl"]) == []
 
 
-@pytest.mark.parametrize("storage", ["emptyDir", "pvc"])
+def _short(version: str) -> str:
+    return version.replace(".", "")[:2]  # 3.7.3 -> 37
+
+
+@pytest.mark.parametrize(
+    ("start", "to", "storage"),
+    [(OLD, NEW, "emptyDir"), (OLD, NEW, "pvc"), (OLDEST, OLD, "emptyDir")],
+    ids=[f"{_short(OLD)}-{_short(NEW)}-emptydir", f"{_short(OLD)}-{_short(NEW)}-pvc",
+         f"{_short(OLDEST)}-{_short(OLD)}-emptydir"],
+)  # fmt: skip
 async def test_upgrade_one_member_at_a_time_leader_last_keeping_every_write(
-    storage: str, kubectl: Kubectl, operator: OperatorProcess
+    start: str, to: str, storage: str, kubectl: Kubectl, operator: OperatorProcess
 ) -> None:
-    name = f"up-{storage.lower()}"
-    r = await roll(kubectl, name, storage, OLD, NEW)
-    await assert_rolled_one_at_a_time_leader_last(kubectl, name, r, OLD, NEW)
+    name = f"up{_short(to)}-{storage.lower()}"
+    r = await roll(kubectl, name, storage, start, to)
+    await assert_rolled_one_at_a_time_leader_last(kubectl, name, r, start, to)
     events = kubectl("get", "events", "--field-selector", f"involvedObject.name={name}")
     assert "Upgraded" in events
 
 
-@pytest.mark.parametrize("storage", ["emptyDir", "pvc"])
+@pytest.mark.parametrize(
+    ("start", "to", "storage"),
+    [(NEW, OLD, "emptyDir"), (NEW, OLD, "pvc"), (OLD, OLDEST, "pvc")],
+    ids=[f"{_short(NEW)}-{_short(OLD)}-emptydir", f"{_short(NEW)}-{_short(OLD)}-pvc",
+         f"{_short(OLD)}-{_short(OLDEST)}-pvc"],
+)  # fmt: skip
 async def test_rollback_to_the_previous_minor_through_etcds_downgrade_keeping_every_write(
-    storage: str, kubectl: Kubectl, operator: OperatorProcess
+    start: str, to: str, storage: str, kubectl: Kubectl, operator: OperatorProcess
 ) -> None:
-    name = f"back-{storage.lower()}"
-    r = await roll(kubectl, name, storage, NEW, OLD)
-    await assert_rolled_one_at_a_time_leader_last(kubectl, name, r, NEW, OLD)
+    name = f"back{_short(to)}-{storage.lower()}"
+    r = await roll(kubectl, name, storage, start, to)
+    await assert_rolled_one_at_a_time_leader_last(kubectl, name, r, start, to)
     # In place: the same pods (a new member of the older minor could not join), each restarted once.
     pods = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
     assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods} == r.pods_before
@@ -130,7 +150,7 @@ async def test_rollback_to_the_previous_minor_through_etcds_downgrade_keeping_ev
     for reason in ("DowngradeEnabled", "MemberRollingBack", "Downgraded"):
         assert reason in events, events
     # etcd finished its downgrade by itself once every member ran the old minor.
-    assert r.status["members"] and all(m["version"] == OLD for m in r.status["members"])
+    assert r.status["members"] and all(m["version"] == to for m in r.status["members"])
 
 
 @pytest.mark.parametrize("storage", ["emptyDir", "pvc"])
@@ -203,7 +223,7 @@ def _minor(version: str, delta: int) -> str:
     ("running", "refused"),
     [
         (NEW, [(_minor(NEW, -2), "skips a minor version"), (_minor(NEW, 2), "skips a minor version")]),
-        (OLD, [(_minor(OLD, -1), "has no downgrade protocol")]),
+        (OLDEST, [(_minor(OLDEST, -1), "has no downgrade protocol")]),
     ],
     ids=["skips", "no-downgrade-protocol"],
 )

@@ -74,7 +74,22 @@ async def test_bad_creates_are_refused_naming_the_field(kubectl: Kubectl, admiss
     )  # fmt: skip
     assert "cannot set a flag the operator sets" in message or "--data-dir is set by the operator" in message
     refused(kubectl, "spec.version", document=etcd_cluster("old", 3, version="3.4.27"))
+    # A flag etcd 3.7 removed would crash every member: refused by CEL (which names the field)
+    # or the guard (which names the entry and its replacement), whichever answers first.
+    message = refused(
+        kubectl, "spec.extraArgs",
+        document=etcd_cluster("gone", 3, version="3.7.3", extraArgs=["--experimental-memory-mlock"]),
+    )  # fmt: skip
+    assert "etcd 3.7 removed" in message or "use --memory-mlock instead" in message
+    # The tag comes from spec.version: a repository with one is refused by the schema.
+    refused(
+        kubectl,
+        "spec.repository",
+        document=etcd_cluster("tagged", 3, repository="quay.io/coreos/etcd:v3.7.3"),
+    )
     assert not kubectl("get", "etcdclusters", "-o", "name")
+    # On 3.6 the same flag is still etcd's (deprecated), so it is admitted.
+    kubectl.apply(etcd_cluster("on36", 3, version="3.6.16", extraArgs=["--experimental-memory-mlock"]))
     kubectl.apply(etcd_cluster("fine", 3, extraArgs=["--quota-backend-bytes=4294967296"]))
     assert kubectl("get", "etcdcluster", "fine", "-o", "name")
 

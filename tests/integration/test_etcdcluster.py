@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kustos.api.etcd import DEFAULT_VERSION
 from kustos.etcd.client import EtcdClient, EtcdError
 from tests.integration.conftest import WORKERS, Kubectl
 from tests.integration.etcd_support import (
@@ -31,7 +32,7 @@ async def test_create(size: int, kubectl: Kubectl, operator: OperatorProcess) ->
     status = await wait_healthy(kubectl, "c", size)
     assert_consistent(kubectl, "c", size, status)
     assert sorted(m["name"] for m in status["members"]) == [f"c-{i}" for i in range(size)]
-    assert status["currentVersion"] == "3.6.16" and status["clusterId"]
+    assert status["currentVersion"] == DEFAULT_VERSION and status["clusterId"]
     table = kubectl("get", "etcdclusters")
     assert table.split("\n")[0].split() == ["NAME", "READY", "VERSION", "PHASE", "STUCK", "AGE"]
     assert f"{size}/{size}" in table and "Running" in table

@@ -53,6 +53,7 @@ def _member(
 
 def _cluster(*members: MemberStatus, **spec: Any) -> dict[str, Any]:
     status = EtcdClusterStatus(phase="Running", members=list(members), current_version="3.6.16", epoch=2)
+    spec.setdefault("version", "3.6.16")
     return _obj(EtcdCluster(spec=EtcdClusterSpec(**spec), status=status), "a")
 
 

@@ -84,7 +84,7 @@ def test_agent_pod_for_a_claim_saves_with_etcdctl_onto_the_claim_then_verifies()
     spooled = "/backups/.incoming_prod_main_nightly.db"  # on the claim: storing is a rename
     assert save == {
         "name": "etcdctl",
-        "image": "registry.k8s.io/etcd:3.6.16-0",
+        "image": "gcr.io/etcd-development/etcd:v3.7.3",
         "command": [
             "etcdctl",
             "--endpoints=http://m1:2379",

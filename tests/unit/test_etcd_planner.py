@@ -504,6 +504,15 @@ def test_the_next_member_waits_until_the_last_one_restarted_on_the_old_version()
     )
 
 
+def test_a_member_that_has_not_answered_since_its_restart_holds_the_next_one() -> None:
+    """Under load the status may still call it healthy while it has not reported a version."""
+    members, pods = rollback_cluster(3, leader=0, storage_version="3.5.0")
+    pods[1] = dataclasses.replace(pods[1], version="3.5.35")
+    members[1] = dataclasses.replace(members[1], version="", storage_version="")
+    step = plan(rolling_back(members, pods, downgrade_enabled=True))
+    assert isinstance(step, planner.Wait) and "e-1 is restarting" in step.reason
+
+
 def test_the_leader_hands_over_to_a_rolled_back_member_before_its_own_turn() -> None:
     members, pods = rollback_cluster(3, leader=0, storage_version="3.5.0")
     for i in (1, 2):

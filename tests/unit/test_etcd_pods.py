@@ -34,7 +34,7 @@ def test_a_joining_member_lists_every_member_and_itself() -> None:
     assert args["initial-advertise-peer-urls"] == "http://db-4.db-peer.prod.svc:2380"
     assert args["initial-cluster-token"] == "u-1"
     assert pod["spec"]["hostname"] == "db-4" and pod["spec"]["subdomain"] == "db-peer"
-    assert pod["spec"]["containers"][0]["image"] == "registry.k8s.io/etcd:3.6.16-0"
+    assert pod["spec"]["containers"][0]["image"] == "gcr.io/etcd-development/etcd:v3.6.16"
 
 
 def test_pod_ip_addressing_expands_the_pod_ip_in_the_container() -> None:

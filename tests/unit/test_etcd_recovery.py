@@ -191,14 +191,14 @@ def test_a_seed_restoring_from_a_member_fetches_then_restores_with_bumped_revisi
     seed = restore_seed_pod(cluster(), 3, "3.6.16", 2, where, "ghcr.io/kustos/kustos:dev")
     fetch, restore = seed["spec"]["initContainers"]
     # Over gRPC with the etcd image's own etcdctl; restore then checks the SHA-256 trailer.
-    assert fetch["name"] == FETCH_CONTAINER and fetch["image"] == "registry.k8s.io/etcd:3.6.16-0"
+    assert fetch["name"] == FETCH_CONTAINER and fetch["image"] == "gcr.io/etcd-development/etcd:v3.6.16"
     # A stalled stream fails the fetch (etcdctl bounds a save only when told to); a retry follows.
     assert fetch["command"] == [
         "etcdctl", "--endpoints=http://127.1.1.3:2379", "--dial-timeout=10s", "--command-timeout=300s",
         "snapshot", "save", "/restore/snapshot.db",
     ]  # fmt: skip
     assert fetch["volumeMounts"] == [{"name": "restore", "mountPath": "/restore"}]
-    assert restore["name"] == RESTORE_CONTAINER and restore["image"] == "registry.k8s.io/etcd:3.6.16-0"
+    assert restore["name"] == RESTORE_CONTAINER and restore["image"] == "gcr.io/etcd-development/etcd:v3.6.16"
     assert restore["command"] == ["etcdutl"]
     assert "--mark-compacted" in restore["args"]
     assert f"--bump-revision={recovery.BUMP_REVISION}" in restore["args"]

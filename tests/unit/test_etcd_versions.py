@@ -22,6 +22,8 @@ from kustos.etcd.versions import (
         (None, "3.6.16"), ("3.6.16", "3.6.16"), ("3.5.35", "3.5.36"), ("3.5.35", "3.5.1"),
         ("3.5.35", "3.6.16"),
         ("3.6.16", "3.5.35"),  # one minor back, through etcd's downgrade protocol
+        ("3.6.16", "3.7.3"), ("3.6.11", "3.7.0"),
+        ("3.7.3", "3.6.16"),  # 3.7 has the downgrade protocol too
     ],
 )  # fmt: skip
 def test_allowed_changes(current: str | None, wanted: str) -> None:
@@ -35,6 +37,10 @@ def test_allowed_changes(current: str | None, wanted: str) -> None:
         ("3.5.35", "3.4.33", "etcd 3.5 has no downgrade protocol"),
         ("3.6.16", "3.4.33", "skips a minor version: etcd rolls back one minor at a time"),
         ("3.6.16", "4.0.0", "major version"),
+        # etcd's upgrade guide: every 3.6 member on 3.6.11 or later before 3.7.
+        ("3.6.10", "3.7.3", "needs every member on 3.6.11 or later first"),
+        ("3.5.35", "3.7.3", "skips a minor version: upgrade to 3.6.x first"),
+        ("3.7.3", "3.5.35", "etcd rolls back one minor at a time; set spec.version to 3.6.x first"),
     ],
 )
 def test_refused_changes_say_why(current: str, wanted: str, why: str) -> None:
@@ -55,6 +61,8 @@ def test_versions_from_image_tags() -> None:
     [
         ("3.6.16", "3.5.35", "3.5"),
         ("3.6.0", "3.5.0", "3.5"),
+        ("3.7.3", "3.6.16", "3.6"),
+        ("3.7.3", "3.5.35", None),  # two minors
         ("v3.6.16", "3.5.35-0", "3.5"),
         ("3.5.35", "3.4.33", None),  # 3.5 has no downgrade API
         ("3.6.16", "3.4.33", None),  # two minors

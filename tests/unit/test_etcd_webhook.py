@@ -105,6 +105,31 @@ def test_extra_args_ratchet_a_flag_already_there_does_not_block_updates() -> Non
     ]
 
 
+def test_a_flag_the_versions_etcd_removed_is_refused_naming_its_replacement() -> None:
+    args = ["--quota-backend-bytes=4294967296", "--experimental-compaction-batch-limit=500",
+            "--experimental-initial-corrupt-check"]  # fmt: skip
+    assert guard_denials(cluster(version="3.6.16", extraArgs=args), None) == []
+    denials = guard_denials(cluster(version="3.7.3", extraArgs=args), None)
+    assert denials == [
+        "spec.extraArgs[1]: --experimental-compaction-batch-limit was removed in etcd 3.7; use "
+        "--compaction-batch-limit instead (etcd 3.6 accepts it too) (spec.version is 3.7.3)",
+        "spec.extraArgs[2]: --experimental-initial-corrupt-check was removed in etcd 3.7; use "
+        "--feature-gates=InitialCorruptCheck=true instead (etcd 3.6 accepts it too) (spec.version is 3.7.3)",
+    ]
+    # Upgrading a 3.6 cluster that still sets one is refused in the same write.
+    old = cluster(version="3.6.16", extraArgs=args)
+    assert len(guard_denials(cluster(version="3.7.3", extraArgs=args), old)) == 2
+    assert guard_denials(cluster(version="3.6.16", extraArgs=["--enable-v2=true"]), None) == [
+        "spec.extraArgs[0]: --enable-v2 was removed in etcd 3.6 (spec.version is 3.6.16)"
+    ]
+    assert guard_denials(cluster(version="3.5.35", extraArgs=["--enable-v2=true"]), None) == []
+
+
+def test_removed_flags_ratchet_an_unchanged_object_may_still_be_updated() -> None:
+    old = cluster(version="3.7.3", extraArgs=["--experimental-memory-mlock"])
+    assert guard_denials({**old, "spec": {**old["spec"], "size": 5}}, old) == []
+
+
 def test_every_refusal_of_one_write_is_reported() -> None:
     denials = guard_denials(
         cluster(addressing="podIP", storage={"type": "pvc"}, extraArgs=["--name=x"]), cluster()
@@ -121,6 +146,9 @@ def test_every_refusal_of_one_write_is_reported() -> None:
         ("3.6.16", "3.5.35", False),  # one minor down: 3.6 has the downgrade protocol
         ("3.7.0", "3.5.35", True),  # two minors down
         ("3.5.35", "3.4.27", True),  # 3.5 cannot roll back
+        ("3.6.16", "3.7.3", False),
+        ("3.6.9", "3.7.3", True),  # etcd asks for 3.6.11 or later before 3.7
+        ("3.7.3", "3.6.16", False),  # 3.7 rolls back through the downgrade protocol
     ],
 )
 def test_unsafe_version_jumps_are_refused(current: str, wanted: str, refused: bool) -> None:

@@ -114,7 +114,7 @@ def test_the_api_server_reaches_kubelets_at_their_internal_ip_with_a_client_cert
 
 
 def test_etcd_images_carry_the_default_repositorys_name_and_tag() -> None:
-    assert etcd_image("v3.6.16") == "registry.k8s.io/etcd:3.6.16-0"
+    assert etcd_image("v3.7.3") == "gcr.io/etcd-development/etcd:v3.7.3"
 
 
 # ---- OCI archives -------------------------------------------------------------------------

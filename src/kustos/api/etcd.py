@@ -9,10 +9,14 @@ from pydantic import ConfigDict, Field
 from kustos.api.backup import BackupSchedule
 from kustos.api.common import DURATION_PATTERN, QUANTITY_PATTERN, Condition
 from kustos.api.etcd_tls import TLSSpec, TLSStatus
+from kustos.images import DEFAULT_ETCD_REPOSITORY, PROVEN_ETCD_VERSIONS
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
 VERSION_PATTERN = r"^3\.[0-9]+\.[0-9]+$"
-DEFAULT_VERSION = "3.6.16"
+# A repository, no tag or digest: host[:port]/path (the tag comes from spec.version).
+REPOSITORY_PATTERN = r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$"
+# The newest version the suite proves.
+DEFAULT_VERSION = PROVEN_ETCD_VERSIONS[-1]
 COMPACTION_RETENTION_PATTERN = r"^([0-9]+|([0-9]+(\.[0-9]+)?(ms|s|m|h))+)$"  # 10000, 1h, 30m
 CRON_PATTERN = r"^\S+(\s+\S+){4}$"  # five fields, checked further when used
 
@@ -194,6 +198,22 @@ class EtcdClusterSpec(KubeModel):
                     "advertise and listen URLs)",
                     field_path=".extraArgs",
                 ),
+                # The webhook names each entry and its replacement (etcd/flags.py).
+                Rule(
+                    "!has(self.extraArgs) || !has(self.version) || "
+                    "!self.version.matches('^3[.]([7-9]|[1-9][0-9])[.]') || "
+                    "self.extraArgs.all(a, !a.matches('^--?experimental-'))",
+                    "extraArgs sets an --experimental-* flag, which etcd 3.7 removed: use the flag or "
+                    "--feature-gates entry it graduated to (docs/etcdcluster.md, etcd 3.7)",
+                    field_path=".extraArgs",
+                ),
+                Rule(
+                    "!has(self.extraArgs) || !has(self.version) || self.version.matches('^3[.][0-5][.]') || "
+                    "self.extraArgs.all(a, "
+                    "!a.matches('^--?(enable-v2|experimental-enable-v2v3|proxy(-[a-z-]+)?)(=|$)'))",
+                    "extraArgs sets a flag of the v2 API or the v2 proxy, which etcd 3.6 removed",
+                    field_path=".extraArgs",
+                ),
                 Rule(
                     "!has(self.version) || !self.version.matches('^3[.][0-4][.]')",
                     "version is older than 3.5.0, the oldest kustos supports",
@@ -206,9 +226,11 @@ class EtcdClusterSpec(KubeModel):
     size: int = Field(default=3, ge=1, le=9)
     """Number of members, 1 to 9 (odd sizes tolerate failures best)."""
     version: str = Field(default=DEFAULT_VERSION, pattern=VERSION_PATTERN)
-    """etcd version, like 3.6.16."""
-    repository: str = "registry.k8s.io/etcd"
-    """Image repository; the tag is derived from the version."""
+    """etcd version, like 3.7.3."""
+    repository: str = Field(default=DEFAULT_ETCD_REPOSITORY, pattern=REPOSITORY_PATTERN)
+    """Image repository, without a tag; the tag is derived from the version as the repository
+    tags it: ``v3.7.3`` (gcr.io/etcd-development/etcd, quay.io/coreos/etcd, any other) or
+    ``3.7.3-0`` (registry.k8s.io/etcd, which carries only the versions Kubernetes ships)."""
     addressing: Literal["dns", "podIP"] = "dns"
     """How members and the operator address members: by pod DNS name through the peer
     Service (default), or by pod IP (for clusters without DNS, like the dev cluster)."""

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kustos.devcluster.paths import cache_root
+from kustos.images import PROVEN_ETCD_VERSIONS
 
 GOMOD_DIR = Path(__file__).parent / "gomod"
 
 KUBERNETES_VERSION = "v1.36.3"
-ETCD_VERSIONS = ("v3.5.35", "v3.6.16")
+# The versions the suite proves (kustos.images), each built from its own module gomod/etcd-<minor>.
+ETCD_VERSIONS = tuple(f"v{v}" for v in PROVEN_ETCD_VERSIONS)
 KWOK_VERSION = "v0.8.0"
 # The S3-compatible server that etcd backups are written to in tests (F-ETCD-7).
 VERSITYGW_VERSION = "v1.8.0"

@@ -16,7 +16,7 @@ from kustos.api.etcd import EtcdClusterSpec
 from kustos.devcluster import binaries
 from kustos.devcluster.ociarchive import ImageFile, ImageSpec, write_archive
 from kustos.devcluster.paths import cache_root
-from kustos.etcd.pods import image_in
+from kustos.images import etcd_image as image_of
 
 PAUSE_IMAGE = f"kustos.dev/pause:{binaries.PAUSE_VERSION}"
 # distroless's non-root id: the pause program runs as it, and tests' hardened pods too.
@@ -28,8 +28,8 @@ def default_etcd_repository() -> str:
 
 
 def etcd_image(version: str) -> str:
-    """``registry.k8s.io/etcd:3.6.16-0`` for ``v3.6.16``: the default repository's scheme."""
-    return image_in(default_etcd_repository(), version.lstrip("v"))
+    """``gcr.io/etcd-development/etcd:v3.7.3`` for ``v3.7.3``: the default repository's scheme."""
+    return image_of(default_etcd_repository(), version.lstrip("v"))
 
 
 def etcd_image_spec(version: str) -> ImageSpec:

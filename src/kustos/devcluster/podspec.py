@@ -23,15 +23,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from kustos.images import KUSTOS_IMAGE_REPOSITORY
+from kustos.images import ETCD_REPOSITORIES, KUSTOS_IMAGE_REPOSITORY
 from kustos.runtime.quantity import in_units, parse_quantity
 
-ETCD_IMAGE_REPOSITORIES = (
-    "registry.k8s.io/etcd",
-    "k8s.gcr.io/etcd",
-    "gcr.io/etcd-development/etcd",
-    "quay.io/coreos/etcd",
-)
+ETCD_IMAGE_REPOSITORIES = tuple(r.name for r in ETCD_REPOSITORIES)
 
 # Repositories whose images the runner owns; kwok simulates every other image.
 RUNNER_IMAGE_PREFIXES = tuple(f"{r}:" for r in (*ETCD_IMAGE_REPOSITORIES, KUSTOS_IMAGE_REPOSITORY))

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-etcd = typer.Typer(help="etcd helpers: the snapshot agent the operator runs in backup pods.")
+etcd = typer.Typer(help="etcd helpers: the operator's snapshot agent, recovery, the images it pulls.")
 
 
 @etcd.command("snapshot")
@@ -150,6 +150,29 @@ def recover(
     print(f"asked the operator to rebuild {namespace}/{name} from {value.replace('/', ' ')}")
     print(f"it was {status.get('phase', 'unknown')}: {degraded.get('message', '')}")
     print(f"follow it with: kubectl get etcdcluster {name} -n {namespace} -w")
+
+
+@etcd.command("images")
+def images(
+    repository: Annotated[
+        str | None, typer.Option(help="spec.repository (default: the EtcdCluster default).")
+    ] = None,
+    repositories: Annotated[
+        bool, typer.Option("--repositories", help="List the repositories kustos knows instead.")
+    ] = False,
+) -> None:
+    """The etcd images kustos pulls: one per version it proves, in spec.repository's tag scheme
+    (one per line, to mirror them); --repositories: each known repository, its tags, what it has."""
+    from kustos.images import DEFAULT_ETCD_REPOSITORY, ETCD_REPOSITORIES, PROVEN_ETCD_VERSIONS, etcd_image
+
+    if repositories:
+        for known in ETCD_REPOSITORIES:
+            tag = known.tag_format.format(version=PROVEN_ETCD_VERSIONS[-1])
+            default = " (default)" if known.name == DEFAULT_ETCD_REPOSITORY else ""
+            print(f"{known.name}{default}\ttag {tag}\t{known.carries}")
+        return
+    for version in PROVEN_ETCD_VERSIONS:
+        print(etcd_image(repository or DEFAULT_ETCD_REPOSITORY, version))
 
 
 async def _annotate_cluster(

@@ -8,7 +8,7 @@ One :class:`EtcdClient` talks to exactly one member endpoint and never fails ove
 membership work needs to know which member answered (``member_id`` is in every
 result), and some calls only work on the leader or never on a learner.
 
-What the gateway does, checked against etcd v3.5.35 and v3.6.16:
+What the gateway does, checked against etcd v3.5.35, v3.6.16 and v3.7.3 (test_etcd_client.py):
 
 * JSON uses proto field names (``cluster_id``, ``peerURLs``, ``dbSizeInUse``);
   64-bit integers are JSON strings, ``uint32`` (the KV hash) is a number, bytes

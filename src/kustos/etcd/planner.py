@@ -527,7 +527,10 @@ def _plan_rollback(
     """The next step of a rollback to ``target`` ("3.5"); None once every pod names it and
     etcd has finished its downgrade."""
     for m in members:
-        if not is_old_version(o, pods[m.id]) and m.version and minor(m.version) != target:
+        # A member whose pod names the target but which has not said it runs it (an older
+        # version, or no answer yet in the moment it restarts) is still restarting: the next
+        # member waits for it, or two restart at once under load.
+        if not is_old_version(o, pods[m.id]) and minor(m.version) != target:
             return Wait(f"member {m.name} is restarting on etcd {o.version}", 1.0)
     pending = [m for m in members if is_old_version(o, pods[m.id])]
     if not pending:

@@ -8,6 +8,7 @@ from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import secure_member_pod
 from kustos.etcd.maintenance import compaction_args, parse_quantity
 from kustos.etcd.planner import dns_name, peer_service, pod_name
+from kustos.images import etcd_image
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.expectations import Expectations
@@ -51,13 +52,7 @@ def owner_reference(cluster: EtcdCluster) -> Obj:
 
 
 def image(cluster: EtcdCluster, version: str) -> str:
-    return image_in(cluster.spec.repository, version)
-
-
-def image_in(repository: str, version: str) -> str:
-    """registry.k8s.io tags are ``3.6.16-0``; other repositories use ``v3.6.16``."""
-    tag = f"{version}-0" if repository.endswith("registry.k8s.io/etcd") else f"v{version}"
-    return f"{repository}:{tag}"
+    return etcd_image(cluster.spec.repository, version)
 
 
 def current_version(cluster: EtcdCluster) -> str | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from kustos.images import pull_advice
 from kustos.runtime import objects
 from kustos.runtime.api import Api
 from kustos.runtime.errors import ReconcileError
@@ -67,9 +68,13 @@ def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod
         reason = waiting.get("reason") or ""
         if reason in IMAGE_PULL:
             detail = waiting.get("message") or reason
+            image = str(container.get("image", ""))
+            # A member's image is spec.repository at spec.version: say whether that repository
+            # has every release, and which one does.
+            advice = pull_advice(image.rsplit(":", 1)[0]) if what == "member pod" else (
+                "check that the nodes can reach the registry")  # fmt: skip
             return Stuck(name, "ImagePullFailed", (
-                f"{what} {name} cannot pull image {container.get('image', '')} ({reason}: {detail}); "
-                "check spec.version and spec.repository, and that the nodes can reach the registry"
+                f"{what} {name} cannot pull image {image} ({reason}: {detail}); {advice}"
             ))  # fmt: skip
         if reason == "CrashLoopBackOff" and int(container.get("restartCount") or 0) >= CRASH_RESTARTS:
             last = (container.get("lastState") or {}).get("terminated") or {}

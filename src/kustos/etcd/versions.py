@@ -42,6 +42,13 @@ def upgrade_refusal(current: str | None, wanted: str) -> str | None:
             f"upgrading from {current} to {wanted} skips a minor version: "
             f"upgrade to {have[0]}.{have[1] + 1}.x first"
         )
+    before = _OLDEST_PATCH_BEFORE.get((want[0], want[1]))
+    if want[1] == have[1] + 1 and before is not None and have < before:
+        oldest = ".".join(map(str, before))
+        return (
+            f"upgrading from {current} to {wanted} needs every member on {oldest} or later first "
+            f"(etcd's upgrade guide): set spec.version to the newest {have[0]}.{have[1]}.x, then {wanted}"
+        )
     if want[1] < have[1] and rollback_target(current, wanted) is None:
         if want[1] < have[1] - 1:
             return (
@@ -56,8 +63,14 @@ def upgrade_refusal(current: str | None, wanted: str) -> str | None:
 
 
 # The minors whose etcd can downgrade its cluster to the previous minor through the
-# downgrade API (Maintenance.Downgrade, added in v3.6; checked on v3.6.16 -> "3.5").
-_DOWNGRADE_CAPABLE_MINORS = frozenset({(3, 6)})
+# downgrade API (Maintenance.Downgrade, added in v3.6; checked on v3.6.16 -> "3.5" and
+# v3.7.3 -> "3.6", tests/integration/test_etcd_upgrade.py).
+_DOWNGRADE_CAPABLE_MINORS = frozenset({(3, 6), (3, 7)})
+
+# minor -> the oldest patch of the previous minor that may roll to it: "Before upgrading to
+# 3.7, make sure that all of your 3.6 members are updated to 3.6.11 or later" (etcd's
+# upgrade_3_7 guide; earlier 3.6 patches may not be compatible with a rolling upgrade).
+_OLDEST_PATCH_BEFORE: dict[tuple[int, int], tuple[int, int, int]] = {(3, 7): (3, 6, 11)}
 
 
 def rollback_target(current: str, wanted: str) -> str | None:

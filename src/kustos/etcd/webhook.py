@@ -6,7 +6,8 @@ Two webhooks, each with its own failure policy (docs/etcdcluster.md, "Validation
 - ``guard`` (failurePolicy Ignore): changes that would lose or strand data or fight the
   operator: a new addressing or storage type on a live cluster, a size change while a
   restore or recovery is under way, a version older than kustos supports, and extraArgs
-  that set what the operator sets. All but the size rule are also CEL rules of the CRD,
+  that set what the operator sets or that spec.version's etcd removed (``flags``). All but the
+  size rule are also CEL rules of the CRD,
   which the API server enforces with or without the operator; so an operator that is down
   (a crash, an upgrade) never blocks every edit of every EtcdCluster, and the webhook adds
   the size rule and messages that name each offending entry.
@@ -24,6 +25,7 @@ import logging
 from typing import Any
 
 from kustos.api.etcd import EtcdCluster
+from kustos.etcd.flags import removed_flag
 from kustos.etcd.versions import parse, upgrade_refusal
 from kustos.runtime.deps import Deps
 from kustos.runtime.manager import Manager
@@ -40,7 +42,7 @@ VERSION_PATH = "/validate-kustos-dev-v1alpha1-etcdcluster-version"
 
 # etcd 3.4 is past its end of life and kustos drives clusters through APIs and flags of 3.5
 # and later (learners promoted by the operator, the downgrade API of 3.6); the dev cluster
-# builds and tests only 3.5 and 3.6.
+# builds and tests 3.5, 3.6 and 3.7 (kustos.images.PROVEN_ETCD_VERSIONS).
 MIN_VERSION = "3.5.0"
 
 # Flags the operator sets on every member (etcd/pods.py member_pod): a second value would make
@@ -130,6 +132,22 @@ def guard_denials(obj: Obj, old: Obj | None) -> list[str]:
             denials.append(
                 f"spec.extraArgs[{index}]: --{flag} is set by the operator and cannot be overridden"
             )
+    denials += removed_flag_denials(spec, old_spec)
+    return denials
+
+
+def removed_flag_denials(spec: Obj, old_spec: Obj) -> list[str]:
+    """extraArgs entries that spec.version's etcd no longer knows (a member would exit at once);
+    checked when the version or the arguments change, so an old object can still be deleted."""
+    version, args = str(spec.get("version") or ""), list(spec.get("extraArgs") or [])
+    if version == str(old_spec.get("version") or "") and args == list(old_spec.get("extraArgs") or []):
+        return []
+    denials = []
+    for index, arg in enumerate(args):
+        flag = _flag_name(str(arg))
+        why = removed_flag(version, flag) if flag else None
+        if why:
+            denials.append(f"spec.extraArgs[{index}]: {why} (spec.version is {version})")
     return denials
 
 
