@@ -91,6 +91,10 @@ DEFAULT_POLL_SECONDS = 2.0
 THROTTLE_RETRY_AFTER = 5.0
 OPERATION_TIMEOUT = 180.0
 SCALE_SETS = "/providers/microsoft.compute/virtualmachinescalesets/"
+CREDENTIAL_SOURCES = (
+    "AZURE_TENANT_ID and AZURE_CLIENT_ID with AZURE_CLIENT_SECRET, a certificate or workload identity's "
+    "AZURE_FEDERATED_TOKEN_FILE, or a managed identity"
+)
 
 CAPACITY_CODES = frozenset(
     {
@@ -257,7 +261,7 @@ def map_error(err: Exception, action: str) -> ProviderError:
     if isinstance(err, ClientAuthenticationError) and err.status_code not in (401, 403):
         return ProviderError(
             f"Azure {action}: no usable credentials ({err.message}); kustos uses DefaultAzureCredential "
-            "(AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, workload identity, managed identity)",
+            f"({CREDENTIAL_SOURCES}; docs/nodeimage-azure.md)",
             reason="ProviderCredentials",
         )
     if isinstance(err, HttpResponseError):
@@ -270,7 +274,13 @@ def map_error(err: Exception, action: str) -> ProviderError:
             return CapacityError(text)
         if isinstance(err, ResourceNotFoundError) or err.status_code == 404:
             return NotFound(text)
-        if err.status_code in (401, 403):
+        if err.status_code == 401:
+            return ProviderError(
+                f"{text}: Resource Manager refused the credential's token (DefaultAzureCredential: "
+                f"{CREDENTIAL_SOURCES}; docs/nodeimage-azure.md)",
+                reason="ProviderCredentials",
+            )
+        if err.status_code == 403:
             return ProviderError(
                 f"{text} (docs/nodeimage-azure.md lists the permissions kustos needs)",
                 reason="ProviderAccessDenied",
