@@ -1,15 +1,14 @@
-"""Keys and signed tokens a test makes as an identity's owner would: an OIDC issuer's signing
-key (a Kubernetes cluster's, for Azure workload identity) and a GCP service account key
-file. Signed with google-auth's own signer, so the fakes check what a real library makes."""
+"""An OIDC issuer of service account tokens, as a Kubernetes cluster is one, for the unit
+tests of workload identity (Azure) and workload identity federation (GCP) against the
+fakes. Signed with google-auth's own signer, so the fakes check what a real library makes.
+(The integration tests use the dev cluster's own issuer and tokens.)"""
 
 from __future__ import annotations
 
 import base64
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
@@ -53,25 +52,12 @@ class Issuer:
     url: str = "https://oidc.example.test/cluster"
     key: SigningKey = field(default_factory=SigningKey)
 
-    def token(self, subject: str, audience: str, lifetime: float = 3600.0, issued: float | None = None) -> str:
+    def token(
+        self, subject: str, audience: str, lifetime: float = 3600.0, issued: float | None = None
+    ) -> str:
         now = time.time() if issued is None else issued
         return self.key.sign({"iss": self.url, "sub": subject, "aud": [audience], "iat": int(now),
                               "nbf": int(now), "exp": int(now + lifetime)})  # fmt: skip
 
 
-def service_account_file(
-    path: Path, key: SigningKey, project: str, email: str, token_uri: str
-) -> Path:
-    """A service account key file as ``gcloud iam service-accounts keys create`` writes it,
-    its token URI the fake's."""
-    info = {
-        "type": "service_account", "project_id": project, "private_key_id": key.kid,
-        "private_key": key.pem, "client_email": email, "client_id": "1" * 21,
-        "auth_uri": "https://accounts.google.com/o/oauth2/auth", "token_uri": token_uri,
-    }  # fmt: skip
-    path.write_text(json.dumps(info))
-    path.chmod(0o600)
-    return path
-
-
-__all__ = ["Issuer", "SigningKey", "service_account_file"]
+__all__ = ["Issuer", "SigningKey"]

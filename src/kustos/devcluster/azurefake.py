@@ -300,7 +300,8 @@ class AzureFake:
     def _openid_configuration(self, params: dict[str, str], query: dict[str, list[str]], body: Any) -> Reply:
         base = f"{self.api.url}/{params['tenant']}"
         return Reply(200, {
-            "token_endpoint": f"{base}/oauth2/v2.0/token", "authorization_endpoint": f"{base}/oauth2/v2.0/authorize",
+            "token_endpoint": f"{base}/oauth2/v2.0/token",
+            "authorization_endpoint": f"{base}/oauth2/v2.0/authorize",
             "issuer": f"{base}/v2.0", "jwks_uri": f"{base}/discovery/v2.0/keys",
             "token_endpoint_auth_methods_supported": ["client_secret_post", "private_key_jwt"],
         })  # fmt: skip
@@ -310,12 +311,15 @@ class AzureFake:
         if params["tenant"] != self.tenant:
             raise entra_error(400, "invalid_request", 90002, f"Tenant '{params['tenant']}' not found.")
         if form.get("grant_type") != "client_credentials":
-            raise entra_error(400, "unsupported_grant_type", 70003, "The app requested an unsupported grant type.")
+            raise entra_error(
+                400, "unsupported_grant_type", 70003, "The app requested an unsupported grant type."
+            )
         client_id = str(form.get("client_id", ""))
         app = self.apps.get(client_id)
         if app is None:
             raise entra_error(400, "unauthorized_client", 700016, (
-                f"Application with identifier '{client_id}' was not found in the directory '{self.tenant}'."))  # fmt: skip
+                f"Application with identifier '{client_id}' was not found in the directory "
+                f"'{self.tenant}'."))  # fmt: skip
         scope = str(form.get("scope", ""))
         audience = scope.removesuffix("/.default").rstrip("/")
         if form.get("client_assertion_type") == ASSERTION_TYPE:
@@ -323,8 +327,9 @@ class AzureFake:
         elif form.get("client_secret") is not None:
             if app.secret is None or form["client_secret"] != app.secret:
                 raise entra_error(401, "invalid_client", 7000215, (
-                    "Invalid client secret provided. Ensure the secret being sent in the request is the client "
-                    f"secret value, not the client secret ID, for a secret added to app '{client_id}'."))  # fmt: skip
+                    "Invalid client secret provided. Ensure the secret being sent in the request is the "
+                    "client secret value, not the client secret ID, for a secret added to app "
+                    f"'{client_id}'."))  # fmt: skip
         else:
             raise entra_error(400, "invalid_request", 900144, "The request body must contain the following "
                               "parameter: 'client_assertion' or 'client_secret'.")  # fmt: skip
@@ -338,7 +343,9 @@ class AzureFake:
         try:
             _, claims = jwt_parts(assertion)
         except InvalidToken as err:
-            raise entra_error(400, "invalid_client", 50027, f"JWT token is invalid or malformed: {err}.") from None
+            raise entra_error(
+                400, "invalid_client", 50027, f"JWT token is invalid or malformed: {err}."
+            ) from None
         audiences = claims.get("aud") or []
         audiences = [audiences] if isinstance(audiences, str) else list(audiences)
         found = [f for f in app.federated if f.issuer == claims.get("iss") and f.subject == claims.get("sub")
@@ -359,7 +366,10 @@ class AzureFake:
         """ARM's check of a request's bearer token: one this tenant issued for ARM, not expired."""
         token = bearer(headers)
         if token is None:
-            code, message = "AuthenticationFailed", "Authentication failed. The 'Authorization' header is missing."
+            code, message = (
+                "AuthenticationFailed",
+                "Authentication failed. The 'Authorization' header is missing.",
+            )
         else:
             try:
                 issued = self.tokens.check(token)
@@ -372,7 +382,8 @@ class AzureFake:
                 if issued.audience.rstrip("/") in ARM_AUDIENCES:
                     return None
                 code, message = "InvalidAuthenticationTokenAudience", (
-                    f"The access token has been obtained for wrong audience or resource '{issued.audience}'.")  # fmt: skip
+                    "The access token has been obtained for wrong audience or resource "
+                    f"'{issued.audience}'.")  # fmt: skip
         challenge = f'Bearer authorization_uri="{self.api.url}/{self.tenant}", error="invalid_token"'
         return Reply(401, {"error": {"code": code, "message": message}}, {"WWW-Authenticate": challenge})
 

@@ -107,6 +107,11 @@ GCE_STATES = {
     "SUSPENDED": InstanceState.STOPPED,
 }
 LEAVING_ACTIONS = frozenset({"DELETING", "ABANDONING"})
+CREDENTIAL_SOURCES = (
+    "Application Default Credentials: the file GOOGLE_APPLICATION_CREDENTIALS names (a service account key, "
+    "a workload identity federation configuration), gcloud's application default login, or the metadata "
+    "server (GKE workload identity)"
+)
 
 
 def parse_role(value: str) -> Role | None:
@@ -195,7 +200,13 @@ def map_error(err: Exception, action: str) -> ProviderError:
             return CapacityError(text)
         if isinstance(err, gexc.NotFound):
             return NotFound(text)
-        if isinstance(err, gexc.Forbidden | gexc.Unauthorized):
+        if isinstance(err, gexc.Unauthorized):
+            return ProviderError(
+                f"{text}: the Compute API refused the credential ({CREDENTIAL_SOURCES}; "
+                "docs/nodeimage-gcp.md)",
+                reason="ProviderCredentials",
+            )
+        if isinstance(err, gexc.Forbidden):
             return ProviderError(
                 f"{text} (docs/nodeimage-gcp.md lists the permissions kustos needs)",
                 reason="ProviderAccessDenied",
@@ -203,12 +214,14 @@ def map_error(err: Exception, action: str) -> ProviderError:
         return ProviderError(text)
     if isinstance(err, gauth_exceptions.DefaultCredentialsError):
         return ProviderError(
-            f"GCP {action}: no usable credentials ({err}); kustos uses Application Default "
-            "Credentials (GOOGLE_APPLICATION_CREDENTIALS, workload identity, the metadata server)",
+            f"GCP {action}: no usable credentials ({err}); kustos uses {CREDENTIAL_SOURCES}",
             reason="ProviderCredentials",
         )
     if isinstance(err, gauth_exceptions.GoogleAuthError):
-        return ProviderError(f"GCP {action}: {err}", reason="ProviderCredentials")
+        return ProviderError(
+            f"GCP {action}: the credential could not get a token ({err}); kustos uses {CREDENTIAL_SOURCES}",
+            reason="ProviderCredentials",
+        )
     return ProviderError(f"GCP {action}: {type(err).__name__}: {err}", reason="ProviderUnreachable")
 
 
@@ -233,17 +246,15 @@ class GcpOptions:
 
     project: str
     endpoint: str | None = None
-    anonymous: bool = False  # no credentials (a local fake of the API)
     role_label: str = ROLE_LABEL
     cluster: str | None = None
     cache_seconds: float = DEFAULT_CACHE_SECONDS
 
-    KEYS = ("project", "endpoint", "credentials", "role_label", "cluster", "cache_seconds")
+    KEYS = ("project", "endpoint", "role_label", "cluster", "cache_seconds")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> GcpOptions:
         """``project`` (required), ``endpoint`` (another Compute API root, e.g. a local one),
-        ``credentials`` (``default``: Application Default Credentials, or ``anonymous``),
         ``role-label``, ``cluster`` (only templates labelled ``kustos-cluster=<cluster>``),
         ``cache-seconds`` (default 2; 0 turns the read cache off)."""
         values = {key.replace("-", "_"): value for key, value in options.items()}
@@ -256,9 +267,6 @@ class GcpOptions:
                 raise ValueError(f"GCP cloud option {key.replace('_', '-')} is empty")
         if "project" not in values:
             raise ValueError("GCP cloud provider: give --cloud-option project=<project id>")
-        credentials = values.get("credentials", "default")
-        if credentials not in ("default", "anonymous"):
-            raise ValueError(f"GCP cloud option credentials: {credentials!r} is not default or anonymous")
         try:
             cache_seconds = float(values.get("cache_seconds", DEFAULT_CACHE_SECONDS))
         except ValueError:
@@ -270,7 +278,6 @@ class GcpOptions:
         return cls(
             project=values["project"],
             endpoint=values.get("endpoint"),
-            anonymous=credentials == "anonymous",
             role_label=values.get("role_label", ROLE_LABEL),
             cluster=values.get("cluster"),
             cache_seconds=cache_seconds,
@@ -290,16 +297,19 @@ class GcpClients:
     global_operations: compute_v1.GlobalOperationsClient
 
     @classmethod
-    def create(cls, endpoint: str | None, anonymous: bool) -> GcpClients:
+    def create(cls, endpoint: str | None) -> GcpClients:
+        """Credentials: google-auth's Application Default Credentials (``google.auth.default``,
+        as each client would find them; docs/nodeimage-gcp.md), found once and shared, so
+        one token serves every client."""
         load_sdk()
+        import google.auth
         from google.api_core.client_options import ClientOptions
-        from google.auth import credentials as gauth_credentials
+        from google.cloud.compute_v1.services.instances.transports.base import InstancesTransport
 
-        kwargs: dict[str, Any] = {"transport": "rest"}
+        credentials, _ = google.auth.default(default_scopes=InstancesTransport.AUTH_SCOPES)
+        kwargs: dict[str, Any] = {"transport": "rest", "credentials": credentials}
         if endpoint:
             kwargs["client_options"] = ClientOptions(api_endpoint=endpoint)
-        if anonymous:
-            kwargs["credentials"] = gauth_credentials.AnonymousCredentials()  # type: ignore[no-untyped-call]
         return cls(
             zonal=compute_v1.InstanceGroupManagersClient(**kwargs),
             regional=compute_v1.RegionInstanceGroupManagersClient(**kwargs),
@@ -744,9 +754,7 @@ class GcpProvider:
                 if self._clients is None:
                     options = self.options
                     try:
-                        self._clients = await asyncio.to_thread(
-                            GcpClients.create, options.endpoint, options.anonymous
-                        )
+                        self._clients = await asyncio.to_thread(GcpClients.create, options.endpoint)
                     except Exception as err:
                         raise map_error(err, "creating the Compute API clients") from err
         try:
