@@ -242,9 +242,7 @@ def workload_identity(
     token_file.write_text(token)
     for key, value in fake.credential_environment(CLIENT, token_file).items():
         monkeypatch.setenv(key, value)
-    options = fake.options(**{"cache-seconds": "0"})
-    del options["token-file"]
-    return AzureProvider.from_options(options)
+    return AzureProvider.from_options(fake.options(token_file=False, **{"cache-seconds": "0"}))
 
 
 async def test_workload_identity_gets_a_token_from_entra_id_and_arm_takes_it(

@@ -116,15 +116,25 @@ async def test_zonal_and_regional_groups_are_found_by_their_template_labels(fake
     assert zones == {"us-central1-a", "us-central1-b"}  # a regional group spreads over zones
 
 
-async def test_a_new_image_is_a_cloned_template_and_a_retry_makes_no_second(fake: GcpFake) -> None:
-    group = fake.add_group("workers", "worker", OLD, 1, region="us-central1")
+@pytest.mark.parametrize("regional_template", [False, True], ids=["global-template", "regional-template"])
+async def test_a_new_image_is_a_cloned_template_and_a_retry_makes_no_second(
+    fake: GcpFake, regional_template: bool
+) -> None:
+    group = fake.add_group(
+        "workers", "worker", OLD, 1, region="us-central1", regional_template=regional_template
+    )
     await provider_for(fake).set_image(group, NEW)
+    # The clone is where its source is: a regional template serves its own region's groups only.
+    where = "regions/us-central1" if regional_template else "global"
+    assert fake.group(group).template.startswith(
+        f"projects/{fake.project}/{where}/instanceTemplates/workers-tpl-k"
+    )
     templates = set(fake.templates)
     await provider_for(fake).set_image(group, NEW)  # a restarted operator asks again
     assert set(fake.templates) == templates and len(templates) == 2
     [current] = [g for g in await provider_for(fake).groups() if g.group_id == group]
     assert current.image == NEW
-    clone = fake.templates[fake.group(group).template.rpartition("/")[2]]
+    clone = fake.templates[fake.group(group).template.split(f"projects/{fake.project}/", 1)[1]]
     assert clone["properties"]["labels"] == {"kustos-role": "worker"}  # the rest is the source's
     assert clone["properties"]["machineType"] == "e2-standard-4"
     # Running instances keep their image; new ones get the new one.

@@ -154,11 +154,12 @@ class AzureFake:
     def token_file(self) -> Path:
         return self.directory / "token"
 
-    def options(self, **extra: str) -> dict[str, str]:
-        """``--cloud-option`` values for the provider against this fake (with ``token-file``;
-        ``credential_environment`` is the other way in)."""
+    def options(self, *, token_file: bool = True, **extra: str) -> dict[str, str]:
+        """``--cloud-option`` values for the provider against this fake: with ``token-file``,
+        or without, for DefaultAzureCredential (``credential_environment``)."""
+        token = {"token-file": str(self.token_file)} if token_file else {}
         return {
-            "subscription": self.subscription, "endpoint": self.api.url, "token-file": str(self.token_file),
+            "subscription": self.subscription, "endpoint": self.api.url, **token,
             "ca-bundle": str(self.ca_file), "poll-seconds": "0.05", **extra,
         }  # fmt: skip
 

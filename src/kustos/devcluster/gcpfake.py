@@ -1,7 +1,7 @@
 """A local fake of the part of GCP's Compute API the GCP provider uses (dev tool, F-NODE-6).
 
-Managed instance groups (zonal and regional), global instance templates, instances and
-operations, served as JSON over HTTP on loopback with the URIs and field names of
+Managed instance groups (zonal and regional), global and regional instance templates,
+instances and operations, served as JSON over HTTP on loopback with the URIs and field names of
 ``compute/v1`` (each route is one of the SDK's own URI templates; a unit test checks that).
 The provider reaches it through ``google-cloud-compute``'s REST transport with the
 ``endpoint`` option; nothing in kustos is faked.
@@ -170,11 +170,14 @@ class GcpFake:
     def rel(self, path: str) -> str:
         return f"projects/{self.project}/{path}"
 
-    def add_template(self, name: str, image: str, labels: dict[str, str]) -> str:
+    def add_template(self, name: str, image: str, labels: dict[str, str], region: str | None = None) -> str:
+        """An instance template (regional when ``region`` is given); its relative name."""
+        where = _template_path(name, region)
+        regional = {"region": ROOT + self.rel(f"regions/{region}")} if region else {}
         with self.api.lock:
-            self.templates[name] = {
+            self.templates[where] = {
                 "name": name, "id": str(next(self._ids)), "kind": "compute#instanceTemplate",
-                "selfLink": ROOT + self.rel(f"global/instanceTemplates/{name}"),
+                "selfLink": ROOT + self.rel(where), **regional,
                 "properties": {
                     "machineType": "e2-standard-4", "labels": labels,
                     "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT",
@@ -182,14 +185,18 @@ class GcpFake:
                     "networkInterfaces": [{"network": ROOT + self.rel("global/networks/default")}],
                 },
             }  # fmt: skip
-        return self.rel(f"global/instanceTemplates/{name}")
+        return self.rel(where)
 
     def add_group(
         self, name: str, role: str, image: str, size: int, *, region: str | None = None,
-        zone: str = "us-central1-a", labels: dict[str, str] | None = None,
+        zone: str = "us-central1-a", labels: dict[str, str] | None = None, regional_template: bool = False,
     ) -> str:  # fmt: skip
-        """A MIG (regional when ``region`` is given) with ``size`` running instances; its id."""
-        template = self.add_template(f"{name}-tpl", image, {"kustos-role": role, **(labels or {})})
+        """A MIG (regional when ``region`` is given) with ``size`` running instances; its id.
+        ``regional_template``: its template is a regional one, in the group's region."""
+        template = self.add_template(
+            f"{name}-tpl", image, {"kustos-role": role, **(labels or {})},
+            region=(region or zone.rsplit("-", 1)[0]) if regional_template else None,
+        )  # fmt: skip
         scope, location = ("regions", region) if region else ("zones", zone)
         manager = FakeManager(scope, location, name, template, 0, name)
         with self.api.lock:
@@ -215,7 +222,7 @@ class GcpFake:
             return [i for i in self.instances.values() if i.group == path]
 
     def image_of(self, template: str) -> str:
-        disks = self.templates[template.rpartition("/")[2]]["properties"]["disks"]
+        disks = self.templates[self._where(template)]["properties"]["disks"]
         return str(disks[0]["initializeParams"]["sourceImage"]).split("/compute/v1/", 1)[-1]
 
     # -- for tests: the identities a user set up ---------------------------------------------
@@ -413,6 +420,10 @@ class GcpFake:
                   self._get_template),
             Route("post", V1 + "/global/instanceTemplates", "instanceTemplates.insert",
                   self._insert_template),
+            Route("get", V1 + "/regions/{region}/instanceTemplates/{instance_template}",
+                  "regionInstanceTemplates.get", self._get_template),
+            Route("post", V1 + "/regions/{region}/instanceTemplates", "regionInstanceTemplates.insert",
+                  self._insert_template),
             Route("get", V1 + "/global/operations/{operation}", "globalOperations.get", self._get_operation),
             Route("get", V1 + "/zones/{zone}/instances/{instance}", "instances.get", self._get_instance),
         ]  # fmt: skip
@@ -507,31 +518,46 @@ class GcpFake:
         return Reply(200, self._operation("compute.instanceGroupManagers.deleteInstances", self.rel(m.path),
                                           f"{m.scope}/{m.location}"))  # fmt: skip
 
+    def _where(self, template: str) -> str:
+        """A template's key: its name relative to the project (``global/...``, ``regions/...``)."""
+        return template.split("/compute/v1/", 1)[-1].split(f"projects/{self.project}/", 1)[-1]
+
     def _set_template(self, m: FakeManager, query: dict[str, list[str]], body: Any) -> Reply:
         template = (body or {}).get("instanceTemplate", "").split("/compute/v1/", 1)[-1]
-        if template.rpartition("/")[2] not in self.templates:
+        where = self._where(template)
+        if where not in self.templates:
             raise not_found(template)
+        region = m.location if m.scope == "regions" else m.location.rsplit("-", 1)[0]
+        if where.startswith("regions/") and where.split("/")[1] != region:
+            raise ApiError(400, gce_error(400, "invalid", (
+                f"Regional instance template {template} must be in the group's region "
+                f"{region}.")))  # fmt: skip
         m.template = template
         return Reply(200, self._operation("compute.instanceGroupManagers.setInstanceTemplate",
                                           self.rel(m.path), f"{m.scope}/{m.location}"))  # fmt: skip
 
     def _get_template(self, params: dict[str, str], query: dict[str, list[str]], body: Any) -> Reply:
         self._project(params)
-        template = self.templates.get(params["instance_template"])
+        where = _template_path(params["instance_template"], params.get("region"))
+        template = self.templates.get(where)
         if template is None:
-            raise not_found(self.rel(f"global/instanceTemplates/{params['instance_template']}"))
+            raise not_found(self.rel(where))
         return Reply(200, copy.deepcopy(template))
 
     def _insert_template(self, params: dict[str, str], query: dict[str, list[str]], body: Any) -> Reply:
         self._project(params)
-        name = str(body["name"])
-        if name in self.templates:
-            raise ApiError(409, gce_error(409, "alreadyExists", f"The resource '{name}' already exists"))
+        name, region = str(body["name"]), params.get("region")
+        where = _template_path(name, region)
+        if where in self.templates:
+            raise ApiError(
+                409, gce_error(409, "alreadyExists", f"The resource '{self.rel(where)}' already exists")
+            )
         template = {**body, "kind": "compute#instanceTemplate", "id": str(next(self._ids)),
-                    "selfLink": ROOT + self.rel(f"global/instanceTemplates/{name}")}  # fmt: skip
-        self.templates[name] = template
-        return Reply(200, self._operation("compute.instanceTemplates.insert",
-                                          self.rel(f"global/instanceTemplates/{name}")))  # fmt: skip
+                    "selfLink": ROOT + self.rel(where),
+                    **({"region": ROOT + self.rel(f"regions/{region}")} if region else {})}  # fmt: skip
+        self.templates[where] = template
+        kind = "compute.regionInstanceTemplates.insert" if region else "compute.instanceTemplates.insert"
+        return Reply(200, self._operation(kind, self.rel(where), f"regions/{region}" if region else "global"))
 
     def _get_operation(self, params: dict[str, str], query: dict[str, list[str]], body: Any) -> Reply:
         self._project(params)
@@ -554,6 +580,10 @@ class GcpFake:
             "metadata": {"items": [{"key": "created-by", "value": instance.group},
                                    {"key": "instance-template", "value": instance.template}]},
         })  # fmt: skip
+
+
+def _template_path(name: str, region: str | None) -> str:
+    return f"regions/{region}/instanceTemplates/{name}" if region else f"global/instanceTemplates/{name}"
 
 
 def _write_private(path: Path, info: dict[str, Any]) -> Path:
