@@ -338,7 +338,8 @@ async def test_a_refused_credential_is_named_on_the_node_image_and_the_rollout_g
         calls = "entra.token"
 
         def set_up() -> None:  # az identity federated-credential create --issuer ... --subject ...
-            azure.federate(AZURE_CLIENT, *cluster_issuer(dev_cluster), OPERATOR_ACCOUNT.subject)
+            issuer, keys = cluster_issuer(dev_cluster)
+            azure.federate(AZURE_CLIENT, issuer, OPERATOR_ACCOUNT.subject, keys)
 
     fake: GcpFake | AzureFake = cloud.fake  # type: ignore[attr-defined]
     name = kubectl.namespace

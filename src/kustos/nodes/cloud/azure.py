@@ -75,9 +75,12 @@ log = logging.getLogger(__name__)
 
 def load_sdk() -> None:
     """Import azure-mgmt-compute: ~120 MiB and seconds of CPU, so once, in a worker thread, at
-    the provider's first call; ``kustos run`` serves its probes meanwhile."""
+    the provider's first call; ``kustos run`` serves its probes meanwhile. azure-core logs
+    every request and response at INFO: kept to warnings, the failures kustos reports itself."""
     global az
     from azure.mgmt.compute import models as az
+
+    logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
 
 
 T = TypeVar("T")
