@@ -297,3 +297,25 @@ async def test_arm_refuses_a_token_it_did_not_issue_or_that_expired(fake: AzureF
     with pytest.raises(ProviderError, match="InvalidAuthenticationToken") as invalid:
         await AzureProvider.from_options(fake.options(**{"token-file": str(forged)})).instances(group)
     assert invalid.value.reason == "ProviderCredentials"
+
+
+def test_a_client_secret_gets_a_token_arm_takes_as_msal_asks_for_it(fake: AzureFake) -> None:
+    """What EnvironmentCredential builds from AZURE_CLIENT_SECRET, against the fake's token
+    endpoint. Not through DefaultAzureCredential: MSAL first checks an authority host it
+    does not know with login.microsoftonline.com, which only a user's own switch skips."""
+    from azure.core.exceptions import ClientAuthenticationError
+    from azure.identity import ClientSecretCredential
+
+    fake.add_app(CLIENT, secret="s3cret")
+    group = fake.add_scale_set("workers", "worker", image(fake, OLD), 1)
+
+    def credential(secret: str) -> ClientSecretCredential:
+        return ClientSecretCredential(
+            fake.tenant, CLIENT, secret, authority=fake.api.url, disable_instance_discovery=True,
+            connection_verify=str(fake.ca_file),
+        )  # fmt: skip
+
+    token = credential("s3cret").get_token("https://management.azure.com/.default").token
+    assert fake.api.handle("get", group, b"", {"Authorization": f"Bearer {token}"}).status == 200
+    with pytest.raises(ClientAuthenticationError, match="AADSTS7000215: Invalid client secret"):
+        credential("wrong").get_token("https://management.azure.com/.default")

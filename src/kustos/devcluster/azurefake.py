@@ -13,7 +13,8 @@ It is its own Entra ID too, so azure-identity's ``DefaultAzureCredential`` runs 
 against it with ``AZURE_AUTHORITY_HOST`` pointing here: ``/<tenant>/oauth2/v2.0/token``
 takes the client credentials grant with a client secret or, as AKS workload identity
 sends it, a client assertion (a Kubernetes service account token, checked against the
-federated credential's issuer keys, subject and audience). It answers as Entra ID does
+federated credential's issuer keys, subject and audience; workload identity's credential
+posts there directly, a client secret's MSAL reads the tenant's OpenID configuration first). It answers as Entra ID does
 (``AADSTS...`` errors), and ARM then serves only the bearer tokens it issued: 401
 ``InvalidAuthenticationToken`` or ``ExpiredAuthenticationToken`` otherwise.
 
@@ -276,6 +277,7 @@ class AzureFake:
         return [
             # Entra ID (not ARM): where azure-identity asks for tokens under AZURE_AUTHORITY_HOST.
             Route("post", "/{tenant}/oauth2/v2.0/token", "entra.token", self._token, public=True),
+            # MSAL's tenant discovery (a client secret or certificate), not workload identity's.
             Route("get", "/{tenant}/v2.0/.well-known/openid-configuration", "entra.openidConfiguration",
                   self._openid_configuration, public=True),
             Route("get", API + "/providers/Microsoft.Compute/virtualMachineScaleSets",
