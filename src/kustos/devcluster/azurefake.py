@@ -14,9 +14,10 @@ against it with ``AZURE_AUTHORITY_HOST`` pointing here: ``/<tenant>/oauth2/v2.0/
 takes the client credentials grant with a client secret or, as AKS workload identity
 sends it, a client assertion (a Kubernetes service account token, checked against the
 federated credential's issuer keys, subject and audience; workload identity's credential
-posts there directly, a client secret's MSAL reads the tenant's OpenID configuration first). It answers as Entra ID does
-(``AADSTS...`` errors), and ARM then serves only the bearer tokens it issued: 401
-``InvalidAuthenticationToken`` or ``ExpiredAuthenticationToken`` otherwise.
+posts there directly, a client secret's MSAL reads the tenant's OpenID configuration
+first). It answers as Entra ID does (``AADSTS...`` errors), and ARM then serves only the
+bearer tokens it issued: 401 ``InvalidAuthenticationToken`` or ``ExpiredAuthenticationToken``
+otherwise.
 
 Kept as Azure has it: a capacity increase lists the new VM at once (``Creating``, no power
 state) and it runs ``boot_seconds`` later; a deleted VM is ``Deleting`` for
