@@ -216,6 +216,7 @@ async def test_every_node_replaced_within_every_budget_and_no_write_lost(
         }))  # fmt: skip
 
         async def done() -> bool:
+            assert process.alive(), f"the operator exited:\n{process.log()[-3000:]}"  # fail now, not at 900 s
             cluster = await api.get(ETCDCLUSTERS, kubectl.namespace, "e") or {}
             if (cluster.get("status") or {}).get("members"):
                 writer.update(cluster["status"])  # the writer follows the members to new nodes
