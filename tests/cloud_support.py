@@ -5,12 +5,19 @@ A harness makes groups as a user would (through the cloud's own API, never throu
 provider under test), gives a fresh provider for every call (a restarted operator has
 nothing in memory), says how the cloud refuses, and runs the bridge that makes the
 cloud's instances Nodes (kwok's provider makes Nodes itself).
+
+GCP and Azure authenticate as a user's operator would, through the SDKs' own credential
+chains configured by environment and files (``environment``, in force while a harness is
+used, and given to the operator process): Application Default Credentials and
+DefaultAzureCredential against the fakes' token endpoints, with the dev cluster as the
+OIDC issuer of the workload identity tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -22,9 +29,11 @@ import yaml
 
 from kustos.devcluster.awsbridge import BRIDGE_LABEL as AWS_BRIDGE_LABEL
 from kustos.devcluster.awsbridge import AwsBridge
-from kustos.devcluster.azurefake import AzureFake
+from kustos.devcluster.azurefake import FEDERATION_AUDIENCE, AzureFake
 from kustos.devcluster.cloudbridge import BRIDGE_LABEL, CloudBridge
-from kustos.devcluster.gcpfake import GcpFake, gce_error
+from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.fakeidentity import jwks_keys
+from kustos.devcluster.gcpfake import GcpFake, PoolProvider, gce_error
 from kustos.nodes.cloud.kwok import GROUP_LABEL, MANAGED_LABEL, KwokProvider
 from kustos.runtime.api import Api
 from kustos.runtime.cloud import CloudProvider, Role
@@ -56,6 +65,7 @@ class Cloud:
     can_hold_launches: bool = True
     throttle_retry_after: float = 0.0
     pod_cidr_prefix: str | None = None  # bridge Nodes get pod ranges of the dev cluster's network
+    environment: dict[str, str] = field(default_factory=dict)  # the credentials, for provider and operator
 
     @property
     def old(self) -> str:
@@ -94,10 +104,20 @@ class Cloud:
     def node_selector(self) -> str:
         return f"{BRIDGE_LABEL}=true"
 
+    def options(self) -> dict[str, str]:
+        """``--cloud-option`` values of the operator's provider."""
+        raise NotImplementedError
+
     @contextlib.asynccontextmanager
     async def bridged(self) -> AsyncIterator[None]:
-        """The bridge from the cloud's instances to Nodes while the block runs; its Nodes
-        removed afterwards."""
+        """The bridge from the cloud's instances to Nodes while the block runs (with the
+        harness's credential environment in force); its Nodes removed afterwards."""
+        with mock.patch.dict(os.environ, self.environment):
+            async with self._bridged():
+                yield
+
+    @contextlib.asynccontextmanager
+    async def _bridged(self) -> AsyncIterator[None]:
         stop = asyncio.Event()
         task = asyncio.create_task(self._bridge(stop))
         try:
@@ -295,7 +315,7 @@ class GcpCloud(Cloud):
     throttle_retry_after: float = 7.0
 
     def options(self) -> dict[str, str]:
-        return {"project": self.fake.project, "endpoint": self.fake.api.url, "credentials": "anonymous"}
+        return {"project": self.fake.project, "endpoint": self.fake.api.url}
 
     def provider(self) -> CloudProvider:
         from kustos.nodes.cloud.gcp import GcpProvider
@@ -304,8 +324,16 @@ class GcpCloud(Cloud):
 
     async def make_group(self, suffix: str, role: Role, size: int) -> str:
         label = "control-plane" if role == Role.CONTROL_PLANE else "worker"
-        region = "us-central1" if role == Role.WORKER else None  # one regional, one zonal
-        group_id = self.fake.add_group(f"{self.prefix}-{suffix}", label, self.old, size, region=region)
+        # One of each: a zonal group on a global template, a regional one on a regional template.
+        region = "us-central1" if role == Role.WORKER else None
+        group_id = self.fake.add_group(
+            f"{self.prefix}-{suffix}",
+            label,
+            self.old,
+            size,
+            region=region,
+            regional_template=region is not None,
+        )
         self.groups.append(group_id)
         return group_id
 
@@ -347,10 +375,13 @@ class AzureCloud(Cloud):
     def new(self) -> str:
         return NEW["azure"].format(s=self.fake.subscription)
 
+    def options(self) -> dict[str, str]:
+        return self.fake.options(token_file=False)
+
     def provider(self) -> CloudProvider:
         from kustos.nodes.cloud.azure import AzureProvider
 
-        return AzureProvider.from_options(self.fake.options(**{"cache-seconds": "0"}))
+        return AzureProvider.from_options({**self.options(), "cache-seconds": "0"})
 
     async def make_group(self, suffix: str, role: Role, size: int) -> str:
         label = "control-plane" if role == Role.CONTROL_PLANE else "worker"
@@ -387,13 +418,94 @@ class AzureCloud(Cloud):
         return self.fake.image_updates
 
 
+# ---- credentials: the dev cluster as the OIDC issuer of workload identity tokens -----------
+
+AZURE_CLIENT = "6f1c0de2-0000-4000-8000-00000000c0de"
+
+
+@dataclass(frozen=True)
+class ServiceAccount:
+    namespace: str
+    name: str
+
+    @property
+    def subject(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.name}"
+
+
+OPERATOR_ACCOUNT = ServiceAccount("kustos-system", "kustos")  # the chart's
+
+
+def projected_token(cluster: DevCluster, account: ServiceAccount, audience: str, path: Path) -> Path:
+    """The token kubelet projects into a pod of ``account`` for ``audience`` (as AKS workload
+    identity's webhook and GCP's credential configuration ask for), from the TokenRequest API."""
+    token = cluster.kubectl(
+        "create", "token", account.name, "-n", account.namespace, "--audience", audience, "--duration", "3h"
+    ).strip()
+    path.write_text(token)
+    return path
+
+
+def cluster_issuer(cluster: DevCluster) -> tuple[str, dict[str, Any]]:
+    """The dev cluster's service account issuer and signing keys, as its discovery documents
+    publish them (what a federated credential or pool provider is made to trust)."""
+    issuer = json.loads(cluster.kubectl("get", "--raw", "/.well-known/openid-configuration"))["issuer"]
+    return str(issuer), jwks_keys(json.loads(cluster.kubectl("get", "--raw", "/openid/v1/jwks")))
+
+
+def azure_workload_identity(
+    fake: AzureFake, cluster: DevCluster, account: ServiceAccount, directory: Path, *, federate: bool = True
+) -> dict[str, str]:
+    """AKS workload identity for ``account``: a federated credential of the app for the
+    cluster's issuer (unless ``federate`` is false: a user who has not made it yet), its
+    projected token, and the environment the webhook gives the pod."""
+    if federate:
+        issuer, keys = cluster_issuer(cluster)
+        fake.federate(AZURE_CLIENT, issuer, account.subject, keys)
+    else:
+        fake.add_app(AZURE_CLIENT)
+    directory.mkdir(parents=True, exist_ok=True)
+    token = projected_token(cluster, account, FEDERATION_AUDIENCE, directory / "azure-identity-token")
+    return fake.credential_environment(AZURE_CLIENT, token)
+
+
+def gcp_workload_identity(
+    fake: GcpFake, cluster: DevCluster, account: ServiceAccount, directory: Path, *, bind: bool = True
+) -> tuple[dict[str, str], PoolProvider]:
+    """Workload identity federation for ``account``: a pool provider trusting the cluster's
+    issuer, the account's principal given a role (unless ``bind`` is false), its projected
+    token and the credential configuration as Application Default Credentials."""
+    issuer, keys = cluster_issuer(cluster)
+    pool = fake.add_pool_provider(
+        "kubernetes", "dev-cluster", issuer, keys, {account.subject} if bind else set()
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    token = projected_token(cluster, account, pool.allowed_audience, directory / "gcp-token")
+    adc = fake.external_account_file(directory / "credential-configuration.json", pool, token)
+    return {"GOOGLE_APPLICATION_CREDENTIALS": str(adc), "GOOGLE_CLOUD_PROJECT": fake.project}, pool
+
+
+def gcp_service_account_key(fake: GcpFake, directory: Path) -> dict[str, str]:
+    """A service account key file as Application Default Credentials."""
+    directory.mkdir(parents=True, exist_ok=True)
+    adc = fake.service_account_key(directory / "service-account-key.json")
+    return {"GOOGLE_APPLICATION_CREDENTIALS": str(adc), "GOOGLE_CLOUD_PROJECT": fake.project}
+
+
 __all__ = [
+    "AZURE_CLIENT",
     "NEW",
     "OLD",
+    "OPERATOR_ACCOUNT",
     "AwsCloud",
     "AzureCloud",
     "Cloud",
     "GcpCloud",
     "KwokCloud",
+    "ServiceAccount",
+    "azure_workload_identity",
+    "cluster_issuer",
+    "gcp_service_account_key",
+    "gcp_workload_identity",
     "moto_with_ami_validation",
 ]

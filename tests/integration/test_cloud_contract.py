@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
+from kustos.devcluster.azurefake import AzureFake
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.gcpfake import GcpFake
 from kustos.nodes.cloud import CancelsCreates
 from kustos.runtime import objects
 from kustos.runtime.api import Api
@@ -31,7 +34,17 @@ from kustos.runtime.kube import connect, load_config
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.resources import NODES
 from tests.aws_support import MotoServer
-from tests.cloud_support import AwsCloud, AzureCloud, Cloud, GcpCloud, KwokCloud, moto_with_ami_validation
+from tests.cloud_support import (
+    AwsCloud,
+    AzureCloud,
+    Cloud,
+    GcpCloud,
+    KwokCloud,
+    ServiceAccount,
+    azure_workload_identity,
+    gcp_service_account_key,
+    moto_with_ami_validation,
+)
 from tests.integration.kube import wait_until
 
 pytestmark = pytest.mark.integration
@@ -49,9 +62,6 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
 @pytest.fixture(scope="module")
 def fakes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
     """The GCP and Azure fakes, one each for the module (every test names its own groups)."""
-    from kustos.devcluster.azurefake import AzureFake
-    from kustos.devcluster.gcpfake import GcpFake
-
     gcp, azure = GcpFake(), AzureFake()
     gcp.api.start()
     azure.start(tmp_path_factory.mktemp("azure"))
@@ -70,8 +80,11 @@ async def api(dev_cluster: DevCluster) -> AsyncIterator[Api]:
 @pytest.fixture(params=CLOUDS)
 async def cloud(
     request: pytest.FixtureRequest, api: Api, dev_cluster: DevCluster, namespace: str, moto: MotoServer,
-    fakes: dict[str, object],
+    fakes: dict[str, object], tmp_path: Path,
 ) -> AsyncIterator[Cloud]:  # fmt: skip
+    """Every cloud as its users reach it; GCP with a service account key file as Application
+    Default Credentials, Azure with workload identity (the dev cluster's token for the
+    ``default`` ServiceAccount, federated), both through the SDKs' credential chains."""
     name: str = request.param
     prefix = namespace[-20:].strip("-")
     made: Cloud
@@ -82,9 +95,12 @@ async def cloud(
         moto.reset()
         made = AwsCloud(name, api, prefix, moto=moto)
     elif name == "gcp":
-        made = GcpCloud(name, api, prefix, fake=fakes["gcp"])  # type: ignore[arg-type]
+        gcp: GcpFake = fakes["gcp"]  # type: ignore[assignment]
+        made = GcpCloud(name, api, prefix, fake=gcp, environment=gcp_service_account_key(gcp, tmp_path))
     else:
-        made = AzureCloud(name, api, prefix, fake=fakes["azure"])  # type: ignore[arg-type]
+        azure: AzureFake = fakes["azure"]  # type: ignore[assignment]
+        identity = azure_workload_identity(azure, dev_cluster, ServiceAccount("default", "default"), tmp_path)
+        made = AzureCloud(name, api, prefix, fake=azure, environment=identity)
     async with made.bridged():
         yield made
     if isinstance(made, KwokCloud):

@@ -6,6 +6,13 @@ workloads with PodDisruptionBudgets and a kustos EtcdCluster (real etcd) with a 
 0 PDB violations, etcd never below quorum, no acknowledged write lost, no node unavailable
 beyond maxUnavailable, no more instances than maxSurge allows: as test_nodeimage.py proves on
 kwok and test_nodeimage_aws.py on AWS.
+
+The operator authenticates as it would on GKE or AKS with workload identity: its
+ServiceAccount's projected token (from the dev cluster, the OIDC issuer) exchanged through
+the SDKs' own credential chains (google-auth's Application Default Credentials with a
+workload identity federation file; azure-identity's DefaultAzureCredential with
+AZURE_FEDERATED_TOKEN_FILE) at the fakes' token endpoints. A credential the cloud refuses
+shows on the NodeImage, and the rollout goes on once the identity is set up.
 """
 
 from __future__ import annotations
@@ -34,12 +41,23 @@ from kustos.runtime.kube import connect, load_config
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.refs import ResourceRef
 from kustos.runtime.resources import NODES
-from tests.cloud_support import AzureCloud, Cloud, GcpCloud
+from tests.cloud_support import (
+    AZURE_CLIENT,
+    OPERATOR_ACCOUNT,
+    AzureCloud,
+    Cloud,
+    GcpCloud,
+    ServiceAccount,
+    azure_workload_identity,
+    cluster_issuer,
+    gcp_service_account_key,
+    gcp_workload_identity,
+)
 from tests.integration import test_nodeimage_aws as aws_e2e
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
 from tests.integration.kube import budget_breach, wait_until
-from tests.integration.operator import start_chart_operator
+from tests.integration.operator import chart_identity, start_chart_operator
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +83,17 @@ async def cloud(
     octets = str(dev_cluster.network.cidr.network_address).split(".")
     pods = f"{octets[0]}.{octets[1]}"
     made: Cloud
+    chart_identity(dev_cluster)  # the chart's ServiceAccount, whose tokens the operator presents
     if request.param == "gcp":
         gcp = GcpFake(boot_seconds=1.0, delete_seconds=1.0)
         gcp.api.start()
-        made = GcpCloud("gcp", api, "e2e", fake=gcp, pod_cidr_prefix=pods)
+        identity, _ = gcp_workload_identity(gcp, dev_cluster, OPERATOR_ACCOUNT, tmp_path / "identity")
+        made = GcpCloud("gcp", api, "e2e", fake=gcp, pod_cidr_prefix=pods, environment=identity)
     else:
         azure = AzureFake(boot_seconds=1.0, delete_seconds=1.0)
         azure.start(tmp_path / "azure")
-        made = AzureCloud("azure", api, "e2e", fake=azure, pod_cidr_prefix=pods)
+        identity = azure_workload_identity(azure, dev_cluster, OPERATOR_ACCOUNT, tmp_path / "identity")
+        made = AzureCloud("azure", api, "e2e", fake=azure, pod_cidr_prefix=pods, environment=identity)
     try:
         async with made.bridged():
             yield made
@@ -81,8 +102,7 @@ async def cloud(
 
 
 def operator_options(cloud: Cloud) -> list[str]:
-    options = cloud.options() if isinstance(cloud, GcpCloud) else cloud.fake.options()  # type: ignore[attr-defined]
-    return [arg for key, value in options.items() for arg in ("--cloud-option", f"{key}={value}")]
+    return [arg for key, value in cloud.options().items() for arg in ("--cloud-option", f"{key}={value}")]
 
 
 def workload(name: str, replicas: int, min_available: int) -> list[dict[str, Any]]:
@@ -181,7 +201,7 @@ async def test_every_node_replaced_within_every_budget_and_no_write_lost(
     watcher, stop = Watcher(cloud, kubectl.namespace, groups), asyncio.Event()
     process = start_chart_operator(
         dev_cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
-        "--cloud-provider", cloud.name, *operator_options(cloud),
+        "--cloud-provider", cloud.name, *operator_options(cloud), env=cloud.environment,
     )  # fmt: skip
     try:
         status = await wait_healthy(kubectl, "e", 3, timeout=180)
@@ -196,6 +216,8 @@ async def test_every_node_replaced_within_every_budget_and_no_write_lost(
         }))  # fmt: skip
 
         async def done() -> bool:
+            if not process.alive():
+                return True  # fails just below, now rather than at the timeout
             cluster = await api.get(ETCDCLUSTERS, kubectl.namespace, "e") or {}
             if (cluster.get("status") or {}).get("members"):
                 writer.update(cluster["status"])  # the writer follows the members to new nodes
@@ -205,13 +227,13 @@ async def test_every_node_replaced_within_every_budget_and_no_write_lost(
 
         try:
             await wait_until(done, "every node replaced", timeout=900, interval=1)
+            assert process.alive(), f"the operator exited:\n{process.log()[-3000:]}"
         except AssertionError as err:
             raise AssertionError(f"{err}\noperator log (tail):\n{process.log()[-6000:]}") from None
         finally:
             stop.set()
             await task
             await writer.stop()
-        assert process.alive(), process.log()[-3000:]
         status = await wait_healthy(kubectl, "e", 3, timeout=120)
         lost = await writer.missing(status["members"][0]["clientUrl"])
         image = json.loads(dev_cluster.kubectl("get", "nodeimage", name, "-o", "json"))
@@ -245,7 +267,7 @@ async def test_a_creation_that_never_shows_up_is_taken_back_at_its_join_deadline
     the PendingNode controller takes the creation back, and the next heir is asked afresh."""
     fake = GcpFake(boot_seconds=0.5, delete_seconds=0.5)
     fake.api.start()
-    cloud = GcpCloud("gcp", api, "held", fake=fake)
+    cloud = GcpCloud("gcp", api, "held", fake=fake, environment=gcp_service_account_key(fake, tmp_path))
     name = kubectl.namespace
     workers = await cloud.make_group("w", Role.WORKER, 1)
     async with cloud.bridged():
@@ -254,7 +276,7 @@ async def test_a_creation_that_never_shows_up_is_taken_back_at_its_join_deadline
             fake.hold_creations = True
             process = start_chart_operator(
                 dev_cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
-                "--cloud-provider", "gcp", *operator_options(cloud),
+                "--cloud-provider", "gcp", *operator_options(cloud), env=cloud.environment,
             )  # fmt: skip
             try:
                 dev_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump({
@@ -274,6 +296,115 @@ async def test_a_creation_that_never_shows_up_is_taken_back_at_its_join_deadline
                 process.stop()
             # Never more than the one creation outstanding at a time.
             assert max(size for group, size in fake.resizes if group == workers) == 2
+        finally:
+            fake.api.stop()
+            aws_e2e.remove_rollout_objects(dev_cluster, name, (workers,))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("provider", ["gcp", "azure"])
+async def test_a_refused_credential_is_named_on_the_node_image_and_the_rollout_goes_on_once_it_is_set_up(
+    provider: str, api: Api, dev_cluster: DevCluster, kubectl: Kubectl, crds: None, tmp_path: Path
+) -> None:
+    """The operator's identity is not trusted yet (GCP: its principal has no role on the
+    project; Azure: the app has no federated credential for its ServiceAccount): the
+    NodeImage says so (Degraded, ProviderCredentials, the cloud's own words, and a Warning
+    Event), the operator keeps running and backs off; once the user sets the identity up,
+    the rollout goes on with nothing restarted. The bridge meanwhile uses an identity of its own."""
+    chart_identity(dev_cluster)
+    cloud: Cloud
+    if provider == "gcp":
+        gcp = GcpFake(boot_seconds=0.5, delete_seconds=0.5)
+        gcp.api.start()
+        operator_env, pool = gcp_workload_identity(
+            gcp, dev_cluster, OPERATOR_ACCOUNT, tmp_path / "op", bind=False
+        )
+        cloud = GcpCloud("gcp", api, "creds", fake=gcp, environment=gcp_service_account_key(gcp, tmp_path))
+        refusal = f"subject/{OPERATOR_ACCOUNT.subject} has no role"
+        calls = "oauth.token"
+
+        def set_up() -> None:
+            with gcp.api.lock:
+                pool.subjects.add(OPERATOR_ACCOUNT.subject)  # gcloud projects add-iam-policy-binding
+    else:
+        azure = AzureFake(boot_seconds=0.5, delete_seconds=0.5)
+        azure.start(tmp_path / "azure")
+        bridge_env = azure_workload_identity(
+            azure, dev_cluster, ServiceAccount("default", "default"), tmp_path
+        )
+        operator_env = azure_workload_identity(
+            azure, dev_cluster, OPERATOR_ACCOUNT, tmp_path / "op", federate=False
+        )
+        cloud = AzureCloud("azure", api, "creds", fake=azure, environment=bridge_env)
+        refusal = "AADSTS70021: No matching federated identity record found"
+        calls = "entra.token"
+
+        def set_up() -> None:  # az identity federated-credential create --issuer ... --subject ...
+            issuer, keys = cluster_issuer(dev_cluster)
+            azure.federate(AZURE_CLIENT, issuer, OPERATOR_ACCOUNT.subject, keys)
+
+    fake: GcpFake | AzureFake = cloud.fake  # type: ignore[attr-defined]
+    name = kubectl.namespace
+    workers = await cloud.make_group("w", Role.WORKER, 1)
+    async with cloud.bridged():
+        [old] = [i.provider_id for i in await cloud.provider().instances(workers)]
+        try:
+            await wait_until(lambda: nodes_of(cloud, 1), "the group's node", timeout=60)
+            process = start_chart_operator(
+                dev_cluster, tmp_path / "operator", "--namespace", kubectl.namespace,
+                "--cloud-provider", provider, *operator_options(cloud), env=operator_env,
+            )  # fmt: skip
+            try:
+                dev_cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump({
+                    "apiVersion": "kustos.dev/v1alpha1", "kind": "NodeImage", "metadata": {"name": name},
+                    "spec": {"image": cloud.new, "joinTimeout": "60s", "etcd": {"enabled": False}},
+                }))  # fmt: skip
+
+                async def refused() -> dict[str, Any] | None:
+                    image = await api.get(NODEIMAGES, None, name) or {}
+                    for c in (image.get("status") or {}).get("conditions") or []:
+                        if c["type"] == "Degraded" and c.get("reason") == "ProviderCredentials":
+                            return dict(c)
+                    return None
+
+                try:
+                    condition = await wait_until(refused, "the refused credential in status", timeout=90)
+                except AssertionError as err:
+                    raise AssertionError(f"{err}\n{process.log()[-4000:]}") from None
+                assert refusal in condition["message"], condition
+                selector = f"involvedObject.name={name},reason=ProviderCredentials"
+                events = json.loads(
+                    dev_cluster.kubectl("get", "events", "-A", "--field-selector", selector, "-o", "json")
+                )["items"]
+                assert events and events[0]["type"] == "Warning", events
+                # Backed off, not spinning: few token requests while it stays refused.
+                before = fake.api.calls.count(calls)
+                await asyncio.sleep(15)
+                attempts = fake.api.calls.count(calls) - before
+                print(f"{provider}: {attempts} token requests in 15 s while refused")
+                assert attempts < 30
+                assert process.alive(), process.log()[-3000:]
+                assert [i.provider_id for i in await cloud.provider().instances(workers)] == [old]
+
+                set_up()
+
+                async def replaced() -> bool:
+                    image = await api.get(NODEIMAGES, None, name) or {}
+                    instances = await cloud.provider().instances(workers)
+                    return (image.get("status") or {}).get("progress") == "1/1" and [
+                        i.image for i in instances] == [cloud.new] and await nodes_of(cloud, 1)  # fmt: skip
+
+                try:
+                    await wait_until(replaced, "the node replaced once the identity was set up", timeout=240)
+                except AssertionError as err:
+                    raise AssertionError(f"{err}\n{process.log()[-4000:]}") from None
+                conditions = {
+                    c["type"]: c for c in (await api.get(NODEIMAGES, None, name))["status"]["conditions"]
+                }
+                assert conditions["Degraded"]["status"] == "False", conditions["Degraded"]
+                assert process.alive()
+            finally:
+                process.stop()
         finally:
             fake.api.stop()
             aws_e2e.remove_rollout_objects(dev_cluster, name, (workers,))

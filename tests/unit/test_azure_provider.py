@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ import pytest
 from azure.mgmt.compute import models as az
 from azure.mgmt.compute.operations import _operations as sdk_operations
 
-from kustos.devcluster.azurefake import AzureFake, arm_error
+from kustos.devcluster.azurefake import FEDERATION_AUDIENCE, AzureFake, arm_error
 from kustos.nodes.cloud.azure import AzureOptions, AzureProvider, VmRef, image_reference
 from kustos.runtime.cloud import CapacityError, InstanceState, NotFound, ProviderError, Role, Throttled
+from tests.identity_support import Issuer
 
 GALLERY = (
     "/subscriptions/{s}/resourceGroups/images/providers/Microsoft.Compute/galleries/os/images/node/versions/"
@@ -77,14 +79,15 @@ def image(fake: AzureFake, version: str) -> str:
 def test_every_route_of_the_fake_but_the_operation_status_is_one_the_sdk_calls() -> None:
     known = sdk_routes()
     for route in AzureFake().api.routes:
-        if route.name != "operations.get":  # the URL Azure-AsyncOperation names
+        # Not ARM's: the URL Azure-AsyncOperation names, and Entra ID's token endpoint and discovery.
+        if route.name != "operations.get" and not route.name.startswith("entra."):
             assert (route.method, route.template) in known, route.template
 
 
 def test_the_fake_answers_in_the_shapes_the_sdk_models_give(fake: AzureFake) -> None:
     uniform = fake.add_scale_set("cp", "control-plane", image(fake, OLD), 1)
     fake.add_scale_set("w", "worker", "Canonical:ubuntu:22_04-lts:1.0", 1, mode="Flexible")
-    headers = {"Authorization": f"Bearer {fake.api.bearer}"}
+    headers = {"Authorization": f"Bearer {fake.token_file.read_text()}"}
     root = f"/subscriptions/{fake.subscription}/resourceGroups/kustos-rg/providers/Microsoft.Compute"
     checks = [
         (f"{uniform}", az.VirtualMachineScaleSet),
@@ -222,3 +225,97 @@ def test_the_subscription_comes_from_the_environment_when_not_given(monkeypatch:
         AzureOptions.parse({})
     monkeypatch.setenv("AZURE_SUBSCRIPTION_ID", "sub-1")
     assert AzureOptions.parse({}).subscription == "sub-1"
+
+
+# ---- credentials: DefaultAzureCredential unchanged, against the fake's Entra ID --------------
+
+SUBJECT = "system:serviceaccount:kustos-system:kustos"
+CLIENT = "11111111-2222-3333-4444-555555555555"
+
+
+def workload_identity(
+    fake: AzureFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, token: str
+) -> AzureProvider:
+    """A provider that has only what AKS workload identity gives a pod: the environment and
+    the projected token file."""
+    token_file = tmp_path / "azure-identity-token"
+    token_file.write_text(token)
+    for key, value in fake.credential_environment(CLIENT, token_file).items():
+        monkeypatch.setenv(key, value)
+    return AzureProvider.from_options(fake.options(token_file=False, **{"cache-seconds": "0"}))
+
+
+async def test_workload_identity_gets_a_token_from_entra_id_and_arm_takes_it(
+    fake: AzureFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    issuer = Issuer()
+    fake.federate(CLIENT, issuer.url, SUBJECT, issuer.key.public_keys())
+    group = fake.add_scale_set("workers", "worker", image(fake, OLD), 1)
+    provider = workload_identity(fake, monkeypatch, tmp_path, issuer.token(SUBJECT, FEDERATION_AUDIENCE))
+    assert [g.group_id for g in await provider.groups()] == [group]
+    await provider.create_instance(group)
+    assert fake.scale_set(group).capacity == 2
+    assert [t.subject for t in fake.tokens.tokens.values()].count(CLIENT) == 1  # one token, reused
+
+
+@pytest.mark.parametrize(
+    ("assertion", "message"),
+    [
+        ("another-subject", "AADSTS70021: No matching federated identity record"),
+        ("expired", "AADSTS700024: Client assertion is not within its valid time range"),
+        ("another-key", "AADSTS50013: Assertion failed signature validation"),
+    ],
+)
+async def test_a_refused_assertion_is_a_credentials_error_naming_entra_ids_answer(
+    fake: AzureFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, assertion: str, message: str
+) -> None:
+    issuer = Issuer()
+    fake.federate(CLIENT, issuer.url, SUBJECT, issuer.key.public_keys())
+    fake.add_scale_set("workers", "worker", image(fake, OLD), 1)
+    token = {
+        "another-subject": lambda: issuer.token("system:serviceaccount:default:other", FEDERATION_AUDIENCE),
+        "expired": lambda: issuer.token(SUBJECT, FEDERATION_AUDIENCE, issued=time.time() - 7200),
+        "another-key": lambda: Issuer(url=issuer.url).token(SUBJECT, FEDERATION_AUDIENCE),
+    }[assertion]()
+    with pytest.raises(ProviderError) as refused:
+        await workload_identity(fake, monkeypatch, tmp_path, token).groups()
+    assert refused.value.reason == "ProviderCredentials"
+    assert message in refused.value.message and "WorkloadIdentityCredential" in refused.value.message
+    assert not fake.tokens.tokens or all(t.subject == "token-file" for t in fake.tokens.tokens.values())
+
+
+async def test_arm_refuses_a_token_it_did_not_issue_or_that_expired(fake: AzureFake, tmp_path: Path) -> None:
+    group = fake.add_scale_set("workers", "worker", image(fake, OLD), 1)
+    assert len(await provider_for(fake).instances(group)) == 1
+    fake.tokens.expire_all()
+    with pytest.raises(ProviderError) as expired:
+        await provider_for(fake).instances(group)
+    assert expired.value.reason == "ProviderCredentials"
+    assert "ExpiredAuthenticationToken" in expired.value.message
+    forged = tmp_path / "forged"
+    forged.write_text("fake.not-issued-here")
+    with pytest.raises(ProviderError, match="InvalidAuthenticationToken") as invalid:
+        await AzureProvider.from_options(fake.options(**{"token-file": str(forged)})).instances(group)
+    assert invalid.value.reason == "ProviderCredentials"
+
+
+def test_a_client_secret_gets_a_token_arm_takes_as_msal_asks_for_it(fake: AzureFake) -> None:
+    """What EnvironmentCredential builds from AZURE_CLIENT_SECRET, against the fake's token
+    endpoint. Not through DefaultAzureCredential: MSAL first checks an authority host it
+    does not know with login.microsoftonline.com, which only a user's own switch skips."""
+    from azure.core.exceptions import ClientAuthenticationError
+    from azure.identity import ClientSecretCredential
+
+    fake.add_app(CLIENT, secret="s3cret")
+    group = fake.add_scale_set("workers", "worker", image(fake, OLD), 1)
+
+    def credential(secret: str) -> ClientSecretCredential:
+        return ClientSecretCredential(
+            fake.tenant, CLIENT, secret, authority=fake.api.url, disable_instance_discovery=True,
+            connection_verify=str(fake.ca_file),
+        )  # fmt: skip
+
+    token = credential("s3cret").get_token("https://management.azure.com/.default").token
+    assert fake.api.handle("get", group, b"", {"Authorization": f"Bearer {token}"}).status == 200
+    with pytest.raises(ClientAuthenticationError, match="AADSTS7000215: Invalid client secret"):
+        credential("wrong").get_token("https://management.azure.com/.default")

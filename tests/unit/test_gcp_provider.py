@@ -7,13 +7,16 @@ the provider is tested against the API's shapes, not against the fake's inventio
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from google.cloud import compute_v1
 
-from kustos.devcluster.gcpfake import ROOT, GcpFake, gce_error
+from kustos.devcluster.gcpfake import COMPUTE_AUDIENCE, ROOT, GcpFake, gce_error
 from kustos.nodes.cloud.gcp import (
     GcpOptions,
     GcpProvider,
@@ -22,6 +25,7 @@ from kustos.nodes.cloud.gcp import (
     template_name_for,
 )
 from kustos.runtime.cloud import CapacityError, InstanceState, ProviderError, Role, Throttled
+from tests.identity_support import Issuer
 
 OLD = "projects/images/global/images/os-v1"
 NEW = "projects/images/global/images/os-v2"
@@ -48,43 +52,48 @@ def sdk_routes() -> set[tuple[str, str]]:
 
 
 @pytest.fixture
-def fake() -> Iterator[GcpFake]:
+def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[GcpFake]:
+    """The fake, and Application Default Credentials for it: a service account key file."""
     fake = GcpFake(boot_seconds=0.0, delete_seconds=0.0)
     fake.api.start()
+    adc = fake.service_account_key(tmp_path / "key.json")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
     yield fake
     fake.api.stop()
 
 
 def provider_for(fake: GcpFake) -> GcpProvider:
     """A new provider, as a restarted operator has."""
-    return GcpProvider.from_options(
-        {"project": fake.project, "endpoint": fake.api.url, "credentials": "anonymous", "cache-seconds": "0"}
-    )
+    return GcpProvider.from_options({"project": fake.project, "endpoint": fake.api.url, "cache-seconds": "0"})
 
 
 def test_every_route_of_the_fake_is_one_the_sdk_calls() -> None:
     fake = GcpFake()
     known = sdk_routes()
     for route in fake.api.routes:
-        assert (route.method, route.template) in known, route.template
+        if route.name != "oauth.token":  # the credential files' token URI, not the Compute API
+            assert (route.method, route.template) in known, route.template
 
 
 def test_the_fake_answers_in_the_shapes_the_api_description_gives(fake: GcpFake) -> None:
     """Unknown fields are refused: every field the fake sends is one the API has."""
     fake.add_group("w", "worker", OLD, 1)
     zone = f"/compute/v1/projects/{fake.project}/zones/us-central1-a"
-    manager = fake.api.handle("get", f"{zone}/instanceGroupManagers/w", b"").body
+    headers = {"Authorization": f"Bearer {fake.tokens.issue('test', COMPUTE_AUDIENCE)[0]}"}
+    manager = fake.api.handle("get", f"{zone}/instanceGroupManagers/w", b"", headers).body
     compute_v1.InstanceGroupManager.from_json(_json(manager), ignore_unknown_fields=False)
-    listed = fake.api.handle("post", f"{zone}/instanceGroupManagers/w/listManagedInstances", b"").body
+    listed = fake.api.handle(
+        "post", f"{zone}/instanceGroupManagers/w/listManagedInstances", b"", headers
+    ).body
     compute_v1.InstanceGroupManagersListManagedInstancesResponse.from_json(
         _json(listed), ignore_unknown_fields=False
     )
     template = fake.api.handle(
-        "get", f"/compute/v1/projects/{fake.project}/global/instanceTemplates/w-tpl", b""
+        "get", f"/compute/v1/projects/{fake.project}/global/instanceTemplates/w-tpl", b"", headers
     ).body
     compute_v1.InstanceTemplate.from_json(_json(template), ignore_unknown_fields=False)
     name = listed["managedInstances"][0]["name"]
-    instance = fake.api.handle("get", f"{zone}/instances/{name}", b"").body
+    instance = fake.api.handle("get", f"{zone}/instances/{name}", b"", headers).body
     compute_v1.Instance.from_json(_json(instance), ignore_unknown_fields=False)
 
 
@@ -107,15 +116,25 @@ async def test_zonal_and_regional_groups_are_found_by_their_template_labels(fake
     assert zones == {"us-central1-a", "us-central1-b"}  # a regional group spreads over zones
 
 
-async def test_a_new_image_is_a_cloned_template_and_a_retry_makes_no_second(fake: GcpFake) -> None:
-    group = fake.add_group("workers", "worker", OLD, 1, region="us-central1")
+@pytest.mark.parametrize("regional_template", [False, True], ids=["global-template", "regional-template"])
+async def test_a_new_image_is_a_cloned_template_and_a_retry_makes_no_second(
+    fake: GcpFake, regional_template: bool
+) -> None:
+    group = fake.add_group(
+        "workers", "worker", OLD, 1, region="us-central1", regional_template=regional_template
+    )
     await provider_for(fake).set_image(group, NEW)
+    # The clone is where its source is: a regional template serves its own region's groups only.
+    where = "regions/us-central1" if regional_template else "global"
+    assert fake.group(group).template.startswith(
+        f"projects/{fake.project}/{where}/instanceTemplates/workers-tpl-k"
+    )
     templates = set(fake.templates)
     await provider_for(fake).set_image(group, NEW)  # a restarted operator asks again
     assert set(fake.templates) == templates and len(templates) == 2
     [current] = [g for g in await provider_for(fake).groups() if g.group_id == group]
     assert current.image == NEW
-    clone = fake.templates[fake.group(group).template.rpartition("/")[2]]
+    clone = fake.templates[fake.group(group).template.split(f"projects/{fake.project}/", 1)[1]]
     assert clone["properties"]["labels"] == {"kustos-role": "worker"}  # the rest is the source's
     assert clone["properties"]["machineType"] == "e2-standard-4"
     # Running instances keep their image; new ones get the new one.
@@ -213,7 +232,7 @@ def test_provider_ids_and_group_ids_are_parsed_or_refused_by_name() -> None:
     [
         ({}, "project=<project id>"),
         ({"project": "p", "zone": "z"}, "unknown GCP cloud option"),
-        ({"project": "p", "credentials": "file"}, "credentials"),
+        ({"project": "p", "credentials": "anonymous"}, "unknown GCP cloud option"),
         ({"project": "p", "cache-seconds": "x"}, "cache-seconds"),
         ({"project": ""}, "project is empty"),
     ],
@@ -244,3 +263,60 @@ async def test_an_instance_of_another_group_is_never_deleted(fake: GcpFake) -> N
     with pytest.raises(ProviderError) as refused:
         await provider_for(fake).delete_instance(workers, stranger.provider_id)
     assert refused.value.reason == "ProviderWrongGroup" and fake.group(other).target_size == 1
+
+
+# ---- credentials: Application Default Credentials unchanged, against the fake ----------------
+
+SUBJECT = "system:serviceaccount:kustos-system:kustos"
+
+
+async def groups_with(fake: GcpFake, monkeypatch: pytest.MonkeyPatch, adc: Path) -> list[str]:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", fake.project)
+    return [g.group_id for g in await provider_for(fake).groups()]
+
+
+async def test_a_deleted_service_account_key_is_a_credentials_error(
+    fake: GcpFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    group = fake.add_group("w", "worker", OLD, 1)
+    adc = fake.service_account_key(tmp_path / "other-key.json")
+    assert await groups_with(fake, monkeypatch, adc) == [group]
+    fake.delete_key(json.loads(adc.read_text())["private_key_id"])
+    with pytest.raises(ProviderError) as refused:
+        await provider_for(fake).groups()
+    assert refused.value.reason == "ProviderCredentials"
+    assert "UNAUTHENTICATED" in refused.value.message or "401" in refused.value.message
+    assert "does not exist (deleted?)" in refused.value.message
+
+
+async def test_workload_identity_federation_exchanges_a_kubernetes_token_at_sts(
+    fake: GcpFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cluster = Issuer()
+    pool = fake.add_pool_provider("kubernetes", "cluster", cluster.url, cluster.key.public_keys(), {SUBJECT})
+    group = fake.add_group("w", "worker", OLD, 1)
+    token = tmp_path / "token"
+    token.write_text(cluster.token(SUBJECT, pool.allowed_audience))
+    adc = fake.external_account_file(tmp_path / "adc.json", pool, token)
+    assert await groups_with(fake, monkeypatch, adc) == [group]
+    assert [t.subject for t in fake.tokens.tokens.values()] == [SUBJECT]  # one exchange, shared
+    # Another service account's token: STS refuses it, and the error says so.
+    token.write_text(cluster.token("system:serviceaccount:default:other", pool.allowed_audience))
+    with pytest.raises(ProviderError) as refused:
+        await provider_for(fake).groups()
+    assert refused.value.reason == "ProviderCredentials"
+    assert "subject/system:serviceaccount:default:other has no role" in refused.value.message
+    token.write_text(cluster.token(SUBJECT, pool.allowed_audience, issued=time.time() - 7200))
+    with pytest.raises(ProviderError, match="The subject token is invalid: expired"):
+        await provider_for(fake).groups()
+
+
+async def test_no_credentials_at_all_are_named(
+    fake: GcpFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with pytest.raises(ProviderError, match=r"missing\.json") as refused:
+        await provider_for(fake).groups()
+    assert refused.value.reason == "ProviderCredentials"
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in refused.value.message

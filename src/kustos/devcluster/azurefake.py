@@ -7,7 +7,17 @@ with the routes and field names of ``Microsoft.Compute`` (each route is one of t
 URL templates; a unit test checks that). HTTPS because azure-core's bearer token policy
 refuses to send a token over plain HTTP: the fake makes a private CA and a certificate for
 127.0.0.1 (``ServingCertificate.self_signed``), and the provider trusts it through its
-``ca-bundle`` option. Requests without the fake's bearer token are answered 401.
+``ca-bundle`` option (the credential, through ``REQUESTS_CA_BUNDLE``).
+
+It is its own Entra ID too, so azure-identity's ``DefaultAzureCredential`` runs unchanged
+against it with ``AZURE_AUTHORITY_HOST`` pointing here: ``/<tenant>/oauth2/v2.0/token``
+takes the client credentials grant with a client secret or, as AKS workload identity
+sends it, a client assertion (a Kubernetes service account token, checked against the
+federated credential's issuer keys, subject and audience; workload identity's credential
+posts there directly, a client secret's MSAL reads the tenant's OpenID configuration
+first). It answers as Entra ID does (``AADSTS...`` errors), and ARM then serves only the
+bearer tokens it issued: 401 ``InvalidAuthenticationToken`` or ``ExpiredAuthenticationToken``
+otherwise.
 
 Kept as Azure has it: a capacity increase lists the new VM at once (``Creating``, no power
 state) and it runs ``boot_seconds`` later; a deleted VM is ``Deleting`` for
@@ -27,17 +37,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric import rsa
+
 from kustos.devcluster.fakeapi import ApiError, FakeApi, Reply, Route
+from kustos.devcluster.fakeidentity import InvalidToken, TokenIssuer, bearer, jwt_parts, verify_jwt
 from kustos.runtime.webhook import ServingCertificate
 
 API = "/subscriptions/{subscriptionId}"
 RG = API + "/resourceGroups/{resourceGroupName}/providers/Microsoft.Compute"
 LOCATION = "westeurope"
-TOKEN = "kustos-fake-token"
+TENANT = "00000000-0000-0000-0000-00000000a11d"
+# What AKS workload identity's webhook projects the service account token for.
+FEDERATION_AUDIENCE = "api://AzureADTokenExchange"
+ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+ARM_AUDIENCES = ("https://management.azure.com", "https://management.core.windows.net")
 
 
 def arm_error(status: int, code: str, message: str) -> ApiError:
     return ApiError(status, {"error": {"code": code, "message": message}})
+
+
+def entra_error(status: int, error: str, code: int, description: str) -> ApiError:
+    """A token endpoint refusal as Entra ID words it (azure-identity shows ``error_description``)."""
+    return ApiError(status, {
+        "error": error, "error_description": f"AADSTS{code}: {description}", "error_codes": [code],
+        "timestamp": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+    })  # fmt: skip
 
 
 @dataclass
@@ -50,6 +75,25 @@ class FakeVm:
     provisioning: str = "Creating"
     power: str = ""
     gone_at: float | None = None
+
+
+@dataclass
+class FederatedCredential:
+    """An app's trust of another issuer's tokens (Entra ID's federated identity credential)."""
+
+    issuer: str
+    subject: str
+    keys: dict[str, rsa.RSAPublicKey]  # the issuer's signing keys, by key id
+    audience: str = FEDERATION_AUDIENCE
+
+
+@dataclass
+class FakeApp:
+    """An app registration (a service principal) of the fake's tenant."""
+
+    client_id: str
+    secret: str | None = None
+    federated: list[FederatedCredential] = field(default_factory=list)
 
 
 @dataclass
@@ -82,12 +126,16 @@ class AzureFake:
         self.image_updates = 0  # model updates that changed a set's image
         self._held: list[FakeScaleSet] = []
         self._ids = itertools.count(1)
+        self.tenant = TENANT
+        self.apps: dict[str, FakeApp] = {}
+        self.tokens = TokenIssuer()
         self.api = FakeApi(self._routes())
-        self.api.bearer = TOKEN
+        self.api.authorize = self._authorize
         self.certificate: ServingCertificate | None = None
 
     def start(self, directory: Path) -> str:
-        """Serve HTTPS with a new private CA; writes ``ca.crt`` (for the client) and the token file."""
+        """Serve HTTPS with a new private CA; writes ``ca.crt`` (for the client) and a token
+        file (a token issued to ``token-file``, for the provider's option of that name)."""
         self.certificate = ServingCertificate.self_signed(["localhost"], ["127.0.0.1"], days=2)
         directory.mkdir(parents=True, exist_ok=True)
         cert, key = directory / "tls.crt", directory / "tls.key"
@@ -95,7 +143,8 @@ class AzureFake:
         key.write_bytes(self.certificate.key_pem)
         key.chmod(0o600)
         (directory / "ca.crt").write_bytes(self.certificate.ca_pem)
-        (directory / "token").write_text(TOKEN)
+        token, _ = self.tokens.issue("token-file", ARM_AUDIENCES[0], lifetime=86400.0)
+        (directory / "token").write_text(token)
         self.directory = directory
         return self.api.start(tls=(cert, key))
 
@@ -107,11 +156,37 @@ class AzureFake:
     def token_file(self) -> Path:
         return self.directory / "token"
 
-    def options(self, **extra: str) -> dict[str, str]:
-        """``--cloud-option`` values for the provider against this fake."""
+    def options(self, *, token_file: bool = True, **extra: str) -> dict[str, str]:
+        """``--cloud-option`` values for the provider against this fake: with ``token-file``,
+        or without, for DefaultAzureCredential (``credential_environment``)."""
+        token = {"token-file": str(self.token_file)} if token_file else {}
         return {
-            "subscription": self.subscription, "endpoint": self.api.url, "token-file": str(self.token_file),
+            "subscription": self.subscription, "endpoint": self.api.url, **token,
             "ca-bundle": str(self.ca_file), "poll-seconds": "0.05", **extra,
+        }  # fmt: skip
+
+    # -- for tests: the identities a user set up ---------------------------------------------
+
+    def add_app(self, client_id: str, *, secret: str | None = None) -> FakeApp:
+        with self.api.lock:
+            app = self.apps.setdefault(client_id, FakeApp(client_id))
+            app.secret = secret or app.secret
+            return app
+
+    def federate(self, client_id: str, issuer: str, subject: str, keys: dict[str, rsa.RSAPublicKey]) -> None:
+        """The app trusts ``issuer``'s tokens for ``subject`` (as ``az identity federated-credential
+        create --issuer <cluster's OIDC issuer> --subject system:serviceaccount:<ns>:<sa>``)."""
+        app = self.add_app(client_id)
+        with self.api.lock:
+            app.federated.append(FederatedCredential(issuer, subject, keys))
+
+    def credential_environment(self, client_id: str, token_file: Path) -> dict[str, str]:
+        """The environment AKS workload identity gives a pod (its webhook sets these), plus the
+        fake as authority host and its CA as the one requests trusts."""
+        return {
+            "AZURE_CLIENT_ID": client_id, "AZURE_TENANT_ID": self.tenant,
+            "AZURE_FEDERATED_TOKEN_FILE": str(token_file), "AZURE_AUTHORITY_HOST": self.api.url,
+            "AZURE_SUBSCRIPTION_ID": self.subscription, "REQUESTS_CA_BUNDLE": str(self.ca_file),
         }  # fmt: skip
 
     # -- for tests: the world as a user made it ----------------------------------------------
@@ -201,6 +276,11 @@ class AzureFake:
     def _routes(self) -> list[Route]:
         sets = RG + "/virtualMachineScaleSets/{vmScaleSetName}"
         return [
+            # Entra ID (not ARM): where azure-identity asks for tokens under AZURE_AUTHORITY_HOST.
+            Route("post", "/{tenant}/oauth2/v2.0/token", "entra.token", self._token, public=True),
+            # MSAL's tenant discovery (a client secret or certificate), not workload identity's.
+            Route("get", "/{tenant}/v2.0/.well-known/openid-configuration", "entra.openidConfiguration",
+                  self._openid_configuration, public=True),
             Route("get", API + "/providers/Microsoft.Compute/virtualMachineScaleSets",
                   "virtualMachineScaleSets.listAll", self._list_sets),
             Route("get", RG + "/virtualMachineScaleSets", "virtualMachineScaleSets.list", self._list_sets),
@@ -218,6 +298,98 @@ class AzureFake:
             Route("get", API + "/providers/Microsoft.Compute/locations/{location}/operations/{operationId}",
                   "operations.get", self._get_operation),
         ]  # fmt: skip
+
+    # -- Entra ID ---------------------------------------------------------------------------
+
+    def _openid_configuration(self, params: dict[str, str], query: dict[str, list[str]], body: Any) -> Reply:
+        base = f"{self.api.url}/{params['tenant']}"
+        return Reply(200, {
+            "token_endpoint": f"{base}/oauth2/v2.0/token",
+            "authorization_endpoint": f"{base}/oauth2/v2.0/authorize",
+            "issuer": f"{base}/v2.0", "jwks_uri": f"{base}/discovery/v2.0/keys",
+            "token_endpoint_auth_methods_supported": ["client_secret_post", "private_key_jwt"],
+        })  # fmt: skip
+
+    def _token(self, params: dict[str, str], query: dict[str, list[str]], body: Any) -> Reply:
+        form = body if isinstance(body, dict) else {}
+        if params["tenant"] != self.tenant:
+            raise entra_error(400, "invalid_request", 90002, f"Tenant '{params['tenant']}' not found.")
+        if form.get("grant_type") != "client_credentials":
+            raise entra_error(
+                400, "unsupported_grant_type", 70003, "The app requested an unsupported grant type."
+            )
+        client_id = str(form.get("client_id", ""))
+        app = self.apps.get(client_id)
+        if app is None:
+            raise entra_error(400, "unauthorized_client", 700016, (
+                f"Application with identifier '{client_id}' was not found in the directory "
+                f"'{self.tenant}'."))  # fmt: skip
+        scope = str(form.get("scope", ""))
+        audience = scope.removesuffix("/.default").rstrip("/")
+        if form.get("client_assertion_type") == ASSERTION_TYPE:
+            self._check_assertion(app, str(form.get("client_assertion", "")))
+        elif form.get("client_secret") is not None:
+            if app.secret is None or form["client_secret"] != app.secret:
+                raise entra_error(401, "invalid_client", 7000215, (
+                    "Invalid client secret provided. Ensure the secret being sent in the request is the "
+                    "client secret value, not the client secret ID, for a secret added to app "
+                    f"'{client_id}'."))  # fmt: skip
+        else:
+            raise entra_error(400, "invalid_request", 900144, "The request body must contain the following "
+                              "parameter: 'client_assertion' or 'client_secret'.")  # fmt: skip
+        token, lifetime = self.tokens.issue(client_id, audience)
+        return Reply(200, {"token_type": "Bearer", "expires_in": lifetime, "ext_expires_in": lifetime,
+                           "access_token": token})  # fmt: skip
+
+    def _check_assertion(self, app: FakeApp, assertion: str) -> None:
+        """Entra ID's check of a federated assertion: a credential of the app whose issuer,
+        subject and audience it names, signed by that issuer and not expired."""
+        try:
+            _, claims = jwt_parts(assertion)
+        except InvalidToken as err:
+            raise entra_error(
+                400, "invalid_client", 50027, f"JWT token is invalid or malformed: {err}."
+            ) from None
+        audiences = claims.get("aud") or []
+        audiences = [audiences] if isinstance(audiences, str) else list(audiences)
+        found = [f for f in app.federated if f.issuer == claims.get("iss") and f.subject == claims.get("sub")
+                 and f.audience in audiences]  # fmt: skip
+        if not found:
+            raise entra_error(400, "invalid_request", 70021, (
+                "No matching federated identity record found for presented assertion. Assertion Issuer: "
+                f"'{claims.get('iss')}'. Assertion Subject: '{claims.get('sub')}'. Assertion Audience: "
+                f"'{','.join(audiences)}'."))  # fmt: skip
+        try:
+            verify_jwt(assertion, found[0].keys)
+        except InvalidToken as err:
+            code, text = (700024, "Client assertion is not within its valid time range") if "expired" in str(
+                err) else (50013, "Assertion failed signature validation")  # fmt: skip
+            raise entra_error(400, "invalid_client", code, f"{text}: {err}.") from None
+
+    def _authorize(self, headers: dict[str, str] | Any) -> Reply | None:
+        """ARM's check of a request's bearer token: one this tenant issued for ARM, not expired."""
+        token = bearer(headers)
+        if token is None:
+            code, message = (
+                "AuthenticationFailed",
+                "Authentication failed. The 'Authorization' header is missing.",
+            )
+        else:
+            try:
+                issued = self.tokens.check(token)
+            except InvalidToken as err:
+                expired = "expired" in str(err)
+                code = "ExpiredAuthenticationToken" if expired else "InvalidAuthenticationToken"
+                message = ("The access token expiry UTC time is earlier than current UTC time." if expired
+                           else "The access token is invalid.")  # fmt: skip
+            else:
+                if issued.audience.rstrip("/") in ARM_AUDIENCES:
+                    return None
+                code, message = "InvalidAuthenticationTokenAudience", (
+                    "The access token has been obtained for wrong audience or resource "
+                    f"'{issued.audience}'.")  # fmt: skip
+        challenge = f'Bearer authorization_uri="{self.api.url}/{self.tenant}", error="invalid_token"'
+        return Reply(401, {"error": {"code": code, "message": message}}, {"WWW-Authenticate": challenge})
 
     def _subscription(self, params: dict[str, str]) -> None:
         if params["subscriptionId"] != self.subscription:
@@ -407,4 +579,4 @@ def _base36(number: int) -> str:
             return text
 
 
-__all__ = ["TOKEN", "AzureFake", "arm_error"]
+__all__ = ["FEDERATION_AUDIENCE", "TENANT", "AzureFake", "arm_error", "entra_error"]

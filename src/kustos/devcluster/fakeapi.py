@@ -51,6 +51,7 @@ class Route:
     template: str  # "/compute/v1/projects/{project}/zones/{zone}/..."
     name: str  # the API method, e.g. "instanceGroupManagers.resize": what faults name
     handler: Handler
+    public: bool = False  # served without credentials (a token endpoint, discovery documents)
 
     def match(self, method: str, path: str) -> dict[str, str] | None:
         if method != self.method:
@@ -78,8 +79,9 @@ class FakeApi:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.scheme = "http"
-        # When set, a request without ``Authorization: Bearer <bearer>`` is answered 401.
-        self.bearer: str | None = None
+        # When set, asked about every request to a route that is not public: the reply that
+        # refuses its credentials (401), or None to serve it.
+        self.authorize: Callable[[Mapping[str, str]], Reply | None] | None = None
 
     def fail(
         self, name: str, status: int, body: Any, times: int = 1, headers: Mapping[str, str] | None = None
@@ -89,8 +91,7 @@ class FakeApi:
             self.faults.append(Fault(name, Reply(status, body, dict(headers or {})), times))
 
     def handle(self, method: str, url: str, body: bytes, headers: Mapping[str, str] | None = None) -> Reply:
-        if self.bearer is not None and (headers or {}).get("Authorization") != f"Bearer {self.bearer}":
-            return Reply(401, {"error": {"code": "AuthenticationFailed", "message": "no valid bearer token"}})
+        headers = headers or {}
         parts = urlsplit(url)
         query = parse_qs(parts.query)
         for route in self.routes:
@@ -98,14 +99,17 @@ class FakeApi:
             if params is None:
                 continue
             with self.lock:
+                if not route.public and self.authorize is not None:
+                    refused = self.authorize(headers)
+                    if refused is not None:
+                        return refused
                 self.calls.append(route.name)
                 for fault in self.faults:
                     if fault.name == route.name and fault.times > 0:
                         fault.times -= 1
                         return fault.reply
                 try:
-                    payload = json.loads(body) if body else None
-                    return route.handler(params, query, payload)
+                    return route.handler(params, query, _payload(body, headers))
                 except ApiError as err:
                     return err.reply
         return Reply(404, {"error": {"code": 404, "message": f"no route for {method.upper()} {parts.path}"}})
@@ -168,6 +172,17 @@ class FakeApi:
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
+
+
+def _payload(body: bytes, headers: Mapping[str, str]) -> Any:
+    """A request's body: JSON, or a form (``application/x-www-form-urlencoded``, as OAuth
+    token endpoints take) as a dict of its first values."""
+    if not body:
+        return None
+    kind = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+    if kind.startswith("application/x-www-form-urlencoded"):
+        return {key: values[0] for key, values in parse_qs(body.decode()).items()}
+    return json.loads(body)
 
 
 __all__ = ["ApiError", "FakeApi", "Fault", "Reply", "Route"]

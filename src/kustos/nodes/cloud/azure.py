@@ -75,9 +75,12 @@ log = logging.getLogger(__name__)
 
 def load_sdk() -> None:
     """Import azure-mgmt-compute: ~120 MiB and seconds of CPU, so once, in a worker thread, at
-    the provider's first call; ``kustos run`` serves its probes meanwhile."""
+    the provider's first call; ``kustos run`` serves its probes meanwhile. azure-core logs
+    every request and response at INFO: kept to warnings, the failures kustos reports itself."""
     global az
     from azure.mgmt.compute import models as az
+
+    logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
 
 
 T = TypeVar("T")
@@ -91,6 +94,10 @@ DEFAULT_POLL_SECONDS = 2.0
 THROTTLE_RETRY_AFTER = 5.0
 OPERATION_TIMEOUT = 180.0
 SCALE_SETS = "/providers/microsoft.compute/virtualmachinescalesets/"
+CREDENTIAL_SOURCES = (
+    "AZURE_TENANT_ID and AZURE_CLIENT_ID with AZURE_CLIENT_SECRET, a certificate or workload identity's "
+    "AZURE_FEDERATED_TOKEN_FILE, or a managed identity"
+)
 
 CAPACITY_CODES = frozenset(
     {
@@ -257,7 +264,7 @@ def map_error(err: Exception, action: str) -> ProviderError:
     if isinstance(err, ClientAuthenticationError) and err.status_code not in (401, 403):
         return ProviderError(
             f"Azure {action}: no usable credentials ({err.message}); kustos uses DefaultAzureCredential "
-            "(AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET, workload identity, managed identity)",
+            f"({CREDENTIAL_SOURCES}; docs/nodeimage-azure.md)",
             reason="ProviderCredentials",
         )
     if isinstance(err, HttpResponseError):
@@ -270,7 +277,13 @@ def map_error(err: Exception, action: str) -> ProviderError:
             return CapacityError(text)
         if isinstance(err, ResourceNotFoundError) or err.status_code == 404:
             return NotFound(text)
-        if err.status_code in (401, 403):
+        if err.status_code == 401:
+            return ProviderError(
+                f"{text}: Resource Manager refused the credential's token (DefaultAzureCredential: "
+                f"{CREDENTIAL_SOURCES}; docs/nodeimage-azure.md)",
+                reason="ProviderCredentials",
+            )
+        if err.status_code == 403:
             return ProviderError(
                 f"{text} (docs/nodeimage-azure.md lists the permissions kustos needs)",
                 reason="ProviderAccessDenied",

@@ -6,11 +6,11 @@ operator we replace wrote it in ``ScalingGroup.spec.groupId``. The MIGs kustos m
 those whose instance template carries the role label (``kustos-role``: ``control-plane`` or
 ``worker``; GCP label keys allow no ``/``) and, when a cluster is given, ``kustos-cluster``.
 
-- **Image**: the boot disk's ``sourceImage`` of the group's instance template, as
-  ``projects/<p>/global/images/<name>``. A new image is a new template: the current one
-  cloned with only the image replaced (its name derived from both, so a retried call finds
-  the template made the first time), then set on the group (``setInstanceTemplate``, which
-  changes no running instance).
+- **Image**: the boot disk's ``sourceImage`` of the group's instance template (global or
+  regional), as ``projects/<p>/global/images/<name>``. A new image is a new template: the
+  current one cloned (in its region, when regional) with only the image replaced (its name
+  derived from both, so a retried call finds the template made the first time), then set on
+  the group (``setInstanceTemplate``, which changes no running instance).
 - **Create**: the group is resized by one; the MIG names and creates the instance, which
   ``listManagedInstances`` shows at once (``CREATING``). As on AWS, no second resize while a
   launch is outstanding, and a creation the MIG keeps failing (quota, no resources in the
@@ -24,7 +24,7 @@ those whose instance template carries the role label (``kustos-role``: ``control
 
 Calls made, so docs/nodeimage-gcp.md can list the permissions: compute.instanceGroupManagers
 .list/.get/.update (resize, deleteInstances, setInstanceTemplate, listManagedInstances),
-compute.instanceTemplates.get/.create (and .useReadOnly), compute.instances.get,
+compute.instanceTemplates.get/.create (and .useReadOnly; regional templates too), compute.instances.get,
 compute.zoneOperations.get, compute.regionOperations.get, compute.globalOperations.get.
 """
 
@@ -85,6 +85,7 @@ CREATED_BY_KEY = "created-by"
 TEMPLATE_KEY = "instance-template"
 MIG_GROUP = re.compile(r"projects/([^/]+)/(zones|regions)/([^/]+)/instanceGroupManagers/([^/]+)$")
 TEMPLATE_SUFFIX = re.compile(r"-k[0-9a-f]{10}$")
+TEMPLATE = re.compile(r"^projects/([^/]+)/(?:global|regions/([^/]+))/instanceTemplates/([^/]+)$")
 
 THROTTLING_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})
 CAPACITY_REASONS = frozenset(
@@ -107,6 +108,11 @@ GCE_STATES = {
     "SUSPENDED": InstanceState.STOPPED,
 }
 LEAVING_ACTIONS = frozenset({"DELETING", "ABANDONING"})
+CREDENTIAL_SOURCES = (
+    "Application Default Credentials: the file GOOGLE_APPLICATION_CREDENTIALS names (a service account key, "
+    "a workload identity federation configuration), gcloud's application default login, or the metadata "
+    "server (GKE workload identity)"
+)
 
 
 def parse_role(value: str) -> Role | None:
@@ -168,6 +174,34 @@ class GroupRef:
         return f"projects/{self.project}/{self.scope}/{self.location}/instanceGroupManagers/{self.name}"
 
 
+@dataclass(frozen=True)
+class TemplateRef:
+    """An instance template: global (``projects/<p>/global/instanceTemplates/<n>``) or
+    regional (``projects/<p>/regions/<r>/instanceTemplates/<n>``, usable by the groups of
+    its region only, so its clone is made in the same region)."""
+
+    project: str
+    region: str | None
+    name: str
+
+    @classmethod
+    def parse(cls, url: str) -> TemplateRef:
+        match = TEMPLATE.search(relative(url))
+        if match is None:
+            raise ProviderError(
+                f"instance template {url!r} is neither global nor regional "
+                "(want projects/<p>/global|regions/<r>/instanceTemplates/<name>)",
+                reason="ProviderUnsupportedGroup",
+            )
+        project, region, name = match.groups()
+        return cls(project, region, name)
+
+    @property
+    def path(self) -> str:
+        where = f"regions/{self.region}" if self.region else "global"
+        return f"projects/{self.project}/{where}/instanceTemplates/{self.name}"
+
+
 def _reasons(err: gexc.GoogleAPICallError) -> set[str]:
     found = {str(e.get("reason", "")) for e in (err.errors or []) if isinstance(e, Mapping)}
     if err.reason:
@@ -195,7 +229,13 @@ def map_error(err: Exception, action: str) -> ProviderError:
             return CapacityError(text)
         if isinstance(err, gexc.NotFound):
             return NotFound(text)
-        if isinstance(err, gexc.Forbidden | gexc.Unauthorized):
+        if isinstance(err, gexc.Unauthorized):
+            return ProviderError(
+                f"{text}: the Compute API refused the credential ({CREDENTIAL_SOURCES}; "
+                "docs/nodeimage-gcp.md)",
+                reason="ProviderCredentials",
+            )
+        if isinstance(err, gexc.Forbidden):
             return ProviderError(
                 f"{text} (docs/nodeimage-gcp.md lists the permissions kustos needs)",
                 reason="ProviderAccessDenied",
@@ -203,12 +243,14 @@ def map_error(err: Exception, action: str) -> ProviderError:
         return ProviderError(text)
     if isinstance(err, gauth_exceptions.DefaultCredentialsError):
         return ProviderError(
-            f"GCP {action}: no usable credentials ({err}); kustos uses Application Default "
-            "Credentials (GOOGLE_APPLICATION_CREDENTIALS, workload identity, the metadata server)",
+            f"GCP {action}: no usable credentials ({err}); kustos uses {CREDENTIAL_SOURCES}",
             reason="ProviderCredentials",
         )
     if isinstance(err, gauth_exceptions.GoogleAuthError):
-        return ProviderError(f"GCP {action}: {err}", reason="ProviderCredentials")
+        return ProviderError(
+            f"GCP {action}: the credential could not get a token ({err}); kustos uses {CREDENTIAL_SOURCES}",
+            reason="ProviderCredentials",
+        )
     return ProviderError(f"GCP {action}: {type(err).__name__}: {err}", reason="ProviderUnreachable")
 
 
@@ -233,17 +275,15 @@ class GcpOptions:
 
     project: str
     endpoint: str | None = None
-    anonymous: bool = False  # no credentials (a local fake of the API)
     role_label: str = ROLE_LABEL
     cluster: str | None = None
     cache_seconds: float = DEFAULT_CACHE_SECONDS
 
-    KEYS = ("project", "endpoint", "credentials", "role_label", "cluster", "cache_seconds")
+    KEYS = ("project", "endpoint", "role_label", "cluster", "cache_seconds")
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> GcpOptions:
         """``project`` (required), ``endpoint`` (another Compute API root, e.g. a local one),
-        ``credentials`` (``default``: Application Default Credentials, or ``anonymous``),
         ``role-label``, ``cluster`` (only templates labelled ``kustos-cluster=<cluster>``),
         ``cache-seconds`` (default 2; 0 turns the read cache off)."""
         values = {key.replace("-", "_"): value for key, value in options.items()}
@@ -256,9 +296,6 @@ class GcpOptions:
                 raise ValueError(f"GCP cloud option {key.replace('_', '-')} is empty")
         if "project" not in values:
             raise ValueError("GCP cloud provider: give --cloud-option project=<project id>")
-        credentials = values.get("credentials", "default")
-        if credentials not in ("default", "anonymous"):
-            raise ValueError(f"GCP cloud option credentials: {credentials!r} is not default or anonymous")
         try:
             cache_seconds = float(values.get("cache_seconds", DEFAULT_CACHE_SECONDS))
         except ValueError:
@@ -270,7 +307,6 @@ class GcpOptions:
         return cls(
             project=values["project"],
             endpoint=values.get("endpoint"),
-            anonymous=credentials == "anonymous",
             role_label=values.get("role_label", ROLE_LABEL),
             cluster=values.get("cluster"),
             cache_seconds=cache_seconds,
@@ -284,26 +320,31 @@ class GcpClients:
     zonal: compute_v1.InstanceGroupManagersClient
     regional: compute_v1.RegionInstanceGroupManagersClient
     templates: compute_v1.InstanceTemplatesClient
+    region_templates: compute_v1.RegionInstanceTemplatesClient
     instances: compute_v1.InstancesClient
     zone_operations: compute_v1.ZoneOperationsClient
     region_operations: compute_v1.RegionOperationsClient
     global_operations: compute_v1.GlobalOperationsClient
 
     @classmethod
-    def create(cls, endpoint: str | None, anonymous: bool) -> GcpClients:
+    def create(cls, endpoint: str | None) -> GcpClients:
+        """Credentials: google-auth's Application Default Credentials (``google.auth.default``,
+        as each client would find them; docs/nodeimage-gcp.md), found once and shared, so
+        one token serves every client."""
         load_sdk()
+        import google.auth
         from google.api_core.client_options import ClientOptions
-        from google.auth import credentials as gauth_credentials
+        from google.cloud.compute_v1.services.instances.transports.base import InstancesTransport
 
-        kwargs: dict[str, Any] = {"transport": "rest"}
+        credentials, _ = google.auth.default(default_scopes=InstancesTransport.AUTH_SCOPES)
+        kwargs: dict[str, Any] = {"transport": "rest", "credentials": credentials}
         if endpoint:
             kwargs["client_options"] = ClientOptions(api_endpoint=endpoint)
-        if anonymous:
-            kwargs["credentials"] = gauth_credentials.AnonymousCredentials()  # type: ignore[no-untyped-call]
         return cls(
             zonal=compute_v1.InstanceGroupManagersClient(**kwargs),
             regional=compute_v1.RegionInstanceGroupManagersClient(**kwargs),
             templates=compute_v1.InstanceTemplatesClient(**kwargs),
+            region_templates=compute_v1.RegionInstanceTemplatesClient(**kwargs),
             instances=compute_v1.InstancesClient(**kwargs),
             zone_operations=compute_v1.ZoneOperationsClient(**kwargs),
             region_operations=compute_v1.RegionOperationsClient(**kwargs),
@@ -464,23 +505,19 @@ class GcpProvider:
         boot = next((d for d in disks if d.boot), disks[0])
         boot.initialize_params.source_image = image
         clone.properties.disks = disks
+        where = TemplateRef.parse(source)
+        target = TemplateRef(where.project, where.region, name)
         try:
-            operation = await self._run(
-                "instanceTemplates.insert",
-                lambda: self.clients.templates.insert_unary(
-                    project=ref.project, instance_template_resource=clone, timeout=CALL_TIMEOUT
-                ),
-            )
-            await self._wait(operation, "instanceTemplates.insert", ref.project, "global", "")
+            await self._insert_template(target, clone)
         except ProviderError as err:
             # The same name again (a retry after a lost answer): the template exists already.
             if not isinstance(err.__cause__, gexc.Conflict):
                 raise
-        target = f"projects/{ref.project}/global/instanceTemplates/{name}"
-        request = compute_v1.InstanceGroupManagersSetInstanceTemplateRequest(instance_template=target)
+        target_url = target.path
+        request = compute_v1.InstanceGroupManagersSetInstanceTemplateRequest(instance_template=target_url)
         if ref.regional:
             regional_request = compute_v1.RegionInstanceGroupManagersSetTemplateRequest(
-                instance_template=target
+                instance_template=target_url
             )
             operation = await self._run(
                 "regionInstanceGroupManagers.setInstanceTemplate",
@@ -673,18 +710,40 @@ class GcpProvider:
         )  # fmt: skip
 
     async def _template(self, url: str) -> compute_v1.InstanceTemplate:
-        path = relative(url).split("/")
-        if len(path) != 5 or path[2] != "global":
-            raise ProviderError(
-                f"instance template {url!r}: kustos handles global instance templates only",
-                reason="ProviderUnsupportedGroup",
+        ref = TemplateRef.parse(url)
+        if ref.region:
+            return await self._run(
+                "regionInstanceTemplates.get",
+                lambda: self.clients.region_templates.get(
+                    project=ref.project, region=ref.region, instance_template=ref.name, timeout=CALL_TIMEOUT
+                ),
             )
         return await self._run(
             "instanceTemplates.get",
             lambda: self.clients.templates.get(
-                project=path[1], instance_template=path[4], timeout=CALL_TIMEOUT
+                project=ref.project, instance_template=ref.name, timeout=CALL_TIMEOUT
             ),
         )
+
+    async def _insert_template(self, ref: TemplateRef, template: compute_v1.InstanceTemplate) -> None:
+        """Make ``template`` where ``ref`` says (global, or in its region) and wait for it."""
+        if ref.region:
+            operation = await self._run(
+                "regionInstanceTemplates.insert",
+                lambda: self.clients.region_templates.insert_unary(
+                    project=ref.project, region=ref.region, instance_template_resource=template,
+                    timeout=CALL_TIMEOUT,
+                ),
+            )  # fmt: skip
+            await self._wait(operation, "regionInstanceTemplates.insert", ref.project, "regions", ref.region)
+            return
+        operation = await self._run(
+            "instanceTemplates.insert",
+            lambda: self.clients.templates.insert_unary(
+                project=ref.project, instance_template_resource=template, timeout=CALL_TIMEOUT
+            ),
+        )
+        await self._wait(operation, "instanceTemplates.insert", ref.project, "global", "")
 
     async def _template_image(self, url: str) -> str | None:
         key = relative(url)
@@ -744,9 +803,7 @@ class GcpProvider:
                 if self._clients is None:
                     options = self.options
                     try:
-                        self._clients = await asyncio.to_thread(
-                            GcpClients.create, options.endpoint, options.anonymous
-                        )
+                        self._clients = await asyncio.to_thread(GcpClients.create, options.endpoint)
                     except Exception as err:
                         raise map_error(err, "creating the Compute API clients") from err
         try:
