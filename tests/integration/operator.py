@@ -175,11 +175,12 @@ def start_chart_operator(
 ) -> OperatorProcess:
     """``kustos run`` with every controller as the chart installs it: the chart's ServiceAccount
     and nothing more, its leader election Lease and webhook configurations (in kustos-system),
-    fast lease timings. What it is refused shows in the audit log check at the session's end."""
+    fast lease timings (a renewal may take up to 5 s: under load, a 3 s deadline made operators
+    stand down mid-test). What it is refused shows in the audit log check at the session's end."""
     return start_operator(
         cluster, log_dir,
         "--lease-name", CHART_RELEASE, "--lease-namespace", CHART_NAMESPACE,
-        "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5",
+        "--lease-duration", "6", "--renew-deadline", "5", "--retry-period", "0.5",
         "--webhook-configuration-name", CHART_RELEASE, *extra,
         controllers=None, env={**CHART_ENV, **(env or {})}, resolv_conf=resolv_conf,
         kubeconfig=chart_identity(cluster),
