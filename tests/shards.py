@@ -40,8 +40,8 @@ KNOWN_SECONDS = INTEGRATION / "module_seconds.json"
 # The newest figures of this machine's runs, preferred to the checked-in ones.
 MEASURED_SECONDS = cache_root() / "module-seconds.json"
 DEFAULT_SECONDS = 60.0
-# What a module that starts real nodes says (directly, or through `kustos dev up`).
-REAL_NODES_MARKS = ("start_real_node(", "real_nodes=", "--real-nodes")
+# How a module that starts real nodes says so (its pytestmark).
+REAL_NODES_MARK = "pytest.mark.real_nodes"
 
 
 @dataclass
@@ -67,8 +67,7 @@ def module_seconds() -> dict[str, float]:
 
 
 def needs_real_nodes(module: Path) -> bool:
-    text = module.read_text()
-    return any(mark in text for mark in REAL_NODES_MARKS)
+    return REAL_NODES_MARK in module.read_text()
 
 
 def deal(modules: list[Path], sessions: int, seconds: dict[str, float], unit: bool = True) -> list[Session]:

@@ -32,7 +32,7 @@ from kustos.etcd.pods import member_claim, member_pod
 from kustos.images import agent_image
 from kustos.nodes.cloud.kwok import GROUP_LABEL, IMAGE_ANNOTATION
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 
 PREFIX = "devup-"
 NAME = f"{PREFIX}{os.getpid()}"

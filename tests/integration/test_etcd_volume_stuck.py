@@ -16,7 +16,7 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 from tests.integration.test_real_nodes import real_node  # noqa: F401 (the module's one real node)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 
 
 async def test_a_member_whose_volume_does_not_mount_says_why_within_a_minute(

@@ -28,7 +28,7 @@ from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import is_ready, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 
 RESTRICTED: dict[str, Any] = {
     "runAsNonRoot": True,

@@ -64,7 +64,7 @@ from tests.integration.test_maintenance import (
 )
 from tests.integration.test_real_nodes import node_ready
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 
 REAL_NODES = 4
 OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
