@@ -19,7 +19,7 @@ from cronsim import CronSim
 from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStorage
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import CLIENT_DIR, client_secret_name
-from kustos.etcd.pods import CLUSTER_LABEL, current_version
+from kustos.etcd.pods import CLUSTER_LABEL, current_version, restricted
 from kustos.etcd.pods import image as etcd_image
 from kustos.etcd.snapshot import SNAPSHOT_SUFFIX
 from kustos.runtime import objects
@@ -133,7 +133,7 @@ def agent_pod(
     container: Obj = {"name": AGENT_CONTAINER, "image": image, "command": args, "volumeMounts": [dict(mount)]}
     if storage.s3 is not None:
         container["env"] = s3_credentials_env(storage.s3.credentials_secret)
-    return {
+    return restricted({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -147,7 +147,7 @@ def agent_pod(
         },
         "spec": {"restartPolicy": "Never", "activeDeadlineSeconds": AGENT_DEADLINE_SECONDS,
                  "initContainers": [save], "containers": [container], "volumes": volumes},
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def failed_container(pod: Obj) -> str:
