@@ -4,6 +4,9 @@
   TLS members, an S3 backup's agent pod and a restore's seed are all admitted and run;
 - a member pod the API server refuses is a condition naming the refusal, retried with the
   runtime's backoff, on the same member index (the audit log counts the creates);
+- each EtcdCluster has a NetworkPolicy (peer port from members only, client port from its
+  clients), kept with its spec and removed with it or when turned off. What it allows is
+  read from the object: the dev cluster's network plugin does not enforce NetworkPolicy;
 - nothing secret leaks: the values of every Secret of such a run (the CA's and members' keys,
   the operator's client key, the S3 secret key, the operator's own token) appear in none of
   the operator's log, the namespace's Events, the kustos objects (status and conditions) or
@@ -25,9 +28,10 @@ import yaml
 
 from kustos.devcluster.s3 import S3Server
 from kustos.etcd.client import EtcdClient
+from kustos.etcd.network import OPERATOR_NAMESPACE_ENV, OPERATOR_POD_LABELS_ENV
 from tests.integration import audit
 from tests.integration.conftest import Kubectl
-from tests.integration.etcd_support import etcd_cluster, status_of, wait_healthy
+from tests.integration.etcd_support import etcd_cluster, running_operator, status_of, wait_healthy
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, chart_identity
 from tests.integration.test_etcd_backup import s3, s3_secret, s3_storage  # noqa: F401  (fixture)
@@ -177,3 +181,70 @@ def pod_creates(audit_log: Path, offset: int, namespace: str) -> list[float]:
         ):  # fmt: skip
             times.append(datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp())
     return times
+
+
+async def test_a_network_policy_lets_in_only_the_clusters_clients_and_follows_its_spec(
+    crds: None, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    chart = {  # as the chart sets them in the operator's pod
+        OPERATOR_NAMESPACE_ENV: "kustos-system",
+        OPERATOR_POD_LABELS_ENV: "app.kubernetes.io/name=kustos,app.kubernetes.io/instance=kustos",
+    }
+    app = {
+        "namespaceSelector": {"matchLabels": {"team": "app"}},
+        "podSelector": {"matchLabels": {"app": "api"}},
+    }
+    with running_operator(kubectl, tmp_path / "operator", env=chart):
+        kubectl.apply(etcd_cluster("np", 1))
+
+        async def policy(want: int | None = None) -> dict[str, Any] | None:
+            found = kubectl.get("networkpolicies")["items"]
+            current = found[0] if found else None
+            if current is None or (want is not None and len(current["spec"]["ingress"][1]["from"]) != want):
+                return None
+            return dict(current)
+
+        made = await wait_until(policy, "the cluster's NetworkPolicy", timeout=60, cluster=kubectl.cluster,
+                                namespace=kubectl.namespace)  # fmt: skip
+        assert (
+            made["metadata"]["name"] == "np"
+            and made["metadata"]["ownerReferences"][0]["kind"] == "EtcdCluster"
+        )
+        members = {"matchLabels": {"kustos.dev/cluster": "np"},
+                   "matchExpressions": [{"key": "kustos.dev/member", "operator": "Exists"}]}  # fmt: skip
+        assert made["spec"]["podSelector"] == members
+        peer, client = made["spec"]["ingress"]
+        assert peer == {"from": [{"podSelector": members}], "ports": [{"protocol": "TCP", "port": 2380}]}
+        assert client["ports"] == [{"protocol": "TCP", "port": 2379}]
+        assert client["from"] == [
+            {"podSelector": members},
+            {"podSelector": {"matchLabels": {"kustos.dev/cluster-backup": "np"}}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kustos-system"}},
+             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kustos",
+                                             "app.kubernetes.io/instance": "kustos"}}},
+        ]  # fmt: skip
+        await wait_healthy(kubectl, "np", 1)  # and the members run beside it
+
+        kubectl("patch", "etcdcluster", "np", "--type=merge", "-p", json.dumps({"spec": {"networkPolicy": {
+            "clients": [app]}}}))  # fmt: skip
+        updated = await wait_until(lambda: policy(4), "the spec's client let in", timeout=60,
+                                   cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+        assert updated["spec"]["ingress"][1]["from"][3] == app
+
+        kubectl(
+            "patch", "etcdcluster", "np", "--type=merge", "-p", '{"spec":{"networkPolicy":{"enabled":false}}}'
+        )
+
+        async def gone() -> bool:
+            return not kubectl.get("networkpolicies")["items"]
+
+        await wait_until(gone, "the NetworkPolicy turned off", timeout=60, cluster=kubectl.cluster,
+                         namespace=kubectl.namespace)  # fmt: skip
+        kubectl(
+            "patch", "etcdcluster", "np", "--type=merge", "-p", '{"spec":{"networkPolicy":{"enabled":true}}}'
+        )
+        await wait_until(policy, "the NetworkPolicy back", timeout=60, cluster=kubectl.cluster,
+                         namespace=kubectl.namespace)  # fmt: skip
+        kubectl("delete", "etcdcluster", "np", "--wait=false")
+        await wait_until(gone, "the NetworkPolicy gone with its cluster", timeout=90, cluster=kubectl.cluster,
+                         namespace=kubectl.namespace)  # fmt: skip

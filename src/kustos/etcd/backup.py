@@ -28,6 +28,7 @@ from kustos.runtime.times import parse_duration
 Obj = dict[str, Any]
 
 BACKUP_LABEL = "kustos.dev/backup"
+AGENT_CLUSTER_LABEL = CLUSTER_LABEL + "-backup"  # an agent pod's cluster (its NetworkPolicy lets it in)
 SCHEDULED_LABEL = "kustos.dev/scheduled"
 AGENT_CONTAINER = "snapshot"
 SAVE_CONTAINER = "etcdctl"
@@ -139,7 +140,7 @@ def agent_pod(
         "metadata": {
             "name": agent_pod_name(name, attempt),
             "namespace": namespace,
-            "labels": {BACKUP_LABEL: name, CLUSTER_LABEL + "-backup": cluster_name},
+            "labels": {BACKUP_LABEL: name, AGENT_CLUSTER_LABEL: cluster_name},
             "ownerReferences": [{
                 "apiVersion": EtcdBackup.crd.api_version, "kind": "EtcdBackup", "name": name,
                 "uid": backup.metadata["uid"], "controller": True, "blockOwnerDeletion": True,
