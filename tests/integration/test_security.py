@@ -24,8 +24,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from kustos.devcluster.cluster import DevClusterError
 from kustos.devcluster.s3 import S3Server
 from kustos.etcd.client import EtcdClient
 from kustos.etcd.network import OPERATOR_NAMESPACE_ENV, OPERATOR_POD_LABELS_ENV
@@ -90,6 +92,25 @@ async def test_tls_members_an_s3_backup_and_a_restore_run_restricted_and_no_secr
     leaks = [f"{where} in the {text}" for where, value in secrets.items() for text, content in texts.items()
              if value in content]  # fmt: skip
     assert leaks == []
+
+
+def test_the_charts_operator_pod_is_admitted_in_a_restricted_namespace(kubectl: Kubectl) -> None:
+    """The operator's pod as the chart renders it, created (server-side dry run: admission runs,
+    nothing is stored) where the API server enforces the restricted standard."""
+    from kustos.devcluster import operator as dev_operator
+
+    enforce_restricted(kubectl)
+    rendered = dev_operator.helm(kubectl.cluster, "template", "kustos", str(dev_operator.chart_dir()),
+                                 "--namespace", kubectl.namespace)  # fmt: skip
+    deployment = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "operator"},
+           "spec": {**deployment["spec"]["template"]["spec"], "serviceAccountName": "default"}}  # fmt: skip
+    created = kubectl("create", "--dry-run=server", "-o", "name", "-f", "-", input_text=json.dumps(pod))
+    assert created.strip() == "pod/operator"
+    # And the same pod as root is refused there: the namespace does enforce.
+    pod["spec"]["securityContext"] = {**pod["spec"]["securityContext"], "runAsNonRoot": False, "runAsUser": 0}
+    with pytest.raises(DevClusterError, match="violates PodSecurity"):
+        kubectl("create", "--dry-run=server", "-f", "-", input_text=json.dumps(pod))
 
 
 def secret_values(kubectl: Kubectl, operator: OperatorProcess) -> Iterator[tuple[str, str]]:
