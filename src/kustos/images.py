@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 KUSTOS_IMAGE_REPOSITORY = "ghcr.io/kustos/kustos"
+# distroless's non-root id: the operator's image runs as it (its Dockerfile's USER, the chart),
+# and kustos runs etcd's images (static programs, no USER of their own) and its agent pods as it.
+NONROOT_UID = 65532
 
 
 def agent_image() -> str:

@@ -127,6 +127,10 @@ def start_operator(
             return operator
         except httpx.HTTPError:
             time.sleep(0.1)
+    # Killed: left running, a slow starter would lead later and hold the chart's Lease, and
+    # every operator after it would wait to lead while this one acts on a test now gone.
+    operator.kill()
+    operator.wait(10)
     raise AssertionError(f"operator did not serve /healthz within 30s:\n{operator.log()[-3000:]}")
 
 

@@ -82,6 +82,7 @@ def test_agent_pod_for_a_claim_saves_with_etcdctl_onto_the_claim_then_verifies()
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "b1"
     [save] = pod["spec"]["initContainers"]
     spooled = "/backups/.incoming_prod_main_nightly.db"  # on the claim: storing is a rename
+    assert save.pop("securityContext")["allowPrivilegeEscalation"] is False  # restricted: test_etcd_pods
     assert save == {
         "name": "etcdctl",
         "image": "gcr.io/etcd-development/etcd:v3.7.3",

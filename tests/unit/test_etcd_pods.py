@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from kustos.api.backup import BackupStorage, EtcdBackup, PVCStorage, S3Storage
 from kustos.api.etcd import EtcdCluster
+from kustos.etcd.backup import agent_pod
 from kustos.etcd.pods import member_claim, member_pod, services
+from kustos.etcd.recovery import Source
+from kustos.etcd.restore import backup_source, member_source, restore_seed_pod
 
 
 def cluster(**spec: Any) -> EtcdCluster:
@@ -92,3 +97,69 @@ def test_services_client_and_headless_peer() -> None:
     assert peer["metadata"]["name"] == "db-peer" and peer["spec"]["clusterIP"] == "None"
     assert peer["spec"]["publishNotReadyAddresses"] is True
     assert {p["port"] for p in peer["spec"]["ports"]} == {2379, 2380}
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What the restricted Pod Security Standard (as the API server's PodSecurity admission
+    checks it) finds wrong with a pod; the integration test proves it against the real one."""
+    spec, found = pod["spec"], []
+    context = spec.get("securityContext") or {}
+    if (context.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        found.append("seccompProfile")
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            found.append(key)
+    allowed = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+               "projected", "secret"}  # fmt: skip
+    found += [f"volume {v['name']}" for v in spec.get("volumes") or [] if not set(v) - {"name"} <= allowed]
+    for c in [*(spec.get("initContainers") or []), *spec["containers"]]:
+        own = c.get("securityContext") or {}
+        if not own.get("runAsNonRoot", context.get("runAsNonRoot")):
+            found.append(f"{c['name']}: runAsNonRoot")
+        if own.get("runAsUser", context.get("runAsUser")) == 0:
+            found.append(f"{c['name']}: runAsUser 0")
+        if own.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{c['name']}: allowPrivilegeEscalation")
+        if (own.get("capabilities") or {}).get("drop") != ["ALL"] or (own.get("capabilities") or {}).get(
+            "add"
+        ):
+            found.append(f"{c['name']}: capabilities")
+        if own.get("privileged"):
+            found.append(f"{c['name']}: privileged")
+    return found
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{}, {"storage": {"type": "emptyDir"}}, {"tls": {}},
+     {"tls": {"secrets": {"peer": "p", "server": "s", "operatorClient": "o"}}},
+     {"pod": {"resources": {"limits": {"memory": "1Gi"}}}}],
+)  # fmt: skip
+def test_a_member_pod_passes_the_restricted_pod_security_standard(spec: dict[str, Any]) -> None:
+    pod = member_pod(cluster(**spec), 0, "new", [("db-0", "http://db-0:2380")], "3.6.16")
+    assert restricted_violations(pod) == []
+    # etcd's images have no USER: the pod names the id, and its volume's group, so etcd can write.
+    assert pod["spec"]["securityContext"]["runAsUser"] == 65532
+    assert pod["spec"]["securityContext"]["fsGroup"] == 65532
+
+
+def test_agent_pods_pass_the_restricted_pod_security_standard() -> None:
+    c = cluster(tls={})
+    backup = EtcdBackup.model_validate({
+        "metadata": {"name": "b", "namespace": "prod", "uid": "b1"}, "spec": {"clusterName": "db"},
+        "status": {"phase": "Succeeded", "location": "s3://bucket/prod/db/b.db", "sha256": "ab" * 32},
+    })  # fmt: skip
+    s3 = S3Storage(endpoint="http://s3", bucket="bucket", credentials_secret="creds")
+    now = datetime(2026, 11, 26, tzinfo=UTC)
+    pods = [
+        agent_pod(backup, c, BackupStorage(pvc=PVCStorage()), ("db-0", "https://db-0:2379"), 1, "img", now),
+        agent_pod(backup, c, BackupStorage(s3=s3), ("db-0", "https://db-0:2379"), 1, "img", now),
+        restore_seed_pod(
+            c, 3, "3.6.16", 1, member_source(Source("member", "db-0"), "https://db-0:2379"), "img"
+        ),
+    ]
+    source = backup_source(backup, BackupStorage(s3=s3))
+    assert not isinstance(source, str)
+    pods.append(restore_seed_pod(c, 3, "3.6.16", 1, source, "img"))
+    for pod in pods:
+        assert restricted_violations(pod) == [], pod["metadata"]["name"]

@@ -14,6 +14,7 @@ from kustos.etcd import status as report
 from kustos.etcd.client import Member, MemberList, Status
 from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import MemberView, Observed, PodView
+from kustos.etcd.pods import PodRefused
 from kustos.etcd.recovery import Source
 from kustos.etcd.status import (
     Blocked,
@@ -26,6 +27,7 @@ from kustos.etcd.status import (
     notes,
     status,
 )
+from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import get_condition
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.steps import Done, Wait
@@ -110,6 +112,34 @@ def test_an_unhealthy_member_degrades_and_the_cluster_recovers() -> None:
 def test_a_step_that_uses_a_member_index_reserves_the_next_one(step: planner.Step) -> None:
     assert needs_intent(step)
     assert status(formed(previous={"nextMemberIndex": 3}), step, NOW)["nextMemberIndex"] == 5
+
+
+@pytest.mark.parametrize("step", [planner.CreateSeed(3), planner.CreatePod(4)])
+def test_a_refused_pod_gives_its_index_back_for_the_retry(
+    step: planner.CreateSeed | planner.CreatePod,
+) -> None:
+    # The intent recorded 4 or 5 before the create; the API server refused the pod, so the
+    # name was never used: the final record keeps the index, and the condition names why.
+    refusal = ApiStatusError(
+        403, "Forbidden", 'pods "e-4" is forbidden: violates PodSecurity "restricted:latest"'
+    )
+    result = status(formed(previous={"nextMemberIndex": 3}), step, NOW, PodRefused("e-4", refusal))
+    assert result["nextMemberIndex"] == step.index
+    progressing = condition(result, "Progressing")
+    assert progressing["reason"] == "PodRefused" and "violates PodSecurity" in progressing["message"]
+
+
+def test_a_refused_pod_never_gives_back_an_index_reserved_before() -> None:
+    refusal = PodRefused("e-4", ApiStatusError(403, "Forbidden", "exceeded quota"))
+    step = planner.CreatePod(4)  # a DNS member etcd knows already: its index was reserved by the add
+    assert status(formed(previous={"nextMemberIndex": 9}), step, NOW, refusal)["nextMemberIndex"] == 9
+
+
+def test_a_refused_rebuild_seed_is_no_attempt_and_keeps_its_index() -> None:
+    seen = Seen({"phase": "Recovering", "nextMemberIndex": 3}, 1, cluster())
+    step = Rebuild(recovery.CreateRestoreSeed(5), running_rebuild(attempts=1))
+    result = status(seen, step, NOW, PodRefused("e-5", ApiStatusError(403, "Forbidden", "no")))
+    assert result["nextMemberIndex"] == 5 and result["recovery"]["attempts"] == 1
 
 
 def test_an_index_already_reserved_stays() -> None:

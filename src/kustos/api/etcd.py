@@ -67,6 +67,20 @@ class PodPolicy(KubeModel):
     """Extra annotations for member pods."""
 
 
+class NetworkPolicySpec(KubeModel):
+    """The NetworkPolicy kept beside the cluster, so etcd lets in only its clients. It takes
+    effect only where the cluster's network plugin enforces NetworkPolicy."""
+
+    enabled: bool = True
+    """Keep it (default); false deletes it and lets every pod reach the members."""
+    clients: list[dict[str, Any]] = Field(
+        default_factory=list, json_schema_extra={"items": {"x-kubernetes-preserve-unknown-fields": True}}
+    )
+    """Who else may reach the client port: NetworkPolicy peers (podSelector, namespaceSelector,
+    ipBlock) as in a NetworkPolicy's ingress `from`. The members, kustos's operator and its
+    backup pods are always let in; only the members reach the peer port."""
+
+
 class RecoverySpec(KubeModel):
     """What to do when a majority of members is lost (disaster recovery, F-ETCD-8)."""
 
@@ -240,6 +254,8 @@ class EtcdClusterSpec(KubeModel):
     """Member storage."""
     pod: PodPolicy = Field(default_factory=PodPolicy)
     """Member pod policy."""
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
+    """Who may reach the members (a NetworkPolicy)."""
     member_failure_timeout: str = Field(default="60s", pattern=DURATION_PATTERN)
     """How long a member may be unhealthy before it is replaced (a deleted pod is replaced at once)."""
     extra_args: list[str] = Field(

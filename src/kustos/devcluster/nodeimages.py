@@ -16,11 +16,12 @@ from kustos.api.etcd import EtcdClusterSpec
 from kustos.devcluster import binaries
 from kustos.devcluster.ociarchive import ImageFile, ImageSpec, write_archive
 from kustos.devcluster.paths import cache_root
+from kustos.images import NONROOT_UID
 from kustos.images import etcd_image as image_of
 
 PAUSE_IMAGE = f"kustos.dev/pause:{binaries.PAUSE_VERSION}"
-# distroless's non-root id: the pause program runs as it, and tests' hardened pods too.
-NONROOT = "65532"
+# The pause program runs as the non-root id kustos runs its pods as, and tests' hardened pods too.
+NONROOT = str(NONROOT_UID)
 
 
 def default_etcd_repository() -> str:

@@ -19,7 +19,7 @@ from cronsim import CronSim
 from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStorage
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import CLIENT_DIR, client_secret_name
-from kustos.etcd.pods import CLUSTER_LABEL, current_version
+from kustos.etcd.pods import CLUSTER_LABEL, current_version, restricted
 from kustos.etcd.pods import image as etcd_image
 from kustos.etcd.snapshot import SNAPSHOT_SUFFIX
 from kustos.runtime import objects
@@ -28,6 +28,7 @@ from kustos.runtime.times import parse_duration
 Obj = dict[str, Any]
 
 BACKUP_LABEL = "kustos.dev/backup"
+AGENT_CLUSTER_LABEL = CLUSTER_LABEL + "-backup"  # an agent pod's cluster (its NetworkPolicy lets it in)
 SCHEDULED_LABEL = "kustos.dev/scheduled"
 AGENT_CONTAINER = "snapshot"
 SAVE_CONTAINER = "etcdctl"
@@ -133,13 +134,13 @@ def agent_pod(
     container: Obj = {"name": AGENT_CONTAINER, "image": image, "command": args, "volumeMounts": [dict(mount)]}
     if storage.s3 is not None:
         container["env"] = s3_credentials_env(storage.s3.credentials_secret)
-    return {
+    return restricted({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": agent_pod_name(name, attempt),
             "namespace": namespace,
-            "labels": {BACKUP_LABEL: name, CLUSTER_LABEL + "-backup": cluster_name},
+            "labels": {BACKUP_LABEL: name, AGENT_CLUSTER_LABEL: cluster_name},
             "ownerReferences": [{
                 "apiVersion": EtcdBackup.crd.api_version, "kind": "EtcdBackup", "name": name,
                 "uid": backup.metadata["uid"], "controller": True, "blockOwnerDeletion": True,
@@ -147,7 +148,7 @@ def agent_pod(
         },
         "spec": {"restartPolicy": "Never", "activeDeadlineSeconds": AGENT_DEADLINE_SECONDS,
                  "initContainers": [save], "containers": [container], "volumes": volumes},
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def failed_container(pod: Obj) -> str:

@@ -16,6 +16,7 @@ unless the act failed.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import disruption, evictions, membership, planner, published, recovery, webhook
+from kustos.etcd import disruption, evictions, membership, network, planner, published, recovery, webhook
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
 from kustos.etcd.observe import EtcdView, Observer, adoption_check
@@ -70,7 +71,15 @@ from kustos.runtime.expectations import Expectations
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.record import record
-from kustos.runtime.resources import CLAIMS, DISRUPTION_BUDGETS, NODES, PODS, SECRETS, SERVICES
+from kustos.runtime.resources import (
+    CLAIMS,
+    DISRUPTION_BUDGETS,
+    NETWORK_POLICIES,
+    NODES,
+    PODS,
+    SECRETS,
+    SERVICES,
+)  # fmt: skip
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration, parse_rfc3339
 
@@ -98,6 +107,8 @@ class EtcdClusterReconciler:
         self.secrets = manager.informer(SECRETS, InformerOptions(label_selector=CLUSTER_LABEL))
         self.claims = manager.informer(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
         self.budgets = manager.informer(DISRUPTION_BUDGETS, InformerOptions(label_selector=CLUSTER_LABEL))
+        self.policies = manager.informer(NETWORK_POLICIES, InformerOptions(label_selector=CLUSTER_LABEL))
+        self.operator_peer = network.operator_peer(os.environ)
         self.certs = operator_certificates(manager)  # its client files: a temp dir removed at exit
         self.observer = Observer(self.pods, self.nodes, self.claims, self.certs)
         # Pods created by a pass and not yet delivered by the pods informer: no pass plans without them.
@@ -134,6 +145,7 @@ class EtcdClusterReconciler:
             return Result(requeue_after=1.0)
         try:
             await self._ensure_services(cluster)
+            await self._ensure_network_policy(cluster)
             seen, step = await self.plan(raw, cluster, now)
             # Before the step: one that starts a change must find evictions already refused.
             await self._ensure_budget(cluster, seen.observed, step)
@@ -316,6 +328,21 @@ class EtcdClusterReconciler:
             current = self.services.get(objects.key(service))
             if current is None or not _service_matches(current, service):
                 await self.api.apply(SERVICES, service)
+
+    async def _ensure_network_policy(self, cluster: EtcdCluster) -> None:
+        """Apply the NetworkPolicy when missing or different; delete it when turned off."""
+        policy = network.network_policy(cluster, self.operator_peer)
+        current = self.policies.get(objects.key(policy))
+        if not cluster.spec.network_policy.enabled:
+            if current is not None and objects.owner_of(current, "EtcdCluster") == cluster.metadata["name"]:
+                await self.api.delete(
+                    NETWORK_POLICIES,
+                    objects.namespace(current),
+                    objects.name(current),
+                    uid=objects.uid(current),
+                )
+        elif current is None or current.get("spec") != policy["spec"]:
+            await self.api.apply(NETWORK_POLICIES, policy)
 
     async def _ensure_budget(
         self, cluster: EtcdCluster, observed: Observed | None, step: ClusterStep
@@ -540,6 +567,7 @@ def register(manager: Manager, deps: Deps) -> None:
     controller.owns(SERVICES)
     controller.owns(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
     controller.owns(DISRUPTION_BUDGETS, InformerOptions(label_selector=CLUSTER_LABEL))
+    controller.owns(NETWORK_POLICIES, InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(SECRETS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(NODES, _clusters_on_node(reconciler))
     controller.watch(ETCDBACKUPS, _clusters_of_backup(reconciler))

@@ -8,9 +8,10 @@ from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import secure_member_pod
 from kustos.etcd.maintenance import compaction_args, parse_quantity
 from kustos.etcd.planner import dns_name, peer_service, pod_name
-from kustos.images import etcd_image
+from kustos.images import NONROOT_UID, etcd_image
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.expectations import Expectations
 from kustos.runtime.resources import CLAIMS, PODS
 
@@ -25,10 +26,6 @@ VERSION_ANNOTATION = "kustos.dev/etcd-version"
 EVICTION_ANNOTATION = "kustos.dev/eviction-requested"
 EPOCH_LABEL = "kustos.dev/epoch"  # which rebuild of the cluster a member pod belongs to
 DATA_DIR = "/var/lib/etcd"
-# The group that owns a member's data volume (distroless's non-root id, the restricted user):
-# the kubelet gives the volume to it, so a member that runs as non-root can write its data
-# directory on a fresh local volume, which is root's 0755 otherwise (issue 20, item 7).
-DATA_FS_GROUP = 65532
 
 
 def labels(cluster: EtcdCluster) -> dict[str, str]:
@@ -233,8 +230,6 @@ def member_pod(
         "terminationGracePeriodSeconds": 30,
         "containers": [container],
         "volumes": [volume],
-        # OnRootMismatch: a large data directory is not walked again on every restart.
-        "securityContext": {"fsGroup": DATA_FS_GROUP, "fsGroupChangePolicy": "OnRootMismatch"},
     }
     if spec.pod.node_selector:
         pod_spec["nodeSelector"] = spec.pod.node_selector
@@ -255,7 +250,28 @@ def member_pod(
         },
         "spec": pod_spec,
     }
-    return secure_member_pod(cluster, pod) if spec.tls is not None else pod
+    return restricted(secure_member_pod(cluster, pod) if spec.tls is not None else pod)
+
+
+def restricted(pod: Obj) -> Obj:
+    """``pod`` made to pass the restricted Pod Security Standard, which many namespaces enforce:
+    non-root (etcd's images and kustos's run as ``NONROOT_UID``), no privilege escalation, no
+    capabilities, the runtime's seccomp profile. ``fsGroup`` makes a claim's volume writable by
+    that id (a fresh local volume is root's 0755; kubelet sets its group once, ``OnRootMismatch``,
+    so a large data directory is not walked on every restart and one root wrote is taken over).
+    Every container, init containers included: call it after adding one."""
+    spec = pod["spec"]
+    spec["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": NONROOT_UID,
+        "runAsGroup": NONROOT_UID,
+        "fsGroup": NONROOT_UID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    for container in [*(spec.get("initContainers") or []), *spec["containers"]]:
+        container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    return pod
 
 
 def _anti_affinity(cluster: EtcdCluster) -> Obj | None:
@@ -356,20 +372,36 @@ def services(cluster: EtcdCluster) -> list[Obj]:
     return [client, peer]
 
 
+# Answers that say the API server stored nothing: a pod (or claim) it refused never existed.
+REFUSALS = frozenset({400, 403, 404, 422})
+
+
+class PodRefused(ReconcileError):
+    """The API server refused a member pod or its claim (admission: Pod Security, a quota, a
+    policy). Nothing of that name was ever made, so the retry may use the same member index."""
+
+    def __init__(self, pod: str, refusal: ApiStatusError) -> None:
+        super().__init__(f"the API server refused pod {pod}: {refusal}", "PodRefused")
+        self.pod = pod
+
+
 async def submit_pod(api: Api, cluster: EtcdCluster, manifest: Obj, expected: Expectations) -> None:
     """Create a member pod (and its claim first, with PVC storage); one that exists is fine.
 
     The creation is expected BEFORE it is made: the informer may deliver the pod before the
     create call returns. A failed create, or a pod that already existed, is expected no more.
+    A refusal raises ``PodRefused``.
     """
-    if cluster.spec.storage.type == "pvc":
-        claim = member_claim(cluster, manifest["metadata"]["name"], pod_epoch(manifest))
-        await api.apply(CLAIMS, claim)
     owner, name = objects.key(cluster), manifest["metadata"]["name"]
-    expected.expect(owner, name)
     try:
+        if cluster.spec.storage.type == "pvc":
+            await api.apply(CLAIMS, member_claim(cluster, name, pod_epoch(manifest)))
+        expected.expect(owner, name)
         await api.create(PODS, manifest)
     except BaseException as err:
         expected.seen(owner, name)
-        if not (isinstance(err, ApiStatusError) and err.conflict):
-            raise
+        if isinstance(err, ApiStatusError) and err.conflict:
+            return
+        if isinstance(err, ApiStatusError) and err.code in REFUSALS:
+            raise PodRefused(name, err) from err
+        raise

@@ -21,7 +21,7 @@ from kustos.api.backup import BackupStorage, EtcdBackup, S3Storage
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.backup import mount_client_tls, s3_credentials_env, save_command
 from kustos.etcd.planner import pod_name
-from kustos.etcd.pods import DATA_DIR, cluster_token, image, member_pod, member_urls
+from kustos.etcd.pods import DATA_DIR, cluster_token, image, member_pod, member_urls, restricted
 from kustos.etcd.recovery import BUMP_REVISION, Source
 
 Obj = dict[str, Any]
@@ -141,7 +141,7 @@ def restore_seed_pod(
     spec["initContainers"] = [fetch, restore]
     spec["volumes"].append({"name": "restore", "emptyDir": {}})
     pod["metadata"]["annotations"][RESTORED_FROM_ANNOTATION] = source.description
-    return pod
+    return restricted(pod)
 
 
 def restore_failed(pod: Obj, failures: int) -> bool:

@@ -31,7 +31,7 @@ from kustos.etcd import planner, recovery
 from kustos.etcd.client import MemberList
 from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import Observed, Step
-from kustos.etcd.pods import CLUSTER_LABEL, EPOCH_LABEL
+from kustos.etcd.pods import CLUSTER_LABEL, EPOCH_LABEL, PodRefused
 from kustos.etcd.recovery import RecoveryStep, Source
 from kustos.etcd.restore import SnapshotSource
 from kustos.etcd.stuck import REASONS as STUCK_REASONS
@@ -186,9 +186,9 @@ def status(seen: Seen, step: ClusterStep, now: datetime, failure: ReconcileError
         case StartAdoption():
             result = _start_adoption(seen, step, stamp)
         case Rebuild():
-            result = _rebuild(seen, step, stamp)
+            result = _rebuild(seen, step, stamp, isinstance(failure, PodRefused))
         case _:
-            result = _membership(seen, step, now)
+            result = _membership(seen, step, now, isinstance(failure, PodRefused))
     if not isinstance(step, Unobserved):
         result = _stuck(seen, result, step, stamp)
     if failure is not None:
@@ -279,7 +279,9 @@ def _start_adoption(seen: Seen, step: StartAdoption, stamp: str) -> Obj:
     return result
 
 
-def _rebuild(seen: Seen, step: Rebuild, stamp: str) -> Obj:
+def _rebuild(seen: Seen, step: Rebuild, stamp: str, refused: bool = False) -> Obj:
+    """``refused``: the API server refused the seed's pod, so it was no attempt and its index
+    stays free for the retry (``reserve_index``)."""
     assert seen.cluster is not None
     rebuild = step.rebuild.model_copy(deep=True)
     inner = step.step
@@ -287,8 +289,10 @@ def _rebuild(seen: Seen, step: Rebuild, stamp: str) -> Obj:
         return _finished(seen, step, rebuild, stamp)
     result = dict(seen.previous)
     if isinstance(inner, recovery.CreateRestoreSeed):
-        rebuild.attempts += 1
-        result["nextMemberIndex"] = max(int(result.get("nextMemberIndex") or 0), inner.index + 1)
+        rebuild.attempts += 0 if refused else 1
+        result["nextMemberIndex"] = reserve_index(
+            int(result.get("nextMemberIndex") or 0), inner.index, refused
+        )
     if isinstance(inner, recovery.RecoveryFailed):
         rebuild.phase = "Failed"
         rebuild.completed_at = stamp
@@ -338,8 +342,18 @@ def _rebuild_conditions(seen: Seen, rebuild: RecoveryStatus, done: bool, stamp: 
     return set_condition(conditions, "Degraded", not done, reason, message, generation, stamp)
 
 
-def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
-    """The membership pass: members as etcd reports them, the phase, and the conditions."""
+def reserve_index(next_index: int, index: int, refused: bool) -> int:
+    """``status.nextMemberIndex`` once member ``index`` was created: past it, so no name is
+    used twice. ``refused``: the API server refused that pod, so the name was never used and
+    the retry takes the same index (recorded: a restarted operator retries it too). The step's
+    intent reserved it before the create; this final record gives it back, never going below
+    what was recorded before (a DNS member added to etcd keeps its index)."""
+    return max(next_index, index if refused else index + 1)
+
+
+def _membership(seen: Seen, step: Step, now: datetime, refused: bool = False) -> Obj:
+    """The membership pass: members as etcd reports them, the phase, and the conditions
+    (``refused``: the API server refused the step's pod; ``reserve_index``)."""
     cluster, o, etcd = seen.cluster, seen.observed, seen.etcd
     assert cluster is not None and o is not None and etcd is not None
     stamp = rfc3339(now)
@@ -348,7 +362,7 @@ def _membership(seen: Seen, step: Step, now: datetime) -> Obj:
     status.storage_type = status.storage_type or cluster.spec.storage.type
     match step:
         case planner.CreateSeed(index=index) | planner.CreatePod(index=index):
-            status.next_member_index = max(status.next_member_index, index + 1)
+            status.next_member_index = reserve_index(status.next_member_index, index, refused)
         case planner.AddMember(index=int(index)):
             status.next_member_index = max(status.next_member_index, index + 1)
     pods_by_name = {p.name: p for p in o.pods}

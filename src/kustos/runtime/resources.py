@@ -23,6 +23,7 @@ CLUSTER_ROLE_BINDINGS = ResourceRef(
 )
 CSI_DRIVERS = ResourceRef("storage.k8s.io", "v1", "csidrivers", "CSIDriver", namespaced=False)
 INGRESSES = ResourceRef("networking.k8s.io", "v1", "ingresses", "Ingress")
+NETWORK_POLICIES = ResourceRef("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
 DAEMONSETS = ResourceRef("apps", "v1", "daemonsets", "DaemonSet")
 STATEFULSETS = ResourceRef("apps", "v1", "statefulsets", "StatefulSet")
 DEPLOYMENTS = ResourceRef("apps", "v1", "deployments", "Deployment")
