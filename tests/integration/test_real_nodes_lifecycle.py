@@ -8,8 +8,9 @@ only there (``spec.pod``: the real nodes' label and taint); the operator is the 
 scenarios that leave it whole (create, resize, member loss, backup); the others make their
 own and delete it. Every scenario runs the ``Writer`` and ends with no acknowledged write lost.
 
-The namespace enforces the baseline Pod Security level: member pods carry no securityContext
-yet, so restricted would refuse them (it warns instead; the security work makes it enforce).
+The namespace enforces the baseline Pod Security level and warns on restricted (the members'
+and agents' restricted pods are proven in test_security.py; the out-of-service scenario's
+StatefulSet here is the test's own, plain pod).
 The last test runs the chart's pods from kustos's image, which real nodes import at their
 start once `kustos dev image` has built it.
 """
@@ -396,13 +397,6 @@ async def test_a_stopped_real_node_loses_its_member_then_is_cleared_out_of_servi
     assert_consistent(kubectl, life, 3, status)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding (issue 20, item 7): an agent pod's etcdctl (the etcd image: root) saves the "
-    "snapshot 0600, which its kustos container (the image's user 65532) cannot read; one user for "
-    "every container and fsGroup on the claim (the restricted agent pods of the security work) fix it; "
-    "remove this mark when they merge",
-)
 async def test_backups_to_a_claim_and_to_s3_restore_every_acknowledged_write(
     kubectl: Kubectl,
     life: str,
