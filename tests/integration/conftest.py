@@ -26,6 +26,7 @@ from lightkube.resources.core_v1 import Namespace, ServiceAccount
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clusters
 from kustos.devcluster.kwokconfig import Timings
+from kustos.devcluster.pids import alive
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
@@ -61,20 +62,12 @@ def _private_resolv_conf() -> Path:
 SESSION_RESOLV_CONF = _private_resolv_conf()
 
 
-def _remove_abandoned_test_clusters() -> None:
-    """Clusters of earlier test sessions that died before their teardown."""
+def remove_abandoned_clusters(prefix: str) -> None:
+    """Clusters named ``<prefix><pid>`` whose test process died before its teardown."""
     for name in running_clusters():
-        owner = name.removeprefix("pytest-")
-        if name.startswith("pytest-") and owner.isdigit() and not _pid_alive(int(owner)):
+        owner = name.removeprefix(prefix)
+        if name.startswith(prefix) and owner.isdigit() and not alive(int(owner)):
             DevCluster(DevClusterConfig(name=name)).stop()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +77,7 @@ def dev_cluster(
     """The session's control plane: four workers, fast node-failure timings. At its end the
     API server's audit log is read (``check_least_privilege``)."""
     binaries.build()
-    _remove_abandoned_test_clusters()
+    remove_abandoned_clusters("pytest-")
     cluster = DevCluster(
         DevClusterConfig(
             name=f"pytest-{os.getpid()}",

@@ -10,6 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +191,18 @@ def start_chart_operator(
         controllers=None, env={**CHART_ENV, **(env or {})}, resolv_conf=resolv_conf,
         kubeconfig=chart_identity(cluster),
     )  # fmt: skip
+
+
+@contextmanager
+def chart_maintenance_operator(cluster: DevCluster, log_dir: Path) -> Iterator[OperatorProcess]:
+    """The maintenance controller alone, as the chart runs it; the cluster's MaintenancePolicy
+    (one per cluster, ``default``) goes with it."""
+    process = start_chart_operator(cluster, log_dir, "--controllers", "maintenance")
+    try:
+        yield process
+    finally:
+        process.stop()
+        cluster.kubectl("delete", "maintenancepolicy", "default", "--ignore-not-found", check=False)
 
 
 def reset_chart_identity(cluster: DevCluster) -> None:

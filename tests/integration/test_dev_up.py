@@ -25,12 +25,13 @@ import yaml
 
 from kustos.api.etcd import EtcdCluster
 from kustos.devcluster import operator as dev_operator
-from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clusters
+from kustos.devcluster.cluster import DevCluster, DevClusterConfig
 from kustos.devcluster.nodeimages import NONROOT, etcd_image
 from kustos.devcluster.realnode import REAL_NODE_LABEL
 from kustos.etcd.pods import member_claim, member_pod
 from kustos.images import agent_image
 from kustos.nodes.cloud.kwok import GROUP_LABEL, IMAGE_ANNOTATION
+from tests.integration.conftest import remove_abandoned_clusters
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 
@@ -45,26 +46,10 @@ def kustos(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str
                           check=False, timeout=timeout)  # fmt: skip
 
 
-def _remove_abandoned() -> None:
-    """Clusters this module left behind in a killed run."""
-    for name in running_clusters():
-        owner = name.removeprefix(PREFIX)
-        if name.startswith(PREFIX) and owner.isdigit() and not _alive(int(owner)):
-            DevCluster(DevClusterConfig(name=name)).stop()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def up() -> Iterator[Up]:
     """``kustos dev up --name devup-<pid>``: the cluster, the command's output, its seconds."""
-    _remove_abandoned()
+    remove_abandoned_clusters(PREFIX)
     started = time.monotonic()
     result = kustos("dev", "up", "--name", NAME)
     seconds = time.monotonic() - started

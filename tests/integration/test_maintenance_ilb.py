@@ -45,7 +45,7 @@ from kustos.maintenance.internallb import (
 from kustos.maintenance.internallb_node import master_command
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess, free_port, start_chart_operator
+from tests.integration.operator import OperatorProcess, chart_maintenance_operator, free_port
 
 FIRST_INDEX = 221
 
@@ -152,12 +152,8 @@ def policy_status(cluster: DevCluster) -> dict[str, Any]:
 
 @pytest.fixture
 def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = start_chart_operator(kubectl.cluster, tmp_path / "operator", "--controllers", "maintenance")
-    try:
+    with chart_maintenance_operator(kubectl.cluster, tmp_path / "operator") as process:
         yield process
-    finally:
-        process.stop()
-        kubectl.cluster.kubectl("delete", "maintenancepolicy", "default", "--ignore-not-found", check=False)
 
 
 async def test_kubectl_through_the_internal_load_balancer_survives_api_servers_coming_and_going(

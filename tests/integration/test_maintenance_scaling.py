@@ -18,7 +18,7 @@ import pytest
 from kustos.devcluster.kwokconfig import node_manifest
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess, start_chart_operator
+from tests.integration.operator import OperatorProcess, chart_maintenance_operator
 
 FIRST_INDEX = 231
 POOL = "kustos.dev/scaling-test"
@@ -46,12 +46,8 @@ def workload(kind: str, name: str, namespace: str) -> dict[str, Any]:
 
 @pytest.fixture
 def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
-    process = start_chart_operator(kubectl.cluster, tmp_path / "operator", "--controllers", "maintenance")
-    try:
+    with chart_maintenance_operator(kubectl.cluster, tmp_path / "operator") as process:
         yield process
-    finally:
-        process.stop()
-        kubectl.cluster.kubectl("delete", "maintenancepolicy", "default", "--ignore-not-found", check=False)
 
 
 async def test_workloads_grow_as_nodes_join_and_never_shrink(

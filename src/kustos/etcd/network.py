@@ -16,7 +16,7 @@ from typing import Any
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.backup import AGENT_CLUSTER_LABEL
 from kustos.etcd.certs import METRICS_PORT
-from kustos.etcd.pods import CLUSTER_LABEL, MEMBER_LABEL, labels, owner_reference
+from kustos.etcd.pods import CLUSTER_LABEL, MEMBER_LABEL, owned_metadata
 
 Obj = dict[str, Any]
 
@@ -56,12 +56,7 @@ def network_policy(cluster: EtcdCluster, operator: Obj | None) -> Obj:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": name,
-            "namespace": cluster.metadata["namespace"],
-            "labels": labels(cluster),
-            "ownerReferences": [owner_reference(cluster)],
-        },
+        "metadata": owned_metadata(cluster, name),
         "spec": {
             "podSelector": member_selector(cluster),
             "policyTypes": ["Ingress"],

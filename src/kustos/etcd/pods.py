@@ -37,6 +37,17 @@ def labels(cluster: EtcdCluster) -> dict[str, str]:
     }
 
 
+def owned_metadata(cluster: EtcdCluster, name: str, extra_labels: dict[str, str] | None = None) -> Obj:
+    """An object of the cluster's: in its namespace, with kustos's labels, owned by it (so it is
+    deleted with it)."""
+    return {
+        "name": name,
+        "namespace": cluster.metadata["namespace"],
+        "labels": {**labels(cluster), **(extra_labels or {})},
+        "ownerReferences": [owner_reference(cluster)],
+    }
+
+
 def owner_reference(cluster: EtcdCluster) -> Obj:
     return {
         "apiVersion": EtcdCluster.crd.api_version,
@@ -301,12 +312,7 @@ def member_claim(cluster: EtcdCluster, pod: str, epoch: int = 0) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": claim_name(pod),
-            "namespace": cluster.metadata["namespace"],
-            "labels": {**labels(cluster), MEMBER_LABEL: pod, EPOCH_LABEL: str(epoch)},
-            "ownerReferences": [owner_reference(cluster)],
-        },
+        "metadata": owned_metadata(cluster, claim_name(pod), {MEMBER_LABEL: pod, EPOCH_LABEL: str(epoch)}),
         "spec": spec,
     }
 
@@ -318,12 +324,7 @@ def disruption_budget(cluster: EtcdCluster, min_available: int) -> Obj:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {
-            "name": name,
-            "namespace": cluster.metadata["namespace"],
-            "labels": labels(cluster),
-            "ownerReferences": [owner_reference(cluster)],
-        },
+        "metadata": owned_metadata(cluster, name),
         "spec": {
             "minAvailable": min_available,
             "selector": {
