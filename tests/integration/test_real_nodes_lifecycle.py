@@ -68,7 +68,7 @@ from tests.integration.test_real_nodes import node_ready
 pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 
 REAL_NODES = 4
-OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
+OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS[-2:])  # the newest minor and the one before
 # Members run only on real nodes: their label, and the taint that keeps the session's other
 # workloads off them.
 ON_REAL_NODES: dict[str, Any] = {
