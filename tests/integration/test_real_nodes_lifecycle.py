@@ -34,6 +34,7 @@ import pytest
 from kustos.devcluster import operator as dev_operator
 from kustos.devcluster.binaries import ETCD_VERSIONS
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.nodeimages import etcd_image
 from kustos.devcluster.realnode import REAL_NODE_LABEL, RealNode
 from kustos.devcluster.s3 import S3Server
 from kustos.etcd.backup import AGENT_CONTAINER, BACKUP_LABEL, SAVE_CONTAINER
@@ -458,7 +459,7 @@ async def test_upgrade_to_the_new_minor_and_rollback_keep_every_write(
             status = await wait_healthy(kubectl, "roll", 3)
             writes.writer.update(status)
             images = {p["spec"]["containers"][0]["image"] for p in member_pods(kubectl, "roll")}
-            assert images == {f"registry.k8s.io/etcd:{version}-0"}, images
+            assert images == {etcd_image(version)}, images
             assert_on_real_nodes(kubectl, "roll", real_nodes, status)
         await writes.check()
         assert_consistent(kubectl, "roll", 3, status)
