@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kustos.devcluster import nodeimages
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 
 DISCOVERY_POD = "etcd-discovery"
@@ -20,7 +21,8 @@ DEMO_LABEL = "kustos.dev/demo"
 
 
 def etcd_image(version: str = ETCD_VERSIONS[-1]) -> str:
-    return f"registry.k8s.io/etcd:{version.lstrip('v')}-0"
+    """The image real nodes preload and the process runner maps (the default repository's)."""
+    return nodeimages.etcd_image(version)
 
 
 def etcd_pod(
