@@ -144,12 +144,13 @@ def dev_up(
 ) -> None:
     """Start the local control plane in the background, the operator, and a sample EtcdCluster."""
     from kustos.devcluster import binaries, kustosimage
-    from kustos.devcluster.cluster import DevClusterError
+    from kustos.devcluster.cluster import DevClusterError, require_privileges
 
     cluster = _cluster(name, workers, fast, real_nodes)
     try:
         image = None
         if real_nodes and not cluster.is_running():
+            require_privileges()  # before a build of minutes that could not be used
             # Before the nodes start: each imports it while its kubelet is not yet up.
             image = kustosimage.current_archive(log=console.print)
         cluster.start(log=console.print, kustos_image=image)

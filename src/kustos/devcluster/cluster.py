@@ -65,6 +65,16 @@ class DevClusterError(RuntimeError):
     """The dev cluster could not do what was asked; the message says what and where to look."""
 
 
+def require_privileges() -> None:
+    """What a dev cluster needs before anything is built or started, said in one line."""
+    missing = missing_privileges()
+    if missing:
+        raise DevClusterError(
+            f"kustos dev up needs root or CAP_NET_ADMIN and CAP_SYS_ADMIN for pod network "
+            f"and mount namespaces; missing {missing}"
+        )
+
+
 @dataclass(frozen=True)
 class DevClusterConfig:
     """How many nodes, which timings, and restart backoff for runner-run containers."""
@@ -187,12 +197,7 @@ class DevCluster:
             self._ensure_agent()
             log(f"dev cluster {self.config.name} is already running")
             return
-        missing = missing_privileges()
-        if missing:
-            raise DevClusterError(
-                f"kustos dev up needs root or CAP_NET_ADMIN and CAP_SYS_ADMIN for pod network "
-                f"and mount namespaces; missing {missing}"
-            )
+        require_privileges()
         if self.state_dir.exists():
             log(f"removing the remains of a stopped dev cluster at {self.state_dir}")
             self.stop()
