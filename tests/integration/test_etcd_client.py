@@ -505,7 +505,14 @@ async def _membership(
             members=[*members, new],
         )  # fmt: skip
         assert not next(m for m in promoted if m.id == learner_id).is_learner
-        assert (await learner.status()).is_learner is False
+
+        # The member applies its own promotion when the conf change reaches its log: a moment
+        # after the leader answered.
+        async def applied_here() -> None:
+            assert (await learner.status()).is_learner is False
+
+        await eventually(applied_here, "m3 to apply its own promotion", retry_on=(AssertionError,),
+                         timeout=10, members=[*members, new])  # fmt: skip
         listed = await learner.member_list()
         assert listed.by_id(learner_id).name == "m3" and listed.learners == []  # type: ignore[union-attr]
     members.append(new)
