@@ -7,7 +7,8 @@ here): a TCP forwarder to the real kube-apiserver on port 6443, so there are two
 one API. A real HAProxy (Debian's package) then plays the static pod on one worker: the test is
 that node's kubelet, running the container command the written manifest says (the image is the
 local binary, the volumes the node's directories). Then API servers die, their Nodes go and a
-new one joins, while kubectl keeps asking through the load balancer: no request fails twice in a row (one in flight to a dying server may end in EOF), and
+new one joins, while kubectl keeps asking through the load balancer: no request fails twice in
+a row (one in flight to a dying server may end in EOF), and
 the configuration HAProxy serves follows the Nodes.
 
 HAProxy listens on a free loopback port, not 6444 (test sessions run side by side on this
