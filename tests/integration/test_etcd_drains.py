@@ -70,6 +70,19 @@ class Watched:
         await self.writer.stop()
 
 
+async def assert_moved_keeping_every_write(
+    kubectl: Kubectl, name: str, watched: Any, status: dict[str, Any]
+) -> None:
+    """Members moved off draining nodes (said in an Event), quorum never lost, every
+    acknowledged write on the cluster."""
+    assert "QuorumLost" not in watched.phases, watched.phases
+    events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
+    assert "moved off draining node" in events, events
+    assert_consistent(kubectl, name, 3, status)
+    assert len(watched.writer.acknowledged) > 50
+    assert await watched.writer.missing(status["members"][0]["clientUrl"]) == []
+
+
 async def test_without_migration_a_drain_of_two_member_nodes_at_once_keeps_quorum(
     kubectl: Kubectl, operator: OperatorProcess
 ) -> None:
@@ -142,12 +155,7 @@ async def test_members_move_off_every_drained_node_one_after_another(
     finally:
         for node in drained:
             kubectl.cluster.kubectl("uncordon", node, check=False)
-    assert "QuorumLost" not in watched.phases, watched.phases
-    events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
-    assert "moved off draining node" in events, events
-    assert_consistent(kubectl, "m", 3, status)
-    assert len(watched.writer.acknowledged) > 50
-    assert await watched.writer.missing(status["members"][0]["clientUrl"]) == []
+    await assert_moved_keeping_every_write(kubectl, "m", watched, status)
 
 
 async def test_pods_that_cannot_start_are_named_with_their_reason(
@@ -272,12 +280,7 @@ async def test_members_asked_to_leave_by_evictions_alone_move(
             watched.writer.update(status)
     print(f"{len(watched.writer.acknowledged)} writes acknowledged, {refusals} evictions refused")
     assert refusals >= len(targets)
-    assert "QuorumLost" not in watched.phases, watched.phases
-    events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
-    assert "moved off draining node" in events, events
-    assert_consistent(kubectl, "ev", 3, status)
-    assert len(watched.writer.acknowledged) > 50
-    assert await watched.writer.missing(status["members"][0]["clientUrl"]) == []
+    await assert_moved_keeping_every_write(kubectl, "ev", watched, status)
 
 
 async def test_a_volume_too_small_for_the_data_is_said_with_the_size_needed(
