@@ -71,7 +71,7 @@ class Watched:
 
 
 async def assert_moved_keeping_every_write(
-    kubectl: Kubectl, name: str, watched: Any, status: dict[str, Any]
+    kubectl: Kubectl, name: str, watched: Watched, status: dict[str, Any]
 ) -> None:
     """Members moved off draining nodes (said in an Event), quorum never lost, every
     acknowledged write on the cluster."""
