@@ -367,7 +367,11 @@ def test_status_of_a_wait_says_why_and_counts_node_pods() -> None:
     assert status.message == "waiting for the DaemonSet controller to see the new image"
     assert status.nodes_ready == "3/3"
     missing = observed(None, cluster=None, cluster_problem="StorageCluster c not found in namespace ns")
-    assert up.status(missing, up.plan(missing), NOW).message == "StorageCluster c not found in namespace ns"
+    waiting = up.status(missing, up.plan(missing), NOW)
+    assert waiting.message == "StorageCluster c not found in namespace ns"
+    assert [(c.type, c.status, c.reason, c.message) for c in waiting.conditions] == [
+        ("Completed", "False", "ClusterNotFound", "StorageCluster c not found in namespace ns")
+    ]
 
 
 def test_status_of_a_failure_says_how_to_restore_and_a_failed_step_is_degraded() -> None:

@@ -6,14 +6,14 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from kustos.api.common import DURATION_PATTERN, QUANTITY_PATTERN, Condition
+from kustos.api.common import HTTP_URL_PATTERN, QUANTITY_PATTERN, Condition, Duration
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
 
 class S3Storage(KubeModel):
     """An S3-compatible bucket."""
 
-    endpoint: str = Field(pattern=r"^https?://")
+    endpoint: str = Field(pattern=HTTP_URL_PATTERN)
     """The S3 endpoint URL, like https://s3.eu-west-1.amazonaws.com or http://minio.backup:9000."""
     bucket: str = Field(min_length=3, max_length=63)
     """The bucket; it must exist."""
@@ -64,7 +64,7 @@ class BackupSchedule(KubeModel):
         )
     )
 
-    interval: str | None = Field(default=None, pattern=DURATION_PATTERN)
+    interval: Duration | None = None
     """Take a backup this often, like 30m or 6h."""
     schedule: str | None = None
     """Or a cron schedule in UTC, like "0 */6 * * *"."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
 from kustos.api.backup import BackupSchedule
-from kustos.api.common import DURATION_PATTERN, QUANTITY_PATTERN, Condition
+from kustos.api.common import ENDPOINT_PATTERN, QUANTITY_PATTERN, Condition, Duration
 from kustos.api.etcd_tls import TLSSpec, TLSStatus
 from kustos.images import DEFAULT_ETCD_REPOSITORY, PROVEN_ETCD_VERSIONS
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
@@ -88,7 +88,7 @@ class RecoverySpec(KubeModel):
     """Rebuild the cluster in place without asking: from the surviving member with the newest
     data, else from the newest backup. When false, the operator waits for
     `kustos etcd recover NAME` (the status says what it would do)."""
-    delay: str = Field(default="60s", pattern=DURATION_PATTERN)
+    delay: Duration = "60s"
     """How long quorum must have been lost before automatic recovery starts (members on a node
     that comes back, or PVC members restarted on their volumes, often restore it by themselves)."""
 
@@ -103,9 +103,7 @@ class RestoreSpec(KubeModel):
 class AdoptSpec(KubeModel):
     """An etcd cluster kustos did not create, to take over without downtime."""
 
-    endpoints: list[str] = Field(
-        min_length=1, json_schema_extra={"items": {"type": "string", "pattern": "^https?://"}}
-    )
+    endpoints: list[Annotated[str, Field(pattern=ENDPOINT_PATTERN)]] = Field(min_length=1)
     """Client URLs of one or more of its members; the rest are found in its member list."""
 
 
@@ -144,9 +142,9 @@ class DefragmentationSpec(KubeModel):
     schedule: str | None = Field(default=None, pattern=CRON_PATTERN)
     """Only start defragmenting within `window` after a tick of this cron schedule (UTC),
     like "0 3 * * *"; at any time when unset."""
-    window: str = Field(default="1h", pattern=DURATION_PATTERN)
+    window: Duration = "1h"
     """How long after each tick of `schedule` a defragmentation may start."""
-    check_interval: str = Field(default="5m", pattern=DURATION_PATTERN)
+    check_interval: Duration = "5m"
     """How often every member's database size is checked."""
 
 
@@ -256,7 +254,7 @@ class EtcdClusterSpec(KubeModel):
     """Member pod policy."""
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """Who may reach the members (a NetworkPolicy)."""
-    member_failure_timeout: str = Field(default="60s", pattern=DURATION_PATTERN)
+    member_failure_timeout: Duration = "60s"
     """How long a member may be unhealthy before it is replaced (a deleted pod is replaced at once)."""
     extra_args: list[str] = Field(
         default_factory=list,

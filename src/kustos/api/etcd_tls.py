@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from kustos.api.common import DURATION_PATTERN
+from kustos.api.common import Duration
 from kustos.runtime.crd import KubeModel, list_map
 
 RENEW_ANNOTATION = "kustos.dev/renew-certificates"
@@ -32,7 +32,7 @@ class TLSSpec(KubeModel):
     secrets: TLSSecrets | None = None
     """Use these Secrets instead of certificates the operator issues. Replacing their
     contents restarts members one at a time onto the new certificates."""
-    lifetime: str = Field(default="2160h", pattern=DURATION_PATTERN)
+    lifetime: Duration = "2160h"
     """How long certificates the operator issues are valid (default 90 days)."""
     renew_before_percent: int = Field(default=33, ge=1, le=90)
     """Renew a certificate once less than this share of its lifetime is left."""

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from kustos.api.common import DURATION_PATTERN, Condition
+from kustos.api.common import Condition, Duration
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, list_map
 
 POLICY_NAME = "default"
@@ -69,7 +69,7 @@ class ScaledResource(KubeModel):
 class MaintenancePolicySpec(KubeModel):
     """The switches of node maintenance; EKCO's names where it has one, with its defaults."""
 
-    node_unreachable_toleration: str = Field(default="1h", pattern=DURATION_PATTERN)
+    node_unreachable_toleration: Duration = "1h"
     """How long a Node must be unreachable before it is considered dead (purge, legacy clear)."""
     min_ready_master_node_count: int = Field(default=2, ge=0)
     """Purge never leaves fewer Ready control-plane nodes than this (the dead node not counted)."""
@@ -96,7 +96,7 @@ class MaintenancePolicySpec(KubeModel):
     """Do not install the shutdown and startup service (deploy/reboot/) on nodes."""
     should_disable_restart_failed_envoy_pods: bool = False
     """Do not delete Envoy pods whose envoy container stays not ready."""
-    envoy_pods_not_ready_duration: str = Field(default="5m", pattern=DURATION_PATTERN)
+    envoy_pods_not_ready_duration: Duration = "5m"
     """How long an envoy container may be not ready (its pod running) before the pod is deleted."""
     envoy_pod_selector: str = "app=envoy"
     """The label selector (key=value[,key=value]) of the Envoy pods."""

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from kustos.api.common import DURATION_PATTERN, Condition
+from kustos.api.common import Condition, Duration
 from kustos.runtime.crd import (
     CRDInfo,
     CustomResource,
@@ -107,12 +107,12 @@ class NodeImageSpec(KubeModel):
     """Control-plane nodes: replaced first; workers wait while one is outdated."""
     workers: RolloutPolicy = Field(default_factory=RolloutPolicy)
     """Worker nodes."""
-    drain_timeout: str = Field(default="10m", pattern=DURATION_PATTERN)
+    drain_timeout: Duration = "10m"
     """How long a donor's drain may be blocked (a PodDisruptionBudget, unmanaged pods)."""
     on_drain_timeout: Literal["wait", "force"] = "wait"
     """wait: keep trying and name the blocking pods in status; force: delete the blocking pods
     (an Event and an annotation on the Node record it)."""
-    join_timeout: str = Field(default="10m", pattern=DURATION_PATTERN)
+    join_timeout: Duration = "10m"
     """How long a new node may take to join and become Ready before it is deleted and tried again."""
     health_gates: HealthGates = Field(default_factory=HealthGates)
     """What must hold before each next step."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from kustos.api.common import DURATION_PATTERN, Condition
+from kustos.api.common import Condition, Duration
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
 UpgradeStep = Literal[
@@ -27,7 +27,7 @@ class StorageUpgradeSpec(KubeModel):
     """The storage node container image to upgrade to."""
     cluster_name: str | None = Field(default=None, min_length=1)
     """The StorageCluster (in this namespace) to upgrade; the only one there when unset."""
-    step_timeout: str = Field(default="10m", pattern=DURATION_PATTERN)
+    step_timeout: Duration = "10m"
     """How long pulling the image, or rolling the nodes, may take before the upgrade fails."""
 
 

@@ -178,6 +178,7 @@ class EtcdBackupReconciler:
             return
         status.phase = status.phase or "Pending"
         status.message = message
+        self._condition(raw, status, False, "Waiting")  # said where tools look, not only in Events
         await self._write(raw, status, Note("BackupWaiting", message, WARNING))
 
     def _condition(self, raw: dict[str, Any], status: EtcdBackupStatus, succeeded: bool, reason: str) -> None:

@@ -512,6 +512,11 @@ def status(
     match step:
         case Wait():
             result.message = wait_message(o, step)
+            if o.cluster is None and o.cluster_problem:
+                # Said where tools look (``kubectl wait``), not only in the message and an Event.
+                result.conditions = _set(
+                    result, "Completed", False, "ClusterNotFound", o.cluster_problem, o.generation, when
+                )
             if o.daemon_set is not None:
                 ready, desired = node_progress(o)
                 result.nodes_ready = f"{ready}/{desired}"
