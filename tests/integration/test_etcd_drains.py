@@ -5,17 +5,40 @@ that cannot start says why."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import shutil
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from kustos.devcluster.paths import cache_root
 from kustos.etcd.client import EtcdClient, NoSpace
 from tests.integration.conftest import Kubectl
-from tests.integration.etcd_support import Writer, assert_consistent, etcd_cluster, status_of, wait_healthy
+from tests.integration.etcd_support import (
+    Writer,
+    assert_consistent,
+    etcd_cluster,
+    running_operator,
+    status_of,
+    wait_healthy,
+)
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
+
+
+@pytest.fixture
+def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The suite's operator with the product's lease timings (15 s, renewed within 10 s): at
+    load average 28 a renewal took over the suite's 5 s, the operator stood down (exit 3)
+    mid-loop, and nothing restarts it as a Deployment would; the members then stayed put."""
+    lease = ("--lease-duration", "15", "--renew-deadline", "10")
+    with running_operator(kubectl, tmp_path / "operator", extra=lease) as process:
+        yield process
 
 
 def member_nodes(kubectl: Kubectl, name: str) -> dict[str, str]:
@@ -26,6 +49,14 @@ def member_nodes(kubectl: Kubectl, name: str) -> dict[str, str]:
         for p in pods
         if not p["metadata"].get("deletionTimestamp")
     }
+
+
+FULL_TAINT = "kustos.dev/test-full"  # not a node remover's taint: the node is not draining
+
+
+def worker_nodes(kubectl: Kubectl) -> list[str]:
+    names = kubectl.cluster.kubectl("get", "nodes", "-l", "node-role.kubernetes.io/worker", "-o", "name")
+    return [n.removeprefix("node/") for n in names.split()]
 
 
 async def kubectl_drain(kubectl: Kubectl, nodes: list[str], selector: str, timeout: int) -> tuple[int, str]:
@@ -39,6 +70,22 @@ async def kubectl_drain(kubectl: Kubectl, nodes: list[str], selector: str, timeo
     )  # fmt: skip
     out, _ = await process.communicate()
     return process.returncode or 0, out.decode()
+
+
+@contextlib.contextmanager
+def operator_log_kept_on_failure(operator: OperatorProcess, test: str) -> Iterator[None]:
+    """A failure keeps the operator's log out of pytest's rotated temporary directories
+    (a loaded machine runs many sessions; two failures of the eviction loop lost theirs),
+    and its last lines about evictions and steps go with the failure."""
+    try:
+        yield
+    except BaseException:
+        kept = cache_root() / "failed-operator-logs" / f"{test}-{time.strftime('%Y%m%dT%H%M%S')}.log"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(operator.log_file, kept)
+        telling = [line for line in operator.log().splitlines() if "eviction" in line or "step:" in line]
+        print(f"\noperator log of the failed run: {kept}\n" + "\n".join(telling[-40:]))
+        raise
 
 
 class Watched:
@@ -221,6 +268,97 @@ async def test_pods_that_cannot_start_are_named_with_their_reason(
         kubectl.cluster.kubectl("delete", "storageclass", never, "--wait=false", check=False)
 
 
+# A kubelet registers its node with this annotation: the attach/detach controller then attaches
+# the node's volumes (kube-controller-manager's addNodeToDswp). kwok's nodes are not kubelets.
+CONTROLLER_ATTACHES = "volumes.kubernetes.io/controller-managed-attach-detach"
+
+
+async def refuse_attachments(kubectl: Kubectl, driver: str, said: str, stop: asyncio.Event) -> None:
+    """The storage system's side of an attach, faked at its API boundary: what a CSI
+    external-attacher writes on a VolumeAttachment of ``driver`` when ControllerPublishVolume
+    fails (``status.attachError``, the driver's words)."""
+    cluster = kubectl.cluster
+    while not stop.is_set():
+        listed = await asyncio.to_thread(cluster.kubectl, "get", "volumeattachments", "-o", "json")
+        for attachment in json.loads(listed)["items"]:
+            status = attachment.get("status") or {}
+            if attachment["spec"]["attacher"] != driver or status.get("attachError"):
+                continue
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            patch = {"status": {"attached": False, "attachError": {"time": when, "message": said}}}
+            await asyncio.to_thread(
+                cluster.kubectl, "patch", "volumeattachment", attachment["metadata"]["name"],
+                "--subresource=status", "--type=merge", "-p", json.dumps(patch), check=False,
+            )  # fmt: skip
+        await asyncio.sleep(0.5)
+
+
+async def test_a_member_whose_volume_does_not_attach_says_why_within_a_minute(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """A CSI PersistentVolume whose driver requires attach (a CSIDriver with attachRequired):
+    kube-controller-manager's attach/detach controller creates the VolumeAttachment and waits
+    for the driver's external-attacher. That attacher is faked at its API boundary by this
+    test: it sets ``status.attachError`` with the storage system's message, as the real one
+    does when ControllerPublishVolume fails. The controller then says FailedAttachVolume on
+    the pod, and the EtcdCluster names the member and those words in ``status.stuck``,
+    Degraded, the STUCK column and an Event within a minute."""
+    ns, cluster = kubectl.namespace, kubectl.cluster
+    driver, volume = f"{ns}.attach.kustos.dev", f"no-attach-{ns}"
+    said = f"rpc error: code = FailedPrecondition desc = disk {volume} is attached to instance i-0f00"
+    workers = worker_nodes(kubectl)
+    cluster.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all([
+        {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": driver},
+         "spec": {"attachRequired": True, "podInfoOnMount": False}},
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": volume},
+         "provisioner": driver, "volumeBindingMode": "Immediate"},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+         "spec": {
+             "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": volume,
+             "csi": {"driver": driver, "volumeHandle": volume},
+             "claimRef": {"namespace": ns, "name": "att-0-data"},
+         }},
+    ]))  # fmt: skip
+    cluster.kubectl("annotate", "--overwrite", "nodes", *workers, f"{CONTROLLER_ATTACHES}=true")
+    stop = asyncio.Event()
+    attacher = asyncio.create_task(refuse_attachments(kubectl, driver, said, stop))
+    try:
+        started = time.monotonic()
+        kubectl.apply(
+            etcd_cluster("att", 1, storage={"type": "pvc", "size": "1Gi", "storageClassName": volume})
+        )
+
+        async def named() -> dict[str, str] | None:
+            status = status_of(kubectl, "att")
+            stuck = (status.get("stuck") or [{}])[0]
+            degraded = next((c for c in status.get("conditions") or [] if c["type"] == "Degraded"), {})
+            if stuck.get("reason") == "VolumeAttachFailed" and degraded.get("reason") == "VolumeAttachFailed":
+                return dict(stuck)
+            return None
+
+        stuck = await wait_until(named, "the member to name its volume that does not attach", timeout=60,
+                                 cluster=cluster, namespace=ns)  # fmt: skip
+        print(f"said after {time.monotonic() - started:.1f} s: {stuck['message']}")
+        assert stuck["pod"] == "att-0" and said in stuck["message"], stuck
+        node = kubectl.get("pod", "att-0")["spec"]["nodeName"]
+        assert f"node {node}" in stuck["message"], stuck
+        pod_events = kubectl(
+            "get", "events", "--field-selector", "involvedObject.name=att-0,reason=FailedAttachVolume"
+        )
+        assert said in pod_events, pod_events  # the controller's own words, on the pod
+        table = kubectl("get", "etcdclusters")
+        assert "VolumeAttachFailed" in table, table
+        events = kubectl("get", "events", "--field-selector", "involvedObject.kind=EtcdCluster")
+        assert "VolumeAttachFailed" in events, events
+    finally:
+        stop.set()
+        await attacher
+        kubectl("delete", "etcdclusters", "--all", "--wait=false")
+        cluster.kubectl("annotate", "nodes", *workers, f"{CONTROLLER_ATTACHES}-", check=False)
+        cluster.kubectl("delete", "pv,storageclass", volume, "--wait=false", check=False)
+        cluster.kubectl("delete", "csidriver", driver, "--wait=false", check=False)
+
+
 async def evict(kubectl: Kubectl, pod: str, dry_run: bool = False) -> tuple[int, str]:
     """One call of the Eviction API, as the cluster-autoscaler or the descheduler makes it
     (no cordon): the exit code and what the API server said."""
@@ -237,15 +375,38 @@ async def evict(kubectl: Kubectl, pod: str, dry_run: bool = False) -> tuple[int,
     return process.returncode or 0, out.decode()
 
 
+async def evict_until_empty(kubectl: Kubectl, name: str, node: str) -> int:
+    """Evict the members on ``node`` every second until it holds none (the evictions refused);
+    no member pod but those there at first may ever be on it."""
+    deadline = time.monotonic() + 180
+    refusals, leaving = 0, {p for p, n in member_nodes(kubectl, name).items() if n == node}
+    while on_node := [p for p, n in member_nodes(kubectl, name).items() if n == node]:
+        assert time.monotonic() < deadline, f"members still on {node}: {on_node}"
+        assert set(on_node) <= leaving, f"a replacement landed on {node}, the node being emptied"
+        for pod in on_node:
+            code, output = await evict(kubectl, pod)
+            # Refused by the budget, or the pod is already gone (the operator deleted it).
+            assert code != 0 and ("disruption budget" in output or "NotFound" in output), output
+            refusals += "disruption budget" in output
+        await asyncio.sleep(1)
+    return refusals
+
+
+# Four moves (the second node holds two members), each up to a minute or more on a loaded machine.
+@pytest.mark.timeout(900)
 async def test_members_asked_to_leave_by_evictions_alone_move(
     kubectl: Kubectl, operator: OperatorProcess
 ) -> None:
     """An autoscaler-style loop with no cordon and no taint: it calls the Eviction API for the
     member on the node it wants empty, every second, until that node holds none, then takes
-    the next member node. The budget refuses every call (429); the operator sees the refused
-    calls through its eviction webhook and moves each member (replacement first). A dry run
-    moves nothing. No acknowledged write is lost and quorum is kept throughout."""
-    kubectl.apply(etcd_cluster("ev", 3))
+    the next member node. For the first node there is no empty node (the spare worker is
+    tainted), and no replacement ever lands on the node being emptied. The budget refuses
+    every call (429); the operator sees the refused calls through its eviction webhook and
+    moves each member (replacement first). A dry run moves nothing. No acknowledged write is
+    lost and quorum is kept throughout."""
+    # The default failure timeout: the suite's 5 s made a member slowed by a loaded machine
+    # "dead", removed and replaced in the middle of the loop (seen at load average 20).
+    kubectl.apply(etcd_cluster("ev", 3, memberFailureTimeout="60s"))
     status = await wait_healthy(kubectl, "ev", 3)
 
     async def no_eviction_allowed() -> bool:
@@ -261,26 +422,28 @@ async def test_members_asked_to_leave_by_evictions_alone_move(
     assert "kustos.dev/eviction-requested" not in kubectl.get("pod", first)["metadata"].get("annotations", {})
 
     targets = sorted(set(member_nodes(kubectl, "ev").values()))
+    # The first member has no empty node to go to (the spare worker is tainted, as a full
+    # cluster's would be): its replacement shares a node with another member, never the one
+    # being emptied (a replacement there would be evicted in turn, and again).
+    spare = [n for n in worker_nodes(kubectl) if n not in targets]
+    kubectl.cluster.kubectl("taint", "nodes", *spare, f"{FULL_TAINT}=true:NoSchedule")
     refusals, times = 0, []
-    async with Watched(kubectl, "ev", status) as watched:
-        for node in targets:
-            started = time.monotonic()
-            deadline = started + 180
-            while on_node := [p for p, n in member_nodes(kubectl, "ev").items() if n == node]:
-                assert time.monotonic() < deadline, f"members still on {node}: {on_node}"
-                for pod in on_node:
-                    code, output = await evict(kubectl, pod)
-                    # Refused by the budget, or the pod is already gone (the operator deleted it).
-                    assert code != 0 and ("disruption budget" in output or "NotFound" in output), output
-                    refusals += "disruption budget" in output
-                await asyncio.sleep(1)
-            times.append(time.monotonic() - started)
-            print(f"member left {node} after {times[-1]:.1f} s of refused evictions")
-            status = await wait_healthy(kubectl, "ev", 3)
-            watched.writer.update(status)
-    print(f"{len(watched.writer.acknowledged)} writes acknowledged, {refusals} evictions refused")
-    assert refusals >= len(targets)
-    await assert_moved_keeping_every_write(kubectl, "ev", watched, status)
+    try:
+        with operator_log_kept_on_failure(operator, "evictions_alone_move"):
+            async with Watched(kubectl, "ev", status) as watched:
+                for node in targets:
+                    started = time.monotonic()
+                    refusals += await evict_until_empty(kubectl, "ev", node)
+                    times.append(time.monotonic() - started)
+                    print(f"member left {node} after {times[-1]:.1f} s: {member_nodes(kubectl, 'ev')}")
+                    kubectl.cluster.kubectl("taint", "nodes", *spare, f"{FULL_TAINT}-", check=False)
+                    status = await wait_healthy(kubectl, "ev", 3)
+                    watched.writer.update(status)
+            print(f"{len(watched.writer.acknowledged)} writes acknowledged, {refusals} evictions refused")
+            assert refusals >= len(targets)
+            await assert_moved_keeping_every_write(kubectl, "ev", watched, status)
+    finally:
+        kubectl.cluster.kubectl("taint", "nodes", *spare, f"{FULL_TAINT}-", check=False)
 
 
 async def test_a_volume_too_small_for_the_data_is_said_with_the_size_needed(

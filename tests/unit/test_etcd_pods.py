@@ -64,6 +64,35 @@ def test_members_spread_over_nodes_by_default(mode: str, key: str) -> None:
     assert key in pod["spec"]["affinity"]["podAntiAffinity"]
 
 
+def _excluded(pod: dict[str, Any]) -> list[list[str]]:
+    """Per node selector term (ORed), the nodes it keeps the pod off."""
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return [
+        [v for f in t.get("matchFields", []) if f["operator"] == "NotIn" for v in f["values"]]
+        for t in terms["nodeSelectorTerms"]
+    ]
+
+
+def test_a_replacement_is_kept_off_the_nodes_of_leaving_members() -> None:
+    pod = member_pod(cluster(), 3, "existing", [], "3.6.16", avoid_nodes=["w2", "w1"])
+    assert _excluded(pod) == [["w1", "w2"]]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" in pod["spec"]["affinity"]["podAntiAffinity"]
+
+
+def test_the_users_node_affinity_keeps_each_term_and_gains_the_exclusion() -> None:
+    terms = [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]},
+             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["w9"]}]}]  # fmt: skip
+    affinity = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    }
+    spec = cluster(pod={"affinity": affinity})
+    pod = member_pod(spec, 3, "existing", [], "3.6.16", avoid_nodes=["w1"])
+    assert _excluded(pod) == [["w1"], ["w1"]]
+    kept = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert kept["nodeSelectorTerms"][0]["matchExpressions"] == terms[0]["matchExpressions"]
+    assert member_pod(spec, 3, "existing", [], "3.6.16")["spec"]["affinity"] == affinity  # not changed
+
+
 def test_pod_policy_reaches_the_pod() -> None:
     policy = {
         "antiAffinity": "none", "nodeSelector": {"disk": "ssd"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,7 @@ def test_each_container_incarnation_has_its_own_id() -> None:
 
 def test_a_pod_that_is_not_initialized_is_pending(tmp_path: Path) -> None:
     sandbox = _sandbox(_pod(["etcd"], init=["wait"]), tmp_path)
+    sandbox.volumes_ready = True
 
     status = sandbox.pod_status()
 
@@ -188,6 +190,35 @@ def test_a_pod_that_is_not_initialized_is_pending(tmp_path: Path) -> None:
         {"waiting": {"reason": "PodInitializing"}}
     ]
     assert [s["state"] for s in status["containerStatuses"]] == [{"waiting": {"reason": "ContainerCreating"}}]
+
+
+async def test_a_pod_whose_claim_has_no_volume_yet_says_it_cannot_start_containers(tmp_path: Path) -> None:
+    """As a kubelet waiting to attach or mount: Pending, PodReadyToStartContainers False,
+    written while it waits (the claim never resolves here)."""
+    pod = _pod(["etcd"])
+    pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "etcd-0-data"}}]
+    written: list[dict[str, Any]] = []
+
+    async def write_status(_: dict[str, Any], status: dict[str, Any]) -> None:
+        written.append(status)
+
+    sandbox = _sandbox(pod, tmp_path)
+    sandbox.context.write_status = write_status
+    sandbox.start()
+    try:
+        for _ in range(50):
+            if written:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await sandbox.stop(0, write_status=False)
+
+    assert written, "no status written while the pod waits for its volume"
+    assert written[0]["phase"] == "Pending"
+    assert _conditions(written[0])["PodReadyToStartContainers"] == "False"
+    assert [s["state"] for s in written[0]["containerStatuses"]] == [
+        {"waiting": {"reason": "ContainerCreating"}}
+    ]
 
 
 def test_a_pod_with_all_containers_running_and_ready_is_ready(tmp_path: Path) -> None:

@@ -112,6 +112,9 @@ class Sandbox:
     init_states: dict[str, ContainerState] = field(default_factory=dict)
     processes: dict[str, ContainerProcess] = field(default_factory=dict)
     initialized: bool = False
+    # Every volume mapped to a directory: until then the pod reports PodReadyToStartContainers
+    # False, as a kubelet does while it attaches and mounts (what stuck.waiting_for_volumes reads).
+    volumes_ready: bool = False
     env_lookup: dict[tuple[str, str, str], str] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _dirty: asyncio.Event = field(default_factory=asyncio.Event)
@@ -231,11 +234,14 @@ class Sandbox:
             local = self.directory / "volumes" / name
             if "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]["claimName"]
-                path = None
+                path = await self.context.resolve_claim(namespace, claim)
+                if path is None:
+                    # Unbound, or a volume no directory stands for (a CSI volume waiting to
+                    # attach): say that the pod waits for its volumes, as a kubelet would.
+                    self._mark_dirty()
                 while path is None:
+                    await asyncio.sleep(0.5)
                     path = await self.context.resolve_claim(namespace, claim)
-                    if path is None:
-                        await asyncio.sleep(0.5)
                 local = path
             elif "hostPath" in volume:
                 # Host paths stay inside the node's sandbox: never the real host's files.
@@ -262,6 +268,7 @@ class Sandbox:
                 target.mkdir(parents=True, exist_ok=True)
                 mounts[mount["mountPath"]] = target
             self.mounts[container["name"]] = mounts
+        self.volumes_ready = True
 
     async def _prepare_env_lookup(self) -> None:
         """Read the ConfigMap and Secret keys that containers take env values from."""
@@ -566,7 +573,7 @@ class Sandbox:
             return {"type": kind, "status": status, "lastTransitionTime": since}
 
         conditions = [
-            condition("PodReadyToStartContainers", True),
+            condition("PodReadyToStartContainers", self.volumes_ready),
             condition("Initialized", self.initialized),
             condition("ContainersReady", all_ready),
             condition("Ready", all_ready),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -417,7 +418,11 @@ class EtcdClusterReconciler:
                 await self.event(cluster, "SeedMemberCreated", f"created seed member {pod}")
             case planner.CreatePod(index=index):
                 pod = planner.pod_name(name, index)
-                await self._create_pod(cluster, o, index, "existing", self._initial_cluster(cluster, o, pod))
+                # Never on the node of a member that is leaving (pods.away_from): a refused eviction
+                # alone does not keep the scheduler off its node.
+                leaving = [p.node for p in o.pods if p.draining and not p.deleting and p.node]
+                initial = self._initial_cluster(cluster, o, pod)
+                await self._create_pod(cluster, o, index, "existing", initial, avoid_nodes=leaving)
                 await self.event(cluster, "MemberPodCreated", f"created pod {pod} to join the cluster")
             case planner.RecreatePod(name=pod):
                 at = planner.pod_index(name, pod)
@@ -500,10 +505,11 @@ class EtcdClusterReconciler:
         index: int,
         state: str,
         initial_cluster: list[tuple[str, str]],
+        avoid_nodes: Sequence[str] = (),
     ) -> None:
         epoch = cluster.status.epoch if cluster.status else 0
         version = creation_version(cluster, planner.rolling_back(o))
-        manifest = member_pod(cluster, index, state, initial_cluster, version, epoch)
+        manifest = member_pod(cluster, index, state, initial_cluster, version, epoch, avoid_nodes)
         if cluster.spec.tls is not None and cluster.spec.tls.secrets is not None:
             fingerprint = await self._user_tls_fingerprint(cluster)
             if fingerprint is not None:

@@ -27,7 +27,7 @@ The rules, in the order they are tried:
 8b. A member on a draining node (cordoned, or tainted by a node remover), or whose eviction was
    asked (``evictions.py``), moves, unless
    ``migrate`` is off: surge as for an upgrade (a new member joins as a learner elsewhere,
-   the scheduler keeps it off the draining node, and is promoted), then rule 8 removes the
+   its pod kept off the leaving members' nodes: ``pods.away_from``, and is promoted), then rule 8 removes the
    member on the draining node (leadership moved first) and rule 5 deletes its pod. One
    member at a time; the cluster never has fewer healthy voters than its size.
 9. Roll members onto ``version`` (or onto renewed certificates: ``PodView.tls_stale``)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from typing import Any
 
 from kustos.api.etcd import EtcdCluster
@@ -190,9 +192,11 @@ def member_pod(
     initial_cluster: list[tuple[str, str]],
     version: str,
     epoch: int = 0,
+    avoid_nodes: Sequence[str] = (),
 ) -> Obj:
     """Member pod ``<cluster>-<index>``; ``initial_cluster`` lists (name, peer URL) of the
-    members it starts with, itself included (its own URL from ``member_urls``)."""
+    members it starts with, itself included (its own URL from ``member_urls``). It is never
+    scheduled on ``avoid_nodes`` (``away_from``)."""
     name = pod_name(cluster.metadata["name"], index)
     peer, client = member_urls(cluster, name)
     spec = cluster.spec
@@ -246,7 +250,7 @@ def member_pod(
         pod_spec["nodeSelector"] = spec.pod.node_selector
     if spec.pod.tolerations:
         pod_spec["tolerations"] = spec.pod.tolerations
-    affinity = spec.pod.affinity or _anti_affinity(cluster)
+    affinity = away_from(spec.pod.affinity or _anti_affinity(cluster), avoid_nodes)
     if affinity:
         pod_spec["affinity"] = affinity
     pod: Obj = {
@@ -283,6 +287,28 @@ def restricted(pod: Obj) -> Obj:
     for container in [*(spec.get("initContainers") or []), *spec["containers"]]:
         container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     return pod
+
+
+def away_from(affinity: Obj | None, nodes: Sequence[str]) -> Obj | None:
+    """``affinity`` (the user's or ours, left unchanged) that also keeps the pod off ``nodes``.
+
+    The replacement of a member asked to leave by an eviction alone (no cordon, no taint: a
+    descheduler, a custom autoscaler) must not land on that member's node: nothing else tells
+    the scheduler that node is being emptied, a preferred anti-affinity lets it pick the node
+    when every node holds a member pod (one still terminating counts), and the replacement
+    there is evicted in turn. Each of the user's node selector terms (they are ORed) gets the
+    exclusion."""
+    if not nodes:
+        return affinity
+    exclusion = {"key": "metadata.name", "operator": "NotIn", "values": sorted(set(nodes))}
+    result = copy.deepcopy(affinity) if affinity else {}
+    node_affinity = result.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [
+        {**term, "matchFields": [*(term.get("matchFields") or []), exclusion]} for term in terms
+    ]
+    return result
 
 
 def _anti_affinity(cluster: EtcdCluster) -> Obj | None:
