@@ -212,6 +212,7 @@ async def test_the_operators_purge_runs_the_ceph_commands_in_the_toolbox_pod(
     for name, index in ((dead, 241), (alive, 242)):
         node = node_manifest(name, dev_cluster.slot, index, control_plane=False)
         node["spec"]["taints"].append(KEEP_OFF)
+        node["metadata"]["labels"]["kustos.dev/rook-test"] = suffix
         nodes.append(node)
     namespace = ROOK_NAMESPACE
     policy = {
@@ -224,6 +225,8 @@ async def test_the_operators_purge_runs_the_ceph_commands_in_the_toolbox_pod(
             "fencing": {"afterToleration": True},  # EKCO's: past the toleration is fenced
             "rookShouldUseAllNodes": False,
             "rookNamespace": namespace,
+            # Only this test's nodes are Rook's (kustos adds every other Ready node otherwise).
+            "rookStorageNodesLabel": f"kustos.dev/rook-test={suffix}",
         },
     }
     exec_rule = {

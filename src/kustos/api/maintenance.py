@@ -85,13 +85,29 @@ class MaintenancePolicySpec(KubeModel):
     """Clear as EKCO does without fencing: force-delete pods Terminating for 30 s on a node past
     its toleration. Risks two copies of a pod on a node that is only partitioned."""
     rook_should_use_all_nodes: bool = True
-    """Rook uses every node; purge then leaves the CephCluster's storage.nodes alone."""
-    rook_should_disable_reconcile_mds_placement: bool = False
-    """Leave CephFilesystem MDS placement alone."""
-    rook_should_disable_reconcile_ceph_csi_resources: bool = False
-    """Leave Ceph CSI resource requests and limits alone."""
+    """Rook uses every node: kustos neither adds nodes to the CephClusters' storage.nodes (nor
+    removes them on a purge) nor scales pool replication, mons and mgrs."""
+    rook_should_disable_reconcile_mds_placement: bool = Field(
+        default=False, alias="rookShouldDisableReconcileMDSPlacement"
+    )
+    """Leave CephFilesystem MDS placement alone (else strict anti-affinity from two Ready nodes)."""
+    rook_should_disable_reconcile_ceph_csi_resources: bool = Field(
+        default=False, alias="rookShouldDisableReconcileCephCSIResources"
+    )
+    """Leave Ceph CSI resource requests and limits alone (else Rook's recommended ones from three
+    Ready nodes, in rook-ceph-operator-config)."""
     rook_namespace: str = "rook-ceph"
     """Where Rook, its CephCluster and its toolbox run."""
+    rook_storage_nodes_label: str = Field(default="", pattern=r"^([^=\s]+=[^=\s]*)?$")
+    """key=value: only Ready nodes with this label join storage.nodes (every Ready node when empty)."""
+    rook_storage_node_devices: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
+    """The devices of a node added to storage.nodes (its ``devices``, by name: sdb, nvme0n1)."""
+    rook_storage_node_device_filter: str | None = Field(default=None, min_length=1)
+    """The ``deviceFilter`` regular expression of a node added to storage.nodes."""
+    min_ceph_pool_replication: int = Field(default=1, ge=1)
+    """Ceph pools never go below this many replicas (unless rookShouldUseAllNodes)."""
+    max_ceph_pool_replication: int = Field(default=3, ge=1)
+    """Ceph pools rise with the Ready storage nodes up to this many replicas."""
     should_disable_reboot_services: bool = True
     """Do not install the shutdown and startup service (deploy/reboot/) on nodes."""
     should_disable_restart_failed_envoy_pods: bool = False
@@ -135,6 +151,15 @@ class MaintenancePolicySpec(KubeModel):
     """Workloads scaled up to their desired replicas as Ready nodes join: one replica per
     eligible node, never above the desired count, never below what the object says."""
 
+    @model_validator(mode="after")
+    def _replication_bounds(self) -> MaintenancePolicySpec:
+        if self.min_ceph_pool_replication > self.max_ceph_pool_replication:
+            raise ValueError(
+                f"minCephPoolReplication ({self.min_ceph_pool_replication}) is above "
+                f"maxCephPoolReplication ({self.max_ceph_pool_replication})"
+            )
+        return self
+
 
 class MaintenanceAction(KubeModel):
     """One thing the controller did or refused."""
@@ -176,6 +201,19 @@ class ScalingState(KubeModel):
     """Done, or what waits for nodes."""
 
 
+class RookStatus(KubeModel):
+    """Where Rook's following of the nodes is (rookShouldUseAllNodes off: the counts too)."""
+
+    ready_storage_nodes: int | None = None
+    """Ready nodes listed in the CephClusters' storage.nodes."""
+    listed_storage_nodes: int | None = None
+    """Nodes listed in storage.nodes (a CephBlockPool lowers only to this many replicas)."""
+    pool_replication: int | None = None
+    """The replicas pools rise to: the Ready storage nodes between min and maxCephPoolReplication."""
+    message: str = ""
+    """Up to date, the next change, or what a pool change waits for (Ceph's health)."""
+
+
 class MaintenancePolicyStatus(KubeModel):
     """What node maintenance did last and what it refused."""
 
@@ -192,6 +230,8 @@ class MaintenancePolicyStatus(KubeModel):
     """The internal load balancer (enableInternalLoadBalancer), while it is on."""
     auto_resource_scaling: list[ScalingState] = Field(default_factory=list)
     """Each workload of spec.autoResourceScaling: scaled, or waiting for nodes."""
+    rook: RookStatus | None = None
+    """Rook following the nodes, while a CephCluster is in rookNamespace."""
 
 
 class MaintenancePolicy(CustomResource[MaintenancePolicySpec, MaintenancePolicyStatus]):

@@ -21,8 +21,8 @@ from kustos.api.maintenance import (
     ScaledResource,
 )
 from kustos.images import configured_agent_image
-from kustos.maintenance import internallb, planner, rook, scaling
-from kustos.maintenance.nodes import node_view
+from kustos.maintenance import internallb, planner, rook, rook_objects, rook_scaling, scaling
+from kustos.maintenance.nodes import node_view, rook_node
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
     OUT_OF_SERVICE_TAINT,
@@ -189,6 +189,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                 )
                 for n in self.nodes.list()
             ),
+            rook=await rook_objects.observe(self.api, spec, [rook_node(n) for n in self.nodes.list()]),
         )
 
     async def _workload(self, entry: ScaledResource) -> scaling.WorkloadView:
@@ -315,6 +316,9 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                 patch = [{"op": "test", "path": pointer, "value": current},
                          {"op": "replace", "path": pointer, "value": to}]  # fmt: skip
                 await self.api.patch(scaled_ref(entry), entry.namespace, entry.name, patch, kind="json")
+            case rook_scaling.PatchRook():
+                log.info("step: %s %s", step.action, step.message)
+                await rook_objects.act(self.api, step)
             case planner.Purge(node):
                 options = PurgeOptions.from_spec(policy.spec)
                 purger = Purger(self.api, options, self._announce, await self._toolbox(options))

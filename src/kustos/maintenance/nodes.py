@@ -13,6 +13,7 @@ from kustos.maintenance.planner import (
     UNREACHABLE_TAINT,
     NodeView,
 )
+from kustos.maintenance.rook_scaling import RookNode
 from kustos.runtime import objects
 from kustos.runtime.cloud import InstanceState
 from kustos.runtime.times import parse_rfc3339
@@ -59,3 +60,13 @@ def _not_ready_since(node: Mapping[str, Any]) -> Any:
 
 
 __all__ = ["node_view"]
+
+
+def rook_node(node: Mapping[str, Any]) -> RookNode:
+    """A Node as Rook's following of the nodes counts it (a node being purged never rejoins)."""
+    return RookNode(
+        name=objects.name(node),
+        ready=objects.node_ready(node),
+        labels=tuple(sorted(objects.labels(node).items())),
+        purging=bool(objects.annotations(node).get(PURGE_ANNOTATION)),
+    )

@@ -28,8 +28,9 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
-from kustos.maintenance import internallb, scaling
+from kustos.maintenance import internallb, rook_scaling, scaling
 from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
+from kustos.maintenance.rook_scaling import PatchRook, RookView
 from kustos.maintenance.scaling import Candidate, ScaleWorkload, WorkloadView
 from kustos.runtime.cloud import InstanceState
 from kustos.runtime.conditions import set_model_condition
@@ -125,6 +126,8 @@ class Observed:
     """spec.autoResourceScaling's workloads as they are, in the spec's order."""
     candidates: tuple[Candidate, ...] = ()
     """Every node, as auto-resource scaling counts them."""
+    rook: RookView | None = None
+    """Rook's objects, when some of Rook is maintained (rook_scaling)."""
 
 
 # ---- steps ---------------------------------------------------------------------------
@@ -203,6 +206,7 @@ Step = (
     | ApplyLoadBalancer
     | RemoveLoadBalancer
     | ScaleWorkload
+    | PatchRook
     | Refuse
     | Ignored
     | Wait
@@ -363,6 +367,10 @@ def plan(o: Observed) -> Step:
         scale = scaling.plan(spec.auto_resource_scaling, o.workloads, o.candidates)
         if scale is not None:
             return scale
+    # 8. Rook follows the nodes; a pool change held by Ceph's health waits below.
+    rook = rook_scaling.plan(spec, o.rook)
+    if isinstance(rook, PatchRook):
+        return rook
     if refusals:
         return refusals[0]
     unreachable = sorted(n.name for n in o.nodes if not n.ready and n.unreachable_since is not None)
@@ -371,7 +379,7 @@ def plan(o: Observed) -> Step:
         if waiting:
             return Wait(f"unreachable, not fenced: {', '.join(waiting)}", POLL)
         return Wait(f"fenced and cleared, waiting for their return or purge: {', '.join(unreachable)}", POLL)
-    return Done()
+    return rook or Done()
 
 
 # ---- the status ---------------------------------------------------------------------------
@@ -422,6 +430,8 @@ def describe(step: Step) -> tuple[str, str, str] | None:
                     f"count for it, {entry.replicas} desired"
                 ),
             )
+        case PatchRook(_, _, _, _, action, message):
+            return "", action, message
         case Refuse(node, action, message):
             return node, action, message
     return None
@@ -437,6 +447,7 @@ def status(
     result.internal_load_balancer = internallb.status(o.spec, o.load_balancer)
     if len(o.workloads) == len(o.spec.auto_resource_scaling):
         result.auto_resource_scaling = scaling.status(o.spec.auto_resource_scaling, o.workloads, o.candidates)
+    result.rook = rook_scaling.status(o.spec, o.rook)
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
@@ -539,6 +550,7 @@ __all__ = [
     "Ignored",
     "NodeView",
     "Observed",
+    "PatchRook",
     "PodView",
     "Purge",
     "Purged",

@@ -22,13 +22,12 @@ from typing import Any, Protocol
 
 from lightkube.config.kubeconfig import SingleConfig
 
+from kustos.maintenance.rook_scaling import CEPH_CLUSTERS
 from kustos.runtime import objects, podexec
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.refs import ResourceRef
 from kustos.runtime.resources import DEPLOYMENTS, NODES, PODS
 
-CEPH_CLUSTERS = ResourceRef("ceph.rook.io", "v1", "cephclusters", "CephCluster")
 OSD_SELECTOR = "app=rook-ceph-osd"
 OSD_ID_LABEL = "ceph-osd-id"
 HOSTNAME = "kubernetes.io/hostname"
