@@ -265,6 +265,8 @@ def statefulset_objects(
                     "topologySpreadConstraints": [{
                         "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                         "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": labels},
+                        # Tainted nodes (a control plane) take no replica, so they count for no skew.
+                        "nodeTaintsPolicy": "Honor",
                     }],
                     "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
                         "weight": 100,
