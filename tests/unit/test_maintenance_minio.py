@@ -36,7 +36,7 @@ TEMPLATE: dict[str, Any] = {
 OLD = DeploymentView(
     uid="u1", template=TEMPLATE, claims=("minio-pv-claim",), size="5Gi", source="10.0.0.5:9000"
 )
-READY = StatefulSetView(replicas=6, ready=6, target="10.0.0.9:9000")
+READY = StatefulSetView(replicas=6, ready=6, target="10.0.0.9:9000", healthy=True)
 SPEC = MaintenancePolicySpec()
 
 
@@ -106,6 +106,16 @@ def test_the_phases_in_order() -> None:
     assert remove == RemoveOldMinio(NS, "u1", ("minio-pv-claim",))
     done = minio.plan_minio(SPEC, view(deployment=None, selector=STATEFULSET_LABELS), None)
     assert done.step is None and done.waiting is not None and done.waiting.phase == "Migrated"
+
+
+def test_minio_stays_online_until_the_new_cluster_is_healthy() -> None:
+    unhealthy = StatefulSetView(replicas=6, ready=6, target="10.0.0.9:9000", healthy=False)
+    decision = minio.plan_minio(SPEC, view(statefulset=unhealthy), None)
+    assert decision.step is None and decision.waiting is not None and decision.waiting.poll
+    assert "/minio/health/cluster" in decision.waiting.message
+    # Already offline (a pass before a restart): the copy's own failure and backoff say why.
+    offline = minio.plan_minio(SPEC, view(statefulset=unhealthy, selector=DISABLED_SELECTOR), None)
+    assert isinstance(offline.step, CopyObjects)
 
 
 def test_a_service_left_disabled_is_switched_when_the_deployment_is_gone() -> None:

@@ -45,6 +45,7 @@ DISABLED_SELECTOR = {"doesnotexist": "doesnotexist"}
 ACCESS_KEY_VARIABLES = ("MINIO_ROOT_USER", "MINIO_ACCESS_KEY")
 SECRET_KEY_VARIABLES = ("MINIO_ROOT_PASSWORD", "MINIO_SECRET_KEY")
 POLL = 5.0
+HEALTH_PATH = "/minio/health/cluster"
 
 KOTSADM_DATABASE = "kotsadm-rqlite"
 KOTSADM_REPLICAS = 3
@@ -79,6 +80,9 @@ class StatefulSetView:
     ready: int
     target: str | None = None
     """host:port of a ready pod of it (the copy's target: any replica serves every object)."""
+    healthy: bool = False
+    """MinIO's cluster health check answers 200 at the target: it has write quorum (EKCO asks the
+    same before its copy). Asked only once every replica is ready."""
 
 
 @dataclass(frozen=True)
@@ -330,6 +334,12 @@ def plan_minio(spec: MaintenancePolicySpec, view: MinioView, previous: MinioStat
         )
     if selector is None:
         return Decision(None, Waiting("Waiting", f"Service {ns}/{SERVICE} does not exist"))
+    if not new.healthy and dict(selector) != DISABLED_SELECTOR:
+        # Not offline for a copy that cannot be written: the old MinIO keeps serving meanwhile.
+        return Decision(None, Waiting("WaitingForStatefulSet", (
+            f"{REPLICAS} replicas ready, but {new.target} does not report the cluster healthy "
+            f"({HEALTH_PATH}): no write quorum yet"
+        ), poll=True))  # fmt: skip
     verified = previous is not None and previous.phase == "Verified"
     if dict(selector) == DISABLED_SELECTOR and verified:
         return Decision(

@@ -12,6 +12,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+import httpx
+
 from kustos.api.maintenance import MaintenancePolicySpec
 from kustos.maintenance import minio, minio_copy
 from kustos.runtime import objects
@@ -86,10 +88,13 @@ async def observe_minio(
     new = None
     if statefulset is not None:
         ready = [p for p in in_namespace if _matches(p, minio.STATEFULSET_LABELS) and objects.pod_ready(p)]
+        target = next((a for a in map(_address, sorted(ready, key=objects.name)) if a), None)
+        count = int((statefulset.get("status") or {}).get("readyReplicas") or 0)
         new = minio.StatefulSetView(
             replicas=int((statefulset.get("spec") or {}).get("replicas") or 0),
-            ready=int((statefulset.get("status") or {}).get("readyReplicas") or 0),
-            target=next((a for a in map(_address, sorted(ready, key=objects.name)) if a), None),
+            ready=count,
+            target=target,
+            healthy=bool(deployment and target and count >= minio.REPLICAS and await _healthy(target)),
         )
     storage_class = bool(
         statefulset is None
@@ -98,6 +103,17 @@ async def observe_minio(
         )
     )
     return minio.MinioView(ns, old, new, selector, storage_class, nodes)
+
+
+async def _healthy(target: str) -> bool:
+    """MinIO's cluster check: 200 when the cluster has write quorum, 503 when not."""
+    try:
+        async with httpx.AsyncClient(timeout=3.0) as client:
+            response = await client.get(f"http://{target}{minio.HEALTH_PATH}")
+    except httpx.HTTPError as err:
+        log.info("MinIO at %s does not answer its health check: %s", target, err)
+        return False
+    return response.status_code == 200
 
 
 def observe_kotsadm(
