@@ -123,9 +123,16 @@ class MaintenancePolicySpec(KubeModel):
     )
     """Container image rewrites for new pods, each original=override."""
     minio_should_disable_management: bool = False
-    """Honoured once kustos manages MinIO."""
+    """Leave MinIO alone: no move of its single-replica Deployment to the six-replica
+    StatefulSet (docs/maintenance-extras.md)."""
+    minio_namespace: str = Field(default="minio", min_length=1)
+    """Where MinIO's Deployment, Service and credentials are (EKCO's minio_namespace)."""
+    minio_storage_class: str = Field(default="openebs-localpv", min_length=1)
+    """The local storage class of the StatefulSet's volumes; MinIO is not moved until it exists."""
     kotsadm_should_disable_management: bool = False
-    """Honoured once kustos manages kotsadm."""
+    """Leave kotsadm alone: no scaling of its database StatefulSet to three replicas."""
+    kotsadm_namespace: str = Field(default="default", min_length=1)
+    """Where kotsadm runs (EKCO: the default namespace)."""
     etcd_certificates_secret: str | None = None
     """namespace/name of a Secret with kubeadm's etcd client certificates (ca.crt, healthcheck-client
     .crt and .key) for a stacked etcd; else certificatesDir is read."""
@@ -214,6 +221,40 @@ class RookStatus(KubeModel):
     """Up to date, the next change, or what a pool change waits for (Ceph's health)."""
 
 
+MinioPhase = Literal[
+    "Disabled",
+    "Waiting",
+    "CreatingStatefulSet",
+    "WaitingForStatefulSet",
+    "Copying",
+    "Verified",
+    "Switched",
+    "Migrated",
+]
+
+
+class MinioStatus(KubeModel):
+    """Where the move of MinIO's Deployment to its StatefulSet is (one phase per pass)."""
+
+    phase: MinioPhase
+    """Waiting (for nodes, the storage class, ...), CreatingStatefulSet, WaitingForStatefulSet,
+    Copying (MinIO's Service has no endpoints: offline), Verified, Switched (the Service selects
+    the StatefulSet), Migrated (the Deployment and its data are gone)."""
+    message: str = ""
+    objects: int | None = None
+    """Objects in the old MinIO at the last copy pass."""
+    copied: int | None = None
+    """Of those, present in the new MinIO with an equal checksum."""
+
+
+class KotsadmState(KubeModel):
+    """kotsadm's database StatefulSet, scaled to three once three nodes are Ready."""
+
+    workload: str
+    replicas: int
+    message: str = ""
+
+
 class MaintenancePolicyStatus(KubeModel):
     """What node maintenance did last and what it refused."""
 
@@ -232,6 +273,10 @@ class MaintenancePolicyStatus(KubeModel):
     """Each workload of spec.autoResourceScaling: scaled, or waiting for nodes."""
     rook: RookStatus | None = None
     """Rook following the nodes, while a CephCluster is in rookNamespace."""
+    minio: MinioStatus | None = None
+    """The move of MinIO to its highly available StatefulSet, while management is on."""
+    kotsadm: KotsadmState | None = None
+    """kotsadm's database, while it exists and management is on."""
 
 
 class MaintenancePolicy(CustomResource[MaintenancePolicySpec, MaintenancePolicyStatus]):

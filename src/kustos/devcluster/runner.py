@@ -74,7 +74,7 @@ def bin_paths_for(image: str, images_dir: Path, scripts_dir: Path | None = None)
     paths: dict[str, Path] = {}
     if match.binaries:
         version = next(iter(match.binaries.values()))
-        shim = images_dir / f"etcd-{version}"
+        shim = images_dir / f"{next(iter(match.binaries))}-{version}"
         shim.mkdir(parents=True, exist_ok=True)
         for name, ver in match.binaries.items():
             link = shim / name

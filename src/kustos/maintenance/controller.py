@@ -21,7 +21,16 @@ from kustos.api.maintenance import (
     ScaledResource,
 )
 from kustos.images import configured_agent_image
-from kustos.maintenance import internallb, planner, rook, rook_objects, rook_scaling, scaling
+from kustos.maintenance import (
+    internallb,
+    minio,
+    minio_controller,
+    planner,
+    rook,
+    rook_objects,
+    rook_scaling,
+    scaling,
+)
 from kustos.maintenance.nodes import node_view, rook_node
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
@@ -190,7 +199,13 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                 for n in self.nodes.list()
             ),
             rook=await rook_objects.observe(self.api, spec, [rook_node(n) for n in self.nodes.list()]),
-        )
+            minio=await minio_controller.observe_minio(
+                self.api, spec, self.pods, self.statefulsets, self.claims,
+                minio_controller.ready_nodes(self.nodes.list()),
+            ),
+            kotsadm=minio_controller.observe_kotsadm(spec, self.statefulsets,
+                                                     minio_controller.ready_nodes(self.nodes.list())),
+        )  # fmt: skip
 
     async def _workload(self, entry: ScaledResource) -> scaling.WorkloadView:
         """One listed workload's replicas: StatefulSets from the cache, the rest read (a custom
@@ -319,6 +334,9 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             case rook_scaling.PatchRook():
                 log.info("step: %s %s", step.action, step.message)
                 await rook_objects.act(self.api, step)
+            case minio.CreateStatefulSet() | minio.SetServiceSelector() | minio.CopyObjects() | \
+                    minio.RemoveOldMinio() | minio.ScaleKotsadm():  # fmt: skip
+                return await minio_controller.act(self.api, step)
             case planner.Purge(node):
                 options = PurgeOptions.from_spec(policy.spec)
                 purger = Purger(self.api, options, self._announce, await self._toolbox(options))
@@ -399,5 +417,6 @@ def register(manager: Manager, deps: Deps) -> None:
     controller.watch(NODES, _policy)
     controller.watch(PODS, _policy)
     controller.watch(CLAIMS, _policy)
+    controller.watch(STATEFULSETS, _policy)  # MinIO's StatefulSet coming up, kotsadm's database
     controller.watch(DAEMONSETS, _policy, InformerOptions(label_selector=WRITER_SELECTOR))
     manager.add_controller(controller)

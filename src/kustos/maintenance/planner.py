@@ -28,8 +28,9 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
-from kustos.maintenance import internallb, rook_scaling, scaling
+from kustos.maintenance import internallb, minio, rook_scaling, scaling
 from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
+from kustos.maintenance.minio import KotsadmView, MinioView
 from kustos.maintenance.rook_scaling import PatchRook, RookView
 from kustos.maintenance.scaling import Candidate, ScaleWorkload, WorkloadView
 from kustos.runtime.cloud import InstanceState
@@ -128,6 +129,10 @@ class Observed:
     """Every node, as auto-resource scaling counts them."""
     rook: RookView | None = None
     """Rook's objects, when some of Rook is maintained (rook_scaling)."""
+    minio: MinioView | None = None
+    """MinIO's Deployment, StatefulSet and Service (None: not observed)."""
+    kotsadm: KotsadmView | None = None
+    """kotsadm's database StatefulSet (None: not observed)."""
 
 
 # ---- steps ---------------------------------------------------------------------------
@@ -207,6 +212,7 @@ Step = (
     | RemoveLoadBalancer
     | ScaleWorkload
     | PatchRook
+    | minio.MinioStep
     | Refuse
     | Ignored
     | Wait
@@ -371,8 +377,21 @@ def plan(o: Observed) -> Step:
     rook = rook_scaling.plan(spec, o.rook)
     if isinstance(rook, PatchRook):
         return rook
+    # 9. MinIO moves to its StatefulSet, kotsadm's database grows (F-MAINT-12).
+    minio_waits = None
+    if o.minio is not None:
+        decision = minio.plan_minio(spec, o.minio, o.previous.minio)
+        if decision.step is not None:
+            return decision.step
+        minio_waits = decision.waiting
+    if o.kotsadm is not None:
+        kotsadm = minio.plan_kotsadm(spec, o.kotsadm)
+        if kotsadm is not None:
+            return kotsadm
     if refusals:
         return refusals[0]
+    if minio_waits is not None and minio_waits.poll:
+        return Wait(f"MinIO: {minio_waits.message}", POLL)
     unreachable = sorted(n.name for n in o.nodes if not n.ready and n.unreachable_since is not None)
     if unreachable:
         waiting = sorted(set(unreachable) - fenced_names)
@@ -434,6 +453,9 @@ def describe(step: Step) -> tuple[str, str, str] | None:
             return "", action, message
         case Refuse(node, action, message):
             return node, action, message
+        case minio.CreateStatefulSet() | minio.SetServiceSelector() | minio.CopyObjects() | minio.Copied() | \
+                minio.RemoveOldMinio() | minio.ScaleKotsadm():  # fmt: skip
+            return "", *minio.describe(step)
     return None
 
 
@@ -448,6 +470,12 @@ def status(
     if len(o.workloads) == len(o.spec.auto_resource_scaling):
         result.auto_resource_scaling = scaling.status(o.spec.auto_resource_scaling, o.workloads, o.candidates)
     result.rook = rook_scaling.status(o.spec, o.rook)
+    if o.minio is not None:
+        decision = minio.plan_minio(o.spec, o.minio, o.previous.minio)
+        result.minio = minio.minio_status(decision, None if failure else step, o.previous.minio)
+    if o.kotsadm is not None:
+        scaled = step if isinstance(step, minio.ScaleKotsadm) and failure is None else None
+        result.kotsadm = minio.kotsadm_status(o.spec, o.kotsadm, scaled)
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
