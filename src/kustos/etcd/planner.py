@@ -42,6 +42,8 @@ The rules, in the order they are tried:
    fresh member of the old minor cannot join, so neither surge nor a new volume), one
    member at a time, the leader last. The cluster does not grow meanwhile (a new member of
    the older minor could not join). A downgrade nobody wants any more is cancelled.
+   A change across several minors comes here one step at a time (``version`` is the step,
+   etcd/chain.py); between steps the planner waits (``hold``) for etcd's cluster version.
 
 10. Once the cluster matches its spec, delete the volume (PVC) of any member that is
    neither a pod nor a member any more: etcd never lets a removed member back in.
@@ -137,6 +139,7 @@ class Observed:
     downgrade_enabled: bool = False  # etcd reports a downgrade in progress
     claims: tuple[ClaimView, ...] = ()  # member volumes of the current epoch (PVC storage)
     migrate: bool = True  # spec.disruption.migrate: move members off draining nodes (rule 8b)
+    hold: str | None = None  # a path across minors waits for etcd before its next step (etcd/chain.py)
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -518,6 +521,8 @@ def plan(o: Observed) -> Step:
     for claim in o.claims:
         if claim.pod not in in_use and o.now - claim.created >= CLAIM_GRACE:
             return DeleteClaim(claim.name, claim.pod, claim.uid)
+    if o.hold is not None:  # every member runs this step of a path across minors; etcd must follow
+        return Wait(o.hold, 2.0)
     return Done()
 
 
