@@ -11,7 +11,7 @@ import pytest
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd import planner
 from kustos.etcd import status as report
-from kustos.etcd.chain import Progress, progress
+from kustos.etcd.chain import Progress, progress, under_way
 from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import MemberView, PodView
 from kustos.etcd.status import Seen
@@ -82,6 +82,8 @@ def test_an_upgrade_from_35_to_37_walks_36_and_waits_for_etcds_cluster_version()
     # Mid-step (the members still disagree, so the recorded current version is the old one).
     assert progress(on("3.5.35", "3.7.3", path), "3.5.0", False, NOW).version == "3.6.16"
     # Every member runs 3.6.16, but etcd's leader has not raised the cluster version yet.
+    assert under_way(on("3.6.16", "3.7.3", path)), "etcd's cluster version is asked until the end"
+    assert not under_way(on("3.6.16", "3.7.3")), "an ordinary one-minor upgrade asks nothing more"
     held = progress(on("3.6.16", "3.7.3", path), "3.5.0", False, NOW)
     assert held.version == "3.6.16" and held.hold is not None
     assert "cluster version 3.5.0" in held.hold and "3.7.3 (step 2 of 2" in held.hold
