@@ -25,7 +25,7 @@ from kustos.etcd.pods import (
     VERSION_ANNOTATION,
     pod_epoch,
 )  # fmt: skip
-from kustos.etcd.versions import image_version, rollback_target, upgrade_refusal
+from kustos.etcd.versions import image_version, rollback_target, upgrade_refusal, version_path
 from kustos.runtime import objects
 from kustos.runtime.informer import Informer
 from kustos.runtime.times import parse_duration, parse_rfc3339
@@ -181,7 +181,8 @@ async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList,
     versions = {s.version for s in statuses.values()}
     version = min(versions, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
     refusal = upgrade_refusal(version, wanted)
-    if refusal is None and rollback_target(version, wanted) is not None:
+    path = version_path(version, wanted)
+    if refusal is None and path and rollback_target(version, path[0]) is not None:
         # Adoption replaces members by new pods, and a new member of the older minor cannot join.
         refusal = f"adopt it on etcd {version} first, then roll back to {wanted}"
     if refusal is not None:

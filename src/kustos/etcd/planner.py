@@ -544,7 +544,11 @@ def _plan_rollback(
         return Wait(f"etcd is finishing its downgrade to {target}", 1.0) if o.downgrade_enabled else None
     if (busy := _catching_up(members) or _terminating(pods)) is not None:
         return busy
-    if not o.downgrade_enabled and any(minor(m.version) != target for m in members):
+    # A member already on the target minor means etcd's downgrade was enabled (etcd lets no
+    # such member run otherwise) and its cluster version is the target: a leader of the older
+    # minor no longer reports the downgrade, and etcd refuses to enable it again.
+    started = any(minor(m.version) == target for m in members)
+    if not o.downgrade_enabled and not started and any(minor(m.version) != target for m in members):
         return EnableDowngrade(target)
     victim = min(pending, key=lambda m: (m.leader, pods[m.id].index))
     if victim.leader:
