@@ -4,6 +4,7 @@ minor at a time through etcd's downgrade; and a path kustos cannot walk, refused
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,11 @@ from tests.integration.etcd_support import (
     Writer,
     assert_consistent,
     etcd_cluster,
-    running_operator,
     status_of,
     wait_healthy,
 )
 from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess
+from tests.integration.operator import OperatorProcess, start_chart_operator
 from tests.integration.test_etcd_upgrade import condition, pod_versions
 
 OLDEST, OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
@@ -30,6 +30,20 @@ OLDEST, OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
 
 def events(kubectl: Kubectl, name: str) -> str:
     return kubectl("get", "events", "--field-selector", f"involvedObject.name={name}")
+
+
+def start_operator_again(kubectl: Kubectl, log_dir: Path, attempts: int = 3) -> OperatorProcess:
+    """The test's operator, as ``running_operator`` starts it; on a machine so loaded that it
+    does not serve /healthz within 30 s, tried again (the slow one is killed first)."""
+    for attempt in range(attempts):
+        try:
+            return start_chart_operator(
+                kubectl.cluster, log_dir / str(attempt), "--namespace", kubectl.namespace
+            )
+        except AssertionError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def walk(
@@ -59,7 +73,8 @@ async def test_35_to_37_in_one_change_walks_36_keeps_every_write_and_survives_an
 ) -> None:
     name = "chain-up"
     seen: list[dict[str, Any]] = []
-    with running_operator(kubectl, tmp_path / "a") as first:
+    first = start_operator_again(kubectl, tmp_path / "a")
+    try:
         kubectl.apply(etcd_cluster(name, 3, version=OLDEST))
         status = await wait_healthy(kubectl, name, 3)
         writer = Writer([m["clientUrl"] for m in status["members"]])
@@ -83,14 +98,22 @@ async def test_35_to_37_in_one_change_walks_36_keeps_every_write_and_survives_an
             mid = await wait_until(mid_first_step, f"a member of {name} on etcd {OLD}", timeout=120,
                                    cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
             assert mid["versionPath"]["steps"] == [OLD, NEW] and mid["versionPath"]["source"] == OLDEST
-            first.stop()  # the operator goes away in the middle of the first step
+            # The operator goes away in the middle of the first step (off the event loop: the
+            # writer keeps writing meanwhile).
+            await asyncio.to_thread(first.stop)
         except BaseException:
             await writer.stop()
             raise
+    finally:
+        if first.alive():
+            first.stop()
     try:
-        with running_operator(kubectl, tmp_path / "b"):
+        second = await asyncio.to_thread(start_operator_again, kubectl, tmp_path / "b")
+        try:
             status = await walk(kubectl, name, writer, NEW, seen)
             seconds = time.monotonic() - began
+        finally:
+            second.stop()
     finally:
         await writer.stop()
     # Every member ran 3.6 at once before any ran 3.7: the steps did not overlap.
@@ -114,8 +137,16 @@ async def test_35_to_37_in_one_change_walks_36_keeps_every_write_and_survives_an
 
 @pytest.mark.timeout(900)
 async def test_37_to_35_in_one_change_rolls_back_one_minor_at_a_time_through_etcds_downgrade(
-    kubectl: Kubectl, operator: OperatorProcess
+    crds: None, kubectl: Kubectl, tmp_path: Path
 ) -> None:
+    operator = start_operator_again(kubectl, tmp_path / "operator")
+    try:
+        await rolled_back_from_37_to_35(kubectl)
+    finally:
+        operator.stop()
+
+
+async def rolled_back_from_37_to_35(kubectl: Kubectl) -> None:
     name = "chain-down"
     kubectl.apply(etcd_cluster(name, 3, version=NEW, storage={"type": "pvc"}))
     status = await wait_healthy(kubectl, name, 3)
