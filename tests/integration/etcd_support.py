@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -142,6 +143,7 @@ class Writer:
     endpoints: list[str]
     tls: EtcdTLS | None = None
     acknowledged: list[str] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # time.monotonic() of each acknowledgement
     failures: int = 0
     _task: asyncio.Task[None] | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -161,11 +163,16 @@ class Writer:
                     async with EtcdClient(endpoint, self.tls, timeout=2.0) as client:
                         await client.put(key, str(i))
                     self.acknowledged.append(key)
+                    self.times.append(time.monotonic())
                     i += 1
                     break
                 except (EtcdError, OSError):
                     self.failures += 1
             await asyncio.sleep(0.02)
+
+    def longest_outage(self) -> float:
+        """The longest time between two acknowledged writes: the outage a client saw."""
+        return max((b - a for a, b in zip(self.times, self.times[1:], strict=False)), default=0.0)
 
     async def stop(self) -> None:
         self._stop.set()

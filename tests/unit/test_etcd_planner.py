@@ -521,6 +521,18 @@ def test_the_leader_hands_over_to_a_rolled_back_member_before_its_own_turn() -> 
     assert plan(rolling_back(members, pods, downgrade_enabled=True)) == planner.MoveLeader(100, 101)
 
 
+def test_a_leader_of_the_older_minor_that_no_longer_reports_the_downgrade_does_not_restart_it() -> None:
+    """etcd refuses to enable its downgrade again once its cluster version is the target, and a
+    3.5 leader reports no downgrade: the last member on 3.6 is rolled back all the same."""
+    members, pods = rollback_cluster(3, leader=1, storage_version="3.5.0")
+    for i in (1, 2):
+        members[i] = dataclasses.replace(members[i], version="3.5.35", storage_version="")
+        pods[i] = dataclasses.replace(pods[i], version="3.5.35")
+    assert plan(rolling_back(members, pods, downgrade_enabled=False)) == planner.ReplaceImage(
+        "e-0", "u0", "3.5.35"
+    )
+
+
 def test_a_downgrade_nobody_wants_any_more_is_cancelled() -> None:
     members, pods = rollback_cluster(3, storage_version="3.5.0")
     step = plan(observed(members, pods, 3, version="3.6.16", downgrade_enabled=True))

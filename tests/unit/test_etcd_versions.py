@@ -24,6 +24,8 @@ from kustos.etcd.versions import (
         ("3.6.16", "3.5.35"),  # one minor back, through etcd's downgrade protocol
         ("3.6.16", "3.7.3"), ("3.6.11", "3.7.0"),
         ("3.7.3", "3.6.16"),  # 3.7 has the downgrade protocol too
+        ("3.5.35", "3.7.3"), ("3.6.10", "3.7.3"),  # paths across minors (test_etcd_chain.py)
+        ("3.7.3", "3.5.35"), ("3.5.1", "3.8.0"),
     ],
 )  # fmt: skip
 def test_allowed_changes(current: str | None, wanted: str) -> None:
@@ -33,14 +35,11 @@ def test_allowed_changes(current: str | None, wanted: str) -> None:
 @pytest.mark.parametrize(
     ("current", "wanted", "why"),
     [
-        ("3.4.30", "3.6.16", "skips a minor version: upgrade to 3.5.x first"),
-        ("3.5.35", "3.4.33", "etcd 3.5 has no downgrade protocol"),
-        ("3.6.16", "3.4.33", "skips a minor version: etcd rolls back one minor at a time"),
+        ("3.5.35", "3.4.33", "etcd 3.5 has no downgrade protocol: it cannot roll back to 3.4 (3.4.33)"),
+        ("3.6.16", "3.4.33", "etcd 3.5 has no downgrade protocol: it cannot roll back to 3.4"),
         ("3.6.16", "4.0.0", "major version"),
-        # etcd's upgrade guide: every 3.6 member on 3.6.11 or later before 3.7.
-        ("3.6.10", "3.7.3", "needs every member on 3.6.11 or later first"),
-        ("3.5.35", "3.7.3", "skips a minor version: upgrade to 3.6.x first"),
-        ("3.7.3", "3.5.35", "etcd rolls back one minor at a time; set spec.version to 3.6.x first"),
+        ("3.7.3", "3.9.0", "goes through etcd 3.8, and kustos proves no 3.8 patch to pass through"),
+        ("3.8.1", "3.7.3", "etcd 3.8 has no downgrade protocol"),
     ],
 )
 def test_refused_changes_say_why(current: str, wanted: str, why: str) -> None:
@@ -62,7 +61,7 @@ def test_versions_from_image_tags() -> None:
         ("3.6.16", "3.5.35", "3.5"),
         ("3.6.0", "3.5.0", "3.5"),
         ("3.7.3", "3.6.16", "3.6"),
-        ("3.7.3", "3.5.35", None),  # two minors
+        ("3.7.3", "3.5.35", None),  # two minors: a path of two rollbacks (test_etcd_chain.py)
         ("v3.6.16", "3.5.35-0", "3.5"),
         ("3.5.35", "3.4.33", None),  # 3.5 has no downgrade API
         ("3.6.16", "3.4.33", None),  # two minors
@@ -100,6 +99,7 @@ def cluster_on(running: str | None, wanted: str) -> EtcdCluster:
         ("3.6.16", "3.5.35", True, "3.5.35", "3.6.16"),  # mid-rollback: the version the data is for
         ("3.6.16", "3.5.35", False, "3.5.35", "3.5.35"),  # every member rolled back: etcd's rule
         ("3.6.16", "3.4.30", False, "3.6.16", "3.6.16"),  # refused: nothing changes
+        ("3.5.35", "3.7.3", False, "3.6.16", "3.6.16"),  # across minors: the first step
     ],
 )  # fmt: skip
 def test_which_version_members_run_and_which_a_recreated_pod_starts_on(

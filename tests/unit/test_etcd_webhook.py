@@ -141,13 +141,15 @@ def test_every_refusal_of_one_write_is_reported() -> None:
     ("current", "wanted", "refused"),
     [
         ("3.5.35", "3.6.16", False),  # one minor up
-        ("3.5.35", "3.7.0", True),  # two minors up
+        ("3.5.35", "3.7.0", False),  # two minors up: through the newest proven 3.6
+        ("3.5.35", "3.9.0", True),  # through 3.8, which kustos proves no patch of
         ("3.6.16", "3.6.1", False),  # a patch down
         ("3.6.16", "3.5.35", False),  # one minor down: 3.6 has the downgrade protocol
-        ("3.7.0", "3.5.35", True),  # two minors down
+        ("3.7.0", "3.5.35", False),  # two minors down: 3.7 -> 3.6.16 -> 3.5, each by etcd's downgrade
+        ("3.6.16", "3.4.27", True),  # two minors down: 3.5 cannot roll back
         ("3.5.35", "3.4.27", True),  # 3.5 cannot roll back
         ("3.6.16", "3.7.3", False),
-        ("3.6.9", "3.7.3", True),  # etcd asks for 3.6.11 or later before 3.7
+        ("3.6.9", "3.7.3", False),  # through the newest proven 3.6: etcd asks for 3.6.11 or later first
         ("3.7.3", "3.6.16", False),  # 3.7 rolls back through the downgrade protocol
     ],
 )
@@ -159,9 +161,11 @@ def test_unsafe_version_jumps_are_refused(current: str, wanted: str, refused: bo
 
 
 def test_version_jumps_are_measured_from_what_the_members_run() -> None:
-    # The spec already asked for 3.6 but the members still run 3.5: 3.7 would skip 3.6.
-    old = cluster(version="3.6.16", status={"currentVersion": "3.5.35"})
-    assert version_denial(cluster(version="3.7.0"), old) is not None
+    # The spec asked for 3.8, which 3.7 members have not started: going back to 3.6 is one
+    # rollback from what they run (from 3.8 it would need a downgrade protocol 3.8 lacks).
+    old = cluster(version="3.8.0", status={"currentVersion": "3.7.3"})
+    assert version_denial(cluster(version="3.6.16"), old) is None
+    assert version_denial(cluster(version="3.6.16"), cluster(version="3.8.0")) is not None
 
 
 def test_a_down_operator_never_blocks_edits() -> None:

@@ -19,6 +19,43 @@ REPOSITORY_PATTERN = r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a
 DEFAULT_VERSION = PROVEN_ETCD_VERSIONS[-1]
 COMPACTION_RETENTION_PATTERN = r"^([0-9]+|([0-9]+(\.[0-9]+)?(ms|s|m|h))+)$"  # 10000, 1h, 30m
 CRON_PATTERN = r"^\S+(\s+\S+){4}$"  # five fields, checked further when used
+# The minors of etcd whose etcd downgrades its cluster to the previous minor through the
+# downgrade API (added in v3.6; etcd's guides "Downgrade etcd from v3.6 to v3.5" and "from
+# v3.7 to v3.6"). 3.5 has none. etcd/versions.py's rules, and the CEL rule below, use it.
+DOWNGRADE_CAPABLE_MINORS = frozenset({(3, 6), (3, 7)})
+
+
+def _runs(minors: set[int]) -> list[tuple[int, int]]:
+    """Contiguous runs of ``minors``: {5, 6, 7, 9} -> [(5, 7), (9, 9)]."""
+    runs: list[tuple[int, int]] = []
+    for m in sorted(minors):
+        if runs and runs[-1][1] == m - 1:
+            runs[-1] = (runs[-1][0], m)
+        else:
+            runs.append((m, m))
+    return runs
+
+
+def version_path_rule() -> Rule:
+    """CEL's half of versions.version_path, from the spec alone (the webhook and the controller
+    compare with what the members run): a change of more than one minor must pass through
+    minors the suite proves a patch of, and go down only through minors with etcd's downgrade."""
+    o, n = "int(oldSelf.version.split('.')[1])", "int(self.version.split('.')[1])"
+    proven = {int(v.split(".")[1]) for v in PROVEN_ETCD_VERSIONS}
+    capable = {minor for _, minor in DOWNGRADE_CAPABLE_MINORS}
+    up = " || ".join(f"({o} + 1 >= {lo} && {n} - 1 <= {hi})" for lo, hi in _runs(proven)) or "false"
+    down = " || ".join(f"({n} + 1 >= {lo} && {o} - 1 <= {hi})" for lo, hi in _runs(proven & capable))
+    well_formed = "'^3[.][0-9]+[.][0-9]+$'"
+    return Rule(
+        f"!has(oldSelf.version) || !has(self.version) || !oldSelf.version.matches({well_formed}) || "
+        f"!self.version.matches({well_formed}) || (({n} <= {o} + 1 || {up}) && ({n} >= {o} - 1 || "
+        f"({o} in {sorted(capable)} && ({down or 'false'}))))",
+        "version: a change of more than one minor goes up through the newest patch kustos proves of "
+        f"each minor between ({', '.join(PROVEN_ETCD_VERSIONS)}), and down one minor at a time only "
+        f"through minors whose etcd has a downgrade protocol "
+        f"({', '.join(f'{a}.{b}' for a, b in sorted(DOWNGRADE_CAPABLE_MINORS))})",
+        field_path=".version",
+    )
 
 
 class ClientServiceSpec(KubeModel):
@@ -226,6 +263,7 @@ class EtcdClusterSpec(KubeModel):
                     "extraArgs sets a flag of the v2 API or the v2 proxy, which etcd 3.6 removed",
                     field_path=".extraArgs",
                 ),
+                version_path_rule(),
                 Rule(
                     "!has(self.version) || !self.version.matches('^3[.][0-4][.]')",
                     "version is older than 3.5.0, the oldest kustos supports",
@@ -237,7 +275,7 @@ class EtcdClusterSpec(KubeModel):
 
     size: int = Field(default=3, ge=1, le=9)
     """Number of members, 1 to 9 (odd sizes tolerate failures best)."""
-    version: str = Field(default=DEFAULT_VERSION, pattern=VERSION_PATTERN)
+    version: str = Field(default=DEFAULT_VERSION, pattern=VERSION_PATTERN, max_length=16)
     """etcd version, like 3.7.3."""
     repository: str = Field(default=DEFAULT_ETCD_REPOSITORY, pattern=REPOSITORY_PATTERN)
     """Image repository, without a tag; the tag is derived from the version as the repository
@@ -399,6 +437,23 @@ class MaintenanceStatus(KubeModel):
     """What the controller is waiting for, or did last."""
 
 
+class VersionPathStatus(KubeModel):
+    """A change of spec.version across several minors, walked one version at a time
+    (docs/etcdcluster.md, "Upgrades and rollbacks")."""
+
+    source: str
+    """The version every member ran when it started."""
+    target: str
+    """The spec.version it leads to."""
+    steps: list[str] = Field(default_factory=list)
+    """The versions the members run in turn, the target last."""
+    step: str
+    """The version the members roll to now: the next step starts once every member runs it
+    and the cluster version etcd reports has reached its minor."""
+    started_at: str | None = None
+    """When it started (RFC 3339)."""
+
+
 class EtcdClusterStatus(KubeModel):
     """What the operator last observed and did."""
 
@@ -414,6 +469,8 @@ class EtcdClusterStatus(KubeModel):
     """Every member, healthy or not."""
     current_version: str | None = None
     """The etcd version the members run."""
+    version_path: VersionPathStatus | None = None
+    """The path across minors under way, when spec.version is more than one minor away."""
     cluster_id: str | None = None
     """The etcd cluster ID, in hex."""
     next_member_index: int = 0

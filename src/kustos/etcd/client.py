@@ -772,6 +772,20 @@ class EtcdClient:
         except (*_TRANSPORT_ERRORS, ValueError, AttributeError):
             return False
 
+    async def cluster_version(self) -> str:
+        """The cluster version etcd's leader decided (``/version``'s ``etcdcluster``, like
+        "3.6.0"): raised once every member runs a newer minor, lowered by a finished downgrade."""
+        try:
+            response = await self._http.get("/version")
+        except _TRANSPORT_ERRORS as exc:
+            raise await self._failure(exc) from exc
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content, self.endpoint)
+        try:
+            return str(response.json().get("etcdcluster") or "")
+        except (ValueError, AttributeError) as exc:
+            raise EtcdError(f"/version: not JSON: {response.text[:200]!r}", None, self.endpoint) from exc
+
     async def alarm_list(self) -> list[Alarm]:
         """Active alarms of the whole cluster (not only this member's)."""
         return parse_alarms(await self._post("/v3/maintenance/alarm", {"action": "GET", "alarm": "NONE"}))

@@ -508,7 +508,7 @@ class EtcdClusterReconciler:
         avoid_nodes: Sequence[str] = (),
     ) -> None:
         epoch = cluster.status.epoch if cluster.status else 0
-        version = creation_version(cluster, planner.rolling_back(o))
+        version = creation_version(cluster, planner.rolling_back(o), o.version)
         manifest = member_pod(cluster, index, state, initial_cluster, version, epoch, avoid_nodes)
         if cluster.spec.tls is not None and cluster.spec.tls.secrets is not None:
             fingerprint = await self._user_tls_fingerprint(cluster)

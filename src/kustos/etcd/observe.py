@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import maintenance, membership, planner
+from kustos.etcd import chain, maintenance, membership, planner
 from kustos.etcd.certs import CertificateManager, ClusterTLS
 from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, MemberList, Status, cluster_health
 from kustos.etcd.planner import ClaimView, MemberView, Observed, PodView
@@ -25,7 +25,7 @@ from kustos.etcd.pods import (
     VERSION_ANNOTATION,
     pod_epoch,
 )  # fmt: skip
-from kustos.etcd.versions import image_version, rollback, rollback_target, target_version, upgrade_refusal
+from kustos.etcd.versions import image_version, rollback_target, upgrade_refusal, version_path
 from kustos.runtime import objects
 from kustos.runtime.informer import Informer
 from kustos.runtime.times import parse_duration, parse_rfc3339
@@ -46,6 +46,7 @@ class EtcdView:
     tls: ClusterTLS | None = None  # spec.tls: how to connect, and the certificates to record
     unresolved: tuple[str, ...] = ()  # host names of member URLs the operator's resolver cannot resolve
     no_space: tuple[str, ...] = ()  # client URLs of members that report the NOSPACE alarm
+    cluster_version: str = ""  # etcd's cluster version ("3.6.0"), asked while a path across minors is walked
 
     @property
     def client_tls(self) -> EtcdTLS | None:
@@ -115,6 +116,18 @@ def member_views(etcd: EtcdView) -> tuple[MemberView, ...] | None:
     )
 
 
+async def ask_cluster_version(statuses: dict[str, Status], tls: EtcdTLS | None = None) -> str:
+    """etcd's cluster version, from the leader first (it decides it), else any healthy member;
+    "" when none says."""
+    for url in sorted(statuses, key=lambda u: not statuses[u].is_leader):
+        try:
+            async with EtcdClient(url, tls, timeout=STATUS_TIMEOUT) as client:
+                return await client.cluster_version()
+        except (EtcdError, OSError, TimeoutError):
+            continue
+    return ""
+
+
 async def member_health(name: str, url: str, tls: EtcdTLS | None = None) -> maintenance.MemberView:
     """Status and health of one member (for maintenance); anything that does not answer in
     time is unhealthy."""
@@ -168,7 +181,8 @@ async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList,
     versions = {s.version for s in statuses.values()}
     version = min(versions, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
     refusal = upgrade_refusal(version, wanted)
-    if refusal is None and rollback_target(version, wanted) is not None:
+    path = version_path(version, wanted)
+    if refusal is None and path and rollback_target(version, path[0]) is not None:
         # Adoption replaces members by new pods, and a new member of the older minor cannot join.
         refusal = f"adopt it on etcd {version} first, then roll back to {wanted}"
     if refusal is not None:
@@ -304,6 +318,10 @@ class Observer:
         external = [u for u in (adoption.endpoints if adoption else []) if u not in client_urls.values()]
         etcd = await ask_members([*client_urls.values(), *external], certs.client if certs else None)
         etcd.tls = certs
+        if chain.under_way(cluster):
+            etcd.cluster_version = await ask_cluster_version(etcd.statuses, etcd.client_tls)
+        downgrade_enabled = any(s.downgrade_enabled for s in etcd.statuses.values())
+        walk = chain.progress(cluster, etcd.cluster_version, downgrade_enabled, now)
         members = member_views(etcd)
         previous = {m.name: parse_rfc3339(m.unhealthy_since) for m in status.members}
         unhealthy_since: dict[str, datetime] = {}
@@ -314,11 +332,10 @@ class Observer:
         observed = replace(
             base, pods=tuple(views), members=members, next_index=status.next_member_index,
             ever_formed=bool(status.cluster_id), unhealthy_since=unhealthy_since,
-            version=target_version(cluster),
+            version=walk.version, hold=walk.hold,
             recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
-            rollback=rollback(cluster),
-            downgrade_enabled=any(s.downgrade_enabled for s in etcd.statuses.values()),
+            rollback=walk.rollback, downgrade_enabled=downgrade_enabled,
             claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
         )  # fmt: skip
         return observed, etcd, client_urls

@@ -42,6 +42,8 @@ The rules, in the order they are tried:
    fresh member of the old minor cannot join, so neither surge nor a new volume), one
    member at a time, the leader last. The cluster does not grow meanwhile (a new member of
    the older minor could not join). A downgrade nobody wants any more is cancelled.
+   A change across several minors comes here one step at a time (``version`` is the step,
+   etcd/chain.py); between steps the planner waits (``hold``) for etcd's cluster version.
 
 10. Once the cluster matches its spec, delete the volume (PVC) of any member that is
    neither a pod nor a member any more: etcd never lets a removed member back in.
@@ -137,6 +139,7 @@ class Observed:
     downgrade_enabled: bool = False  # etcd reports a downgrade in progress
     claims: tuple[ClaimView, ...] = ()  # member volumes of the current epoch (PVC storage)
     migrate: bool = True  # spec.disruption.migrate: move members off draining nodes (rule 8b)
+    hold: str | None = None  # a path across minors waits for etcd before its next step (etcd/chain.py)
 
 
 # ---- steps --------------------------------------------------------------------------------
@@ -518,6 +521,8 @@ def plan(o: Observed) -> Step:
     for claim in o.claims:
         if claim.pod not in in_use and o.now - claim.created >= CLAIM_GRACE:
             return DeleteClaim(claim.name, claim.pod, claim.uid)
+    if o.hold is not None:  # every member runs this step of a path across minors; etcd must follow
+        return Wait(o.hold, 2.0)
     return Done()
 
 
@@ -539,7 +544,11 @@ def _plan_rollback(
         return Wait(f"etcd is finishing its downgrade to {target}", 1.0) if o.downgrade_enabled else None
     if (busy := _catching_up(members) or _terminating(pods)) is not None:
         return busy
-    if not o.downgrade_enabled and any(minor(m.version) != target for m in members):
+    # A member already on the target minor means etcd's downgrade was enabled (etcd lets no
+    # such member run otherwise) and its cluster version is the target: a leader of the older
+    # minor no longer reports the downgrade, and etcd refuses to enable it again.
+    started = any(minor(m.version) == target for m in members)
+    if not o.downgrade_enabled and not started and any(minor(m.version) != target for m in members):
         return EnableDowngrade(target)
     victim = min(pending, key=lambda m: (m.leader, pods[m.id].index))
     if victim.leader:

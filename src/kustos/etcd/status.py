@@ -27,7 +27,7 @@ from kustos.api.etcd import (
     MemberStatus,
     RecoveryStatus,
 )
-from kustos.etcd import planner, recovery
+from kustos.etcd import chain, planner, recovery
 from kustos.etcd.client import MemberList
 from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import Observed, Step
@@ -389,6 +389,8 @@ def _membership(seen: Seen, step: Step, now: datetime, refused: bool = False) ->
         ):
             status.adoption.phase = "Completed"
             status.adoption.completed_at = stamp
+    walk = chain.progress(cluster, etcd.cluster_version, o.downgrade_enabled, o.now)
+    status.version_path = walk.path
     if (agreed := agreed_version(m.version for m in members)) is not None:
         status.current_version = agreed
     healthy_voters = sum(1 for m in members if m.healthy and not m.learner)
@@ -406,17 +408,18 @@ def _membership(seen: Seen, step: Step, now: datetime, refused: bool = False) ->
     conditions = set_condition(conditions, "Available", available,
                                "QuorumHealthy" if available else "QuorumLost",
                                f"{healthy_voters} healthy voting members", generation, stamp)  # fmt: skip
+    halted = isinstance(step, planner.UpgradeHalted)
+    said = chain.halted(walk.path, describe(step)) if halted and walk.path else describe(step)
     progressing = not isinstance(step, Done | planner.QuorumLost)
     conditions = set_condition(conditions, "Progressing", progressing,
-                               type(step).__name__, describe(step), generation, stamp)  # fmt: skip
-    halted = isinstance(step, planner.UpgradeHalted)
+                               type(step).__name__, said, generation, stamp)  # fmt: skip
     no_space = bool(etcd.no_space) and not confirmed and not halted
     degraded = confirmed or halted or no_space or any(not m.healthy for m in members)
     reason = (
         "QuorumLost" if confirmed else "UpgradeHalted" if halted else "NoSpace" if no_space
         else "MemberUnhealthy" if degraded else "AllHealthy"
     )  # fmt: skip
-    message = NO_SPACE if no_space else describe(step) if degraded else ""
+    message = NO_SPACE if no_space else said if degraded else ""
     conditions = set_condition(conditions, "Degraded", degraded, reason, message, generation, stamp)
     refusal = version_refusal(cluster)
     conditions = set_condition(
@@ -512,6 +515,7 @@ def phase(cluster: EtcdCluster, o: Observed, step: Step, healthy_voters: int) ->
     if (
         any(planner.is_old_version(o, p) for p in o.pods)
         or planner.rolling_back(o)
+        or o.hold is not None
         or isinstance(step, planner.UpgradeHalted)
     ):
         return "Upgrading"
@@ -523,6 +527,24 @@ def phase(cluster: EtcdCluster, o: Observed, step: Step, healthy_voters: int) ->
 
 
 # ---- the Events a transition is worth ----------------------------------------------------------
+
+
+def path_notes(old: Obj, new: Obj) -> list[Note]:
+    """A path across minors started, or moved on to its next step (etcd/chain.py)."""
+    if not new or (new.get("step") == old.get("step") and new.get("target") == old.get("target")):
+        return []
+    steps = list(new.get("steps") or [])
+    if new.get("target") != old.get("target"):
+        through = ", ".join(steps[:-1])
+        return [Note("VersionPathStarted", (
+            f"going from etcd {new.get('source')} to {new.get('target')} one minor at a time, through "
+            f"{through}: each step rolls every member, and the next waits for etcd's cluster version"
+        ))]  # fmt: skip
+    at = steps.index(new["step"]) + 1 if new.get("step") in steps else 0
+    return [Note("VersionStepStarted", (
+        f"every member runs etcd {old.get('step')} and etcd's cluster version reached it: "
+        f"rolling on to etcd {new.get('step')} (step {at} of {len(steps)})"
+    ))]  # fmt: skip
 
 
 def _condition(status: Obj, type_: str) -> Obj:
@@ -604,6 +626,7 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
         found.append(Note("NoSpace", space.get("message") or "", WARNING))
     if degraded.get("reason") == "UpgradeHalted" and _turned(old, new, "Degraded", ("status", "reason")):
         found.append(Note("UpgradeHalted", degraded.get("message") or "", WARNING))
+    found += path_notes(old.get("versionPath") or {}, new.get("versionPath") or {})
     was, now_runs = old.get("currentVersion"), new.get("currentVersion")
     if was and now_runs != was:
         went_down = rollback_target(was, now_runs or "") is not None
