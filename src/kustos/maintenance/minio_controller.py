@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import httpx
+import httpx2 as httpx  # the API client's httpx2: one HTTP stack loaded, not two
 
 from kustos.api.maintenance import MaintenancePolicySpec
 from kustos.maintenance import minio, minio_copy
