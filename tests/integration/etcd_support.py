@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import subprocess
@@ -143,7 +144,7 @@ class Writer:
     endpoints: list[str]
     tls: EtcdTLS | None = None
     acknowledged: list[str] = field(default_factory=list)
-    times: list[float] = field(default_factory=list)  # time.monotonic() of each acknowledgement
+    acknowledged_at: list[float] = field(default_factory=list)  # monotonic time of each ack
     failures: int = 0
     _task: asyncio.Task[None] | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -163,21 +164,32 @@ class Writer:
                     async with EtcdClient(endpoint, self.tls, timeout=2.0) as client:
                         await client.put(key, str(i))
                     self.acknowledged.append(key)
-                    self.times.append(time.monotonic())
+                    self.acknowledged_at.append(time.monotonic())
                     i += 1
                     break
                 except (EtcdError, OSError):
                     self.failures += 1
             await asyncio.sleep(0.02)
 
-    def longest_outage(self) -> float:
-        """The longest time between two acknowledged writes: the outage a client saw."""
-        return max((b - a for a, b in zip(self.times, self.times[1:], strict=False)), default=0.0)
-
     async def stop(self) -> None:
         self._stop.set()
         if self._task is not None:
             await self._task
+
+    def ask_to_stop(self) -> None:
+        """From another thread: the writer ends after its current put."""
+        self._stop.set()
+
+    async def stop_when_asked(self) -> None:
+        """On the writer's own loop (another thread's): return once ``ask_to_stop`` was called
+        (the writer checks that flag between puts)."""
+        if self._task is not None:
+            await self._task
+
+    def longest_outage(self) -> float:
+        """The longest time between two acknowledged writes, in seconds: the outage a client saw."""
+        times = self.acknowledged_at
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
     async def missing(self, endpoint: str) -> list[str]:
         async with EtcdClient(endpoint, self.tls, timeout=10.0) as client:

@@ -53,6 +53,24 @@ class CertificateStatus(KubeModel):
     """When the operator renews it (RFC 3339)."""
 
 
+class CARotationStatus(KubeModel):
+    """The CA's rotation under way, or the last one (RFC 3339 times)."""
+
+    phase: str | None = None
+    """Trust (members restart to trust old and new CA), Reissue (onto leaves of the new CA),
+    Drop (to trust the new CA only); absent once done."""
+    reason: str = ""
+    """Why it rotates: the rotate-ca annotation, or the CA's expiry."""
+    started: str = ""
+    """When the new CA was made."""
+    phase_started: str = ""
+    """When the current phase began."""
+    old_ca_dropped: str = ""
+    """When the old CA left the CA Secret (members then restart without it)."""
+    completed: str = ""
+    """When every member trusted the new CA only."""
+
+
 class TLSStatus(KubeModel):
     """The certificates the members and the operator use."""
 
@@ -62,3 +80,5 @@ class TLSStatus(KubeModel):
     """A rolling restart onto renewed certificates is under way."""
     renewal_request: str | None = None
     """The value of the renew-certificates annotation the certificates were issued under."""
+    ca_rotation: CARotationStatus | None = None
+    """The CA's rotation (operator-issued certificates only)."""

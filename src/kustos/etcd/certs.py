@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kustos.api.etcd import EtcdCluster
-from kustos.api.etcd_tls import RENEW_ANNOTATION, CertificateStatus, TLSStatus
+from kustos.api.etcd_tls import RENEW_ANNOTATION, CARotationStatus, CertificateStatus, TLSStatus
+from kustos.etcd import carotation
 from kustos.etcd.client import EtcdTLS
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
@@ -213,9 +214,12 @@ def ca_verdict(
 
 
 def member_renewal_reason(
-    secret: Obj | None, pod: MemberPod, ca_pem: bytes, request: str, now: datetime, renew_before_percent: int
-) -> str | None:
-    """Why a running member must restart onto a new certificate, or None (pure)."""
+    secret: Obj | None, pod: MemberPod, ca_pem: bytes, request: str, now: datetime, renew_before_percent: int,
+    bundle: bytes | None = None,
+) -> str | None:  # fmt: skip
+    """Why a running member must restart onto a new certificate, or None (pure).
+
+    ``bundle``: the CAs it must trust (ca.crt), when not only ``ca_pem`` (a CA rotation)."""
     from kustos.etcd import tls
 
     if secret is None:
@@ -226,6 +230,8 @@ def member_renewal_reason(
         return "its certificate was issued for an earlier pod of the same name" if pod.running else None
     if cert is None:
         return "its certificate Secret is empty"
+    if tls.bundle_ids(_decode(secret, "ca.crt") or b"") != tls.bundle_ids(bundle or ca_pem):
+        return "the CAs it must trust changed (CA rotation)"
     if not tls.signed_by(cert, ca_pem):
         return "its certificate is not signed by the cluster's CA"
     if annotations.get(REQUEST_ANNOTATION, "") != request:
@@ -233,6 +239,70 @@ def member_renewal_reason(
     if tls.needs_renewal(tls.info(cert), now, renew_before_percent):
         return "its certificate is due for renewal"
     return None
+
+
+CA_KEYS = ("ca.crt", "ca.key")
+NEXT_KEYS = ("next.crt", "next.key")  # the CA a rotation made, trusted but not yet signing
+PREVIOUS_KEY = "previous.crt"  # the CA a rotation replaced, trusted until every leaf is new
+
+
+def ca_bundle(ca_secret: Obj | None) -> bytes:
+    """What members and clients must trust: the signing CA, then the rotation's other one."""
+    return b"".join(_decode(ca_secret, k) or b"" for k in ("ca.crt", "next.crt", PREVIOUS_KEY))
+
+
+def ca_record(ca_secret: Obj) -> carotation.CARecord:
+    from kustos.etcd import tls
+
+    def ident(key: str) -> str | None:
+        pem = _decode(ca_secret, key)
+        return tls.ca_id(pem) if pem else None
+
+    current = ident("ca.crt")
+    assert current is not None
+    timing = carotation.Timing.load(_annotation(ca_secret, carotation.RECORD_ANNOTATION, None))
+    return carotation.CARecord(current, ident("next.crt"), ident(PREVIOUS_KEY), timing)
+
+
+def member_trust(pod: MemberPod, secret: Obj | None, cas: list[bytes]) -> carotation.MemberTrust:
+    """What a member runs on, for the rotation planner (pure)."""
+    from kustos.etcd import tls
+
+    cert = _decode(secret, "tls.crt")
+    return carotation.MemberTrust(
+        name=pod.name,
+        settled=secret is not None and pod.running and _annotation(secret, POD_UID_ANNOTATION) == pod.uid,
+        bundle=tls.bundle_ids(_decode(secret, "ca.crt") or b""),
+        leaf_issuer=tls.issuer_in(cert, cas) if cert else None,
+    )
+
+
+def rotated_ca_data(
+    step: carotation.Step, ca_secret: Obj, new_ca: tls.KeyPair | None
+) -> dict[str, str | None]:
+    """The CA Secret's data keys a rotation step changes (None deletes one) (pure)."""
+    data: dict[str, str | None] = {}
+    if isinstance(step, carotation.Start):
+        assert new_ca is not None
+        data = {"next.crt": _encode(new_ca.cert), "next.key": _encode(new_ca.key)}
+    elif isinstance(step, carotation.Promote):
+        raw = ca_secret.get("data") or {}
+        data = {"ca.crt": raw["next.crt"], "ca.key": raw["next.key"], PREVIOUS_KEY: raw["ca.crt"],
+                "next.crt": None, "next.key": None}  # fmt: skip
+    elif isinstance(step, carotation.DropOld):
+        data = {PREVIOUS_KEY: None}
+    return data
+
+
+def rotation_status(record: carotation.CARecord) -> CARotationStatus | None:
+    timing = record.timing
+    if not timing.started:
+        return None
+    phase = record.phase
+    return CARotationStatus(
+        phase=phase.value if phase is not None else None, reason=timing.reason, started=timing.started,
+        phase_started=timing.phase_started, old_ca_dropped=timing.old_ca_dropped, completed=timing.completed,
+    )  # fmt: skip
 
 
 # ---- the operator side -----------------------------------------------------------------
@@ -380,6 +450,12 @@ class CertificateManager:
             ca = _pair(ca_secret, "ca.crt", "ca.key")
             assert ca is not None
             issued.append(ca_secret_name(name))
+        assert ca_secret is not None
+        ca_secret = await self._rotate_ca(cluster, ca_secret, members, now, lifetime)
+        ca = _pair(ca_secret, "ca.crt", "ca.key")
+        assert ca is not None
+        bundle = ca_bundle(ca_secret)
+        record = ca_record(ca_secret)
 
         client_name = client_secret_name(cluster)
         client_secret = await self._secret(namespace, client_name)
@@ -387,13 +463,14 @@ class CertificateManager:
         client_fresh = (
             client_pair is not None
             and tls.signed_by(client_pair.cert, ca.cert)
+            and _decode(client_secret, "ca.crt") == bundle
             and _annotation(client_secret, REQUEST_ANNOTATION) == request
             and not tls.needs_renewal(tls.info(client_pair.cert), now, spec.renew_before_percent)
         )  # fmt: skip
         if not client_fresh:
             pair = tls.issue(ca, "kustos-operator", now, lifetime, server=False, client=True)
             manifest = secret_manifest(
-                cluster, client_name, {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": ca.cert},
+                cluster, client_name, {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": bundle},
                 _cluster_owner(cluster), {REQUEST_ANNOTATION: request},
             )  # fmt: skip
             client_secret = await self.api.apply(SECRETS, manifest)
@@ -410,19 +487,21 @@ class CertificateManager:
                 continue
             secret_name = member_secret_name(pod.name)
             secret = await self._secret(namespace, secret_name)
-            reason = member_renewal_reason(secret, pod, ca.cert, request, now, spec.renew_before_percent)
+            reason = member_renewal_reason(
+                secret, pod, ca.cert, request, now, spec.renew_before_percent, bundle
+            )
             if reason is not None:
                 stale[pod.name] = reason
             owner_uid = _annotation(secret, POD_UID_ANNOTATION, None)
             if secret is None or (owner_uid != pod.uid and not pod.running):
                 if cluster.spec.addressing == "podIP" and not pod.ip:
                     continue  # its certificate must name its IP: wait until it has one
-                secret = await self._issue_member(cluster, ca, pod, request, now, lifetime)
+                secret = await self._issue_member(cluster, ca, bundle, pod, request, now, lifetime)
                 issued.append(secret_name)
             certificates.append(_status_of(secret_name, secret, pod.name, spec.renew_before_percent))
         status = TLSStatus(
             certificates=certificates, renewing=bool(stale),
-            renewal_request=request or None,
+            renewal_request=request or None, ca_rotation=rotation_status(record),
         )  # fmt: skip
         return ClusterTLS(
             client=self._client_files(cluster, client_secret), stale=stale, status=status, issued=issued,
@@ -430,8 +509,8 @@ class CertificateManager:
         )  # fmt: skip
 
     async def _issue_member(
-        self, cluster: EtcdCluster, ca: tls.KeyPair, pod: MemberPod, request: str, now: datetime,
-        lifetime: timedelta,
+        self, cluster: EtcdCluster, ca: tls.KeyPair, bundle: bytes, pod: MemberPod, request: str,
+        now: datetime, lifetime: timedelta,
     ) -> Obj:  # fmt: skip
         from kustos.etcd import tls
 
@@ -442,12 +521,53 @@ class CertificateManager:
         )  # fmt: skip
         manifest = secret_manifest(
             cluster, member_secret_name(pod.name),
-            {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": ca.cert},
+            {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": bundle},
             {**_pod_owner({"metadata": {"name": pod.name, "uid": pod.uid}})},
             {POD_UID_ANNOTATION: pod.uid, REQUEST_ANNOTATION: request}, member=pod.name,
         )  # fmt: skip
         log.info("issued a certificate for %s/%s", namespace, pod.name)
         return await self.api.apply(SECRETS, manifest)
+
+    async def _rotate_ca(
+        self, cluster: EtcdCluster, ca_secret: Obj, members: list[MemberPod], now: datetime,
+        lifetime: timedelta,
+    ) -> Obj:  # fmt: skip
+        """Take the CA rotation's next step, if any: one conditional write of the CA Secret.
+
+        The members' rolls between steps are the planner's (they show as stale members).
+        """
+        from kustos.etcd import tls
+
+        spec = cluster.spec.tls
+        assert spec is not None
+        name, namespace = cluster.metadata["name"], cluster.metadata["namespace"]
+        record = ca_record(ca_secret)
+        cas = tls.split_bundle(ca_bundle(ca_secret))
+        trust = []
+        for pod in members:
+            if not pod.deleting:
+                secret = await self._secret(namespace, member_secret_name(pod.name))
+                trust.append(member_trust(pod, secret, cas))
+        request = (cluster.metadata.get("annotations") or {}).get(carotation.ROTATE_CA_ANNOTATION, "")
+        current = tls.info(_decode(ca_secret, "ca.crt") or b"")
+        due = carotation.rotation_due(
+            current.not_before, current.not_after, now, lifetime, spec.renew_before_percent
+        )
+        step = carotation.plan(record, trust, request, due)
+        if step is None or isinstance(step, carotation.Wait):
+            return ca_secret
+        starting = isinstance(step, carotation.Start)
+        new_ca = tls.new_ca(f"{name}.{namespace} etcd CA", now) if starting else None
+        timing = carotation.timing_after(step, record.timing, request, now)
+        patch = {
+            "metadata": {
+                "resourceVersion": ca_secret["metadata"]["resourceVersion"],  # a conditional write
+                "annotations": {carotation.RECORD_ANNOTATION: timing.dump()},
+            },
+            "data": rotated_ca_data(step, ca_secret, new_ca),
+        }
+        log.info("CA rotation of %s/%s: %s", namespace, name, type(step).__name__)
+        return await self.api.patch(SECRETS, namespace, ca_secret_name(name), patch)
 
     def _client_files(self, cluster: EtcdCluster, secret: Obj) -> EtcdTLS:
         """The client certificate as files (Python's ssl loads certificates from files only)."""

@@ -152,6 +152,34 @@ def recover(
     print(f"follow it with: kubectl get etcdcluster {name} -n {namespace} -w")
 
 
+@etcd.command("rotate-ca")
+def rotate_ca(
+    name: Annotated[str, typer.Argument(help="The EtcdCluster whose CA (operator-issued) rotates.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    kubeconfig: Annotated[Path | None, typer.Option(help="Default: $KUBECONFIG or ~/.kube/config.")] = None,
+    context: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Rotate a cluster's CA now, without downtime: members restart one at a time to trust
+    old and new CA, then onto certificates of the new CA, then to trust the new CA only."""
+    from datetime import UTC, datetime
+
+    from kustos.etcd.carotation import ROTATE_CA_ANNOTATION
+    from kustos.runtime.times import rfc3339
+
+    value = rfc3339(datetime.now(UTC))
+    annotate = _annotate_cluster(kubeconfig, context, namespace, name, ROTATE_CA_ANNOTATION, value)
+    cluster = asyncio.run(annotate)
+    if cluster is None:
+        print(f"EtcdCluster {namespace}/{name} not found", file=sys.stderr)
+        sys.exit(1)
+    if ((cluster.get("spec") or {}).get("tls") or {}).get("secrets"):
+        print(f"{namespace}/{name} uses your own TLS Secrets: rotate their CA yourself", file=sys.stderr)
+        sys.exit(1)
+    print(f"asked the operator to rotate the CA of {namespace}/{name} ({ROTATE_CA_ANNOTATION}={value})")
+    where = "-o jsonpath='{.status.tls.caRotation}'"
+    print(f"follow it with: kubectl get etcdcluster {name} -n {namespace} {where}")
+
+
 @etcd.command("images")
 def images(
     repository: Annotated[

@@ -647,11 +647,39 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
             found.append(Note("CertificatesRenewed", "every member runs on a current certificate"))
         if certs.problem is not None and _turned(old, new, "CertificatesReady"):
             found.append(Note("TLSSecretInvalid", certs.problem, WARNING))
+        found += _ca_rotation_notes(old, new)
         if certs.warning is not None:
             # Not a transition: the warning's message names the days left, and the recorder
             # folds a repeat into the first Event's count.
             found.append(Note("CAExpiring", certs.warning, WARNING))
     return found
+
+
+def _ca_rotation_notes(old: dict[str, Any], new: dict[str, Any]) -> list[Note]:
+    """A CA rotation's start, each phase and its end, with their times."""
+    was = (old.get("tls") or {}).get("caRotation") or {}
+    now = (new.get("tls") or {}).get("caRotation") or {}
+    if not now or (was.get("phase"), was.get("started")) == (now.get("phase"), now.get("started")):
+        return []
+    phase = now.get("phase")
+    steps = {
+        "Trust": "members restart one at a time to trust the old and the new CA",
+        "Reissue": "members restart one at a time onto certificates of the new CA",
+        "Drop": f"the old CA was dropped at {now.get('oldCaDropped')}; "
+        "members restart to trust the new CA only",
+    }
+    if phase == "Trust" and was.get("started") != now.get("started"):
+        return [Note("CARotationStarted", f"a new CA was made at {now.get('started')} ({now.get('reason')}); "
+                     + steps["Trust"])]  # fmt: skip
+    if phase in steps:
+        return [Note("CARotationPhase", f"{phase} since {now.get('phaseStarted')}: {steps[phase]}")]
+    if now.get("completed") and was.get("phase"):
+        message = (
+            f"every member trusts the new CA only, since {now['completed']} "
+            f"(started {now.get('started')}, old CA dropped {now.get('oldCaDropped')})"
+        )
+        return [Note("CARotationCompleted", message)]
+    return []
 
 
 __all__ = [

@@ -219,6 +219,29 @@ def ca_usable(ca: CertInfo, now: datetime, leaf_lifetime: timedelta) -> bool:
     return ca.not_after - now >= 2 * leaf_lifetime
 
 
+def split_bundle(bundle: bytes) -> list[bytes]:
+    """The certificates of a PEM bundle (a ca.crt that trusts more than one CA), each as PEM."""
+    return [
+        cert.public_bytes(serialization.Encoding.PEM) for cert in x509.load_pem_x509_certificates(bundle)
+    ] if bundle.strip() else []  # fmt: skip
+
+
+def ca_id(pem: bytes) -> str:
+    """Who a CA is: a digest of its certificate (two CAs of the same name differ)."""
+    der = x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+    return hashlib.sha256(der).hexdigest()[:16]
+
+
+def bundle_ids(bundle: bytes) -> frozenset[str]:
+    """The CAs a ca.crt bundle trusts."""
+    return frozenset(ca_id(pem) for pem in split_bundle(bundle))
+
+
+def issuer_in(cert_pem: bytes, cas: list[bytes]) -> str | None:
+    """Which of ``cas`` signed ``cert`` (its ``ca_id``), or None."""
+    return next((ca_id(ca) for ca in cas if signed_by(cert_pem, ca)), None)
+
+
 def fingerprint(*parts: bytes) -> str:
     """A short digest of certificate material, to notice when a user replaces a Secret."""
     digest = hashlib.sha256()
