@@ -389,9 +389,12 @@ class CertificateManager:
             and tls.signed_by(client_pair.cert, ca.cert)
             and _annotation(client_secret, REQUEST_ANNOTATION) == request
             and not tls.needs_renewal(tls.info(client_pair.cert), now, spec.renew_before_percent)
+            and tls.info(client_pair.cert).common_name == ""
         )  # fmt: skip
         if not client_fresh:
-            pair = tls.issue(ca, "kustos-operator", now, lifetime, server=False, client=True)
+            # No Common Name: with etcd authentication on, etcd's JSON gateway refuses every
+            # request whose client certificate has one (embed/serve.go); the operator logs in.
+            pair = tls.issue(ca, "", now, lifetime, server=False, client=True)
             manifest = secret_manifest(
                 cluster, client_name, {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": ca.cert},
                 _cluster_owner(cluster), {REQUEST_ANNOTATION: request},
