@@ -51,14 +51,14 @@ async def put_latencies(
     url: str, tls: EtcdTLS | None, credentials: tuple[EtcdCredentials, ...], writes: int, reuse: bool
 ) -> list[float]:
     took = []
-    async with EtcdClient(url, tls, 5.0, credentials) as kept:
+    async with EtcdClient(url, tls, 30.0, credentials) as kept:
         await kept.put("/bench/warm", "x")
         for i in range(writes):
             started = time.perf_counter()
             if reuse:
                 await kept.put(f"/bench/{i:06d}", "v" * 64)
             else:
-                async with EtcdClient(url, tls, 5.0, credentials) as fresh:
+                async with EtcdClient(url, tls, 30.0, credentials) as fresh:
                     await fresh.put(f"/bench/{i:06d}", "v" * 64)
             took.append((time.perf_counter() - started) * 1000)
     return took

@@ -28,6 +28,7 @@ from kustos.etcd.pods import owned_metadata
 from kustos.etcd.resources import ETCDBACKUPS
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
+from kustos.runtime.informer import Informer
 from kustos.runtime.resources import SECRETS
 from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
 
@@ -91,20 +92,29 @@ def applied_markers(secret: Obj) -> dict[str, str]:
 class AuthSync:
     """The root Secret, the credential book, and one auth step per pass."""
 
-    def __init__(self, api: Api, event: Event) -> None:
+    def __init__(self, api: Api, secrets: Informer, event: Event) -> None:
         self.api = api
+        self.secrets = secrets  # kustos's own Secrets (by the cluster label): the root Secret is one
         self.event = event
+
+    def _cached(self, cluster: EtcdCluster) -> Obj | None:
+        return self.secrets.get(f"{cluster.metadata['namespace']}/{root_secret_name(cluster)}")
 
     async def identity(self, cluster: EtcdCluster, now: datetime) -> Obj | None:
         """The root Secret; None: no authentication. It is created when spec.auth is on, or when
         the cluster is restored from a backup of a cluster that had one: the restored members
         have that cluster's users, so its root passwords come along (as ``previous``)."""
         namespace = cluster.metadata["namespace"]
+        cached = self._cached(cluster)
+        wanted = cluster.spec.auth is not None and cluster.spec.auth.enabled
+        unformed = cluster.spec.restore is not None and not (cluster.status and cluster.status.cluster_id)
+        if cached is not None or not (wanted or unformed):
+            return cached  # most passes of most clusters: no API call
         secret = await self.api.get(SECRETS, namespace, root_secret_name(cluster))
         if secret is not None:
             return secret
         inherited = await self._restored_from(cluster)
-        if not inherited and (cluster.spec.auth is None or not cluster.spec.auth.enabled):
+        if not inherited and not wanted:
             return None
         metadata = owned_metadata(cluster, root_secret_name(cluster))
         metadata["annotations"] = {ROTATED_AT_ANNOTATION: rfc3339(now)}
@@ -192,8 +202,10 @@ class AuthSync:
 
     async def sync(self, cluster: EtcdCluster, endpoint: str, tls: EtcdTLS | None, now: datetime) -> bool:
         """One step towards spec.auth through one healthy member; True when it did something."""
-        namespace = cluster.metadata["namespace"]
-        secret = await self.api.get(SECRETS, namespace, root_secret_name(cluster))
+        if self._cached(cluster) is None:
+            return False  # no root Secret: authentication was never asked for
+        # Afresh: the ledger in its annotations must include this operator's last writes.
+        secret = await self.api.get(SECRETS, cluster.metadata["namespace"], root_secret_name(cluster))
         if secret is None:
             return False
         desired = await self.desired(cluster, secret, now)
