@@ -1,12 +1,15 @@
 """What TLS (and etcd authentication) cost an EtcdCluster: creation time and write latency.
 
-    .venv/bin/python benchmarks/etcd_tls_bench.py [--runs 3] [--writes 300]
+    .venv/bin/python -m benchmarks.etcd_tls_bench [--runs 3] [--writes 300] [--processes]
 
 For each variant (plain, tls, tls+auth) and run: create a 3-member cluster and time it until
 all members are healthy (the operator issues the CA and every certificate for tls), then time
 ``--writes`` sequential puts through one member's JSON gateway, once over one kept connection
 (a client's steady state) and once with a new connection per put (a new TLS handshake each,
 which is how the operator's short clients talk). Prints medians and 99th percentiles.
+
+``--processes``: write latency only, against one bare etcd process per variant (no Kubernetes,
+no operator; certificates from ``kustos.etcd.tls``), for a machine too loaded for the rest.
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ import base64
 import json
 import signal
 import statistics
+import subprocess
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from benchmarks.etcd_bench import ADDRESSING, bench_cluster, create, healthy, start_operator, status, wait
+from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster
-from kustos.etcd.client import EtcdClient, EtcdCredentials, EtcdTLS
+from kustos.etcd import tls
+from kustos.etcd.client import EtcdClient, EtcdCredentials, EtcdError, EtcdTLS
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "plain": {},
@@ -64,6 +71,65 @@ async def put_latencies(
     return took
 
 
+def bare_member(
+    directory: Path, ip: str, tls_on: bool
+) -> tuple[subprocess.Popen[bytes], str, EtcdTLS | None]:
+    """One etcd process (the newest version the dev cluster builds), plain or with client TLS."""
+    scheme = "https" if tls_on else "http"
+    args = [str(binaries.binary_path("etcd")), "--data-dir", str(directory / "data"), "--name", "bench",
+            "--listen-client-urls", f"{scheme}://{ip}:2379", "--advertise-client-urls", f"{scheme}://{ip}:2379",
+            "--listen-peer-urls", f"http://{ip}:2380", "--initial-advertise-peer-urls", f"http://{ip}:2380",
+            "--initial-cluster", f"bench=http://{ip}:2380"]  # fmt: skip
+    client = None
+    if tls_on:
+        now = datetime.now(UTC)
+        ca = tls.new_ca("bench CA", now)
+        server = tls.issue(ca, "bench", now, timedelta(hours=1), ips=(ip,))
+        user = tls.issue(ca, "", now, timedelta(hours=1), server=False)
+        for name, data in (("ca.crt", ca.cert), ("server.crt", server.cert), ("server.key", server.key),
+                           ("client.crt", user.cert), ("client.key", user.key)):  # fmt: skip
+            (directory / name).write_bytes(data)
+        args += ["--cert-file", str(directory / "server.crt"), "--key-file", str(directory / "server.key"),
+                 "--trusted-ca-file", str(directory / "ca.crt"), "--client-cert-auth"]  # fmt: skip
+        client = EtcdTLS(directory / "ca.crt", directory / "client.crt", directory / "client.key")
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return process, f"{scheme}://{ip}:2379", client
+
+
+async def _ready(url: str, client: EtcdTLS | None) -> None:
+    for _ in range(200):
+        try:
+            async with EtcdClient(url, client, 2.0) as probe:
+                if (await probe.status()).is_leader:
+                    return
+        except EtcdError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not start")
+
+
+def processes(runs: int, writes: int) -> None:
+    kept: dict[str, list[float]] = {"plain": [], "tls": []}
+    fresh: dict[str, list[float]] = {"plain": [], "tls": []}
+    for run in range(runs):
+        for n, variant in enumerate(kept):
+            with tempfile.TemporaryDirectory() as directory:
+                process, url, client = bare_member(
+                    Path(directory), f"127.91.{run + 1}.{n + 1}", variant == "tls"
+                )
+                try:
+                    asyncio.run(_ready(url, client))
+                    kept[variant] += asyncio.run(put_latencies(url, client, (), writes, True))
+                    fresh[variant] += asyncio.run(put_latencies(url, client, (), writes // 3, False))
+                finally:
+                    process.kill()
+                    process.wait()
+    for variant in kept:
+        print(f"{variant} (bare etcd): put, one connection  {statistics.median(kept[variant]):.2f} ms, "
+              f"p99 {p99(kept[variant]):.2f} ms; put with a new connection median "
+              f"{statistics.median(fresh[variant]):.2f} ms, p99 {p99(fresh[variant]):.2f} ms")  # fmt: skip
+
+
 def p99(values: list[float]) -> float:
     return sorted(values)[max(0, int(len(values) * 0.99) - 1)]
 
@@ -72,7 +138,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--writes", type=int, default=300)
+    parser.add_argument("--processes", action="store_true")
     args = parser.parse_args()
+    if args.processes:
+        processes(args.runs, args.writes)
+        return
     ADDRESSING["value"] = "podIP"
     cluster = bench_cluster("bench-tls")
     operator = None

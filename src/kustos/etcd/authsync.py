@@ -25,7 +25,6 @@ from kustos.api.etcd_auth import ROTATE_ROOT_ANNOTATION
 from kustos.etcd import auth
 from kustos.etcd.client import CREDENTIALS, EtcdClient, EtcdCredentials, EtcdTLS, RolePermission
 from kustos.etcd.pods import owned_metadata
-from kustos.etcd.resources import ETCDBACKUPS
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.informer import Informer
@@ -92,9 +91,10 @@ def applied_markers(secret: Obj) -> dict[str, str]:
 class AuthSync:
     """The root Secret, the credential book, and one auth step per pass."""
 
-    def __init__(self, api: Api, secrets: Informer, event: Event) -> None:
+    def __init__(self, api: Api, secrets: Informer, backups: Informer, event: Event) -> None:
         self.api = api
         self.secrets = secrets  # kustos's own Secrets (by the cluster label): the root Secret is one
+        self.backups = backups
         self.event = event
 
     def _cached(self, cluster: EtcdCluster) -> Obj | None:
@@ -139,7 +139,7 @@ class AuthSync:
         if cluster.spec.restore is None:
             return ()
         namespace = cluster.metadata["namespace"]
-        backup = await self.api.get(ETCDBACKUPS, namespace, cluster.spec.restore.backup)
+        backup = self.backups.get(f"{namespace}/{cluster.spec.restore.backup}")
         source = ((backup or {}).get("spec") or {}).get("clusterName")
         if not source or source == cluster.metadata["name"]:
             return ()

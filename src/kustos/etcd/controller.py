@@ -115,7 +115,7 @@ class EtcdClusterReconciler:
         # Pods created by a pass and not yet delivered by the pods informer: no pass plans without them.
         self.expected = Expectations(self.clock)
         self.pods.add_handler(self._saw_pod)
-        self.auth = AuthSync(self.api, self.secrets, self.event)
+        self.auth = AuthSync(self.api, self.secrets, self.backups, self.event)
         self.rebuilder = Rebuilder(
             self.api, self.observer, self.backups, self.event, agent_image or configured_agent_image(),
             self.expected,
