@@ -20,7 +20,7 @@ from kustos.api import RESOURCES
 from kustos.devcluster import binaries
 from kustos.devcluster.binaries import binary_path
 from kustos.devcluster.cluster import DevCluster
-from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS
+from kustos.etcd.client import EtcdClient, EtcdCredentials, EtcdError, EtcdTLS
 from kustos.runtime.crd import render_crds
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
@@ -138,11 +138,13 @@ def assert_consistent(kubectl: Kubectl, name: str, size: int, status: dict[str, 
 class Writer:
     """Puts sequential keys through any member that answers; remembers what was acknowledged.
 
-    ``tls``: the CA (and a client certificate) for a TLS cluster's https endpoints.
+    ``tls``: the CA (and a client certificate) for a TLS cluster's https endpoints;
+    ``credentials``: whom it logs in as where etcd authentication is on.
     """
 
     endpoints: list[str]
     tls: EtcdTLS | None = None
+    credentials: tuple[EtcdCredentials, ...] = ()
     acknowledged: list[str] = field(default_factory=list)
     acknowledged_at: list[float] = field(default_factory=list)  # monotonic time of each ack
     failures: int = 0
@@ -161,7 +163,7 @@ class Writer:
             key = f"/writer/{i:06d}"
             for endpoint in list(self.endpoints):
                 try:
-                    async with EtcdClient(endpoint, self.tls, timeout=2.0) as client:
+                    async with EtcdClient(endpoint, self.tls, 2.0, self.credentials) as client:
                         await client.put(key, str(i))
                     self.acknowledged.append(key)
                     self.acknowledged_at.append(time.monotonic())
@@ -192,7 +194,7 @@ class Writer:
         return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
     async def missing(self, endpoint: str) -> list[str]:
-        async with EtcdClient(endpoint, self.tls, timeout=10.0) as client:
+        async with EtcdClient(endpoint, self.tls, 10.0, self.credentials) as client:
             found = await client.range("/writer/", prefix=True, keys_only=True)
         present = {kv.key.decode() for kv in found.kvs}
         return [k for k in self.acknowledged if k not in present]

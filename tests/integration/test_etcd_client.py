@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import hashlib
+import io
 import ipaddress
 import json
 import os
@@ -31,9 +32,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.etcd.client import (
+    AuthFailed,
+    AuthRequired,
     BadLeaderTransferee,
     Compacted,
     EtcdClient,
+    EtcdCredentials,
     EtcdError,
     EtcdTLS,
     EtcdTLSError,
@@ -46,10 +50,13 @@ from kustos.etcd.client import (
     NotLeader,
     NotSupportedForLearner,
     PeerURLExists,
+    PermissionDenied,
+    RolePermission,
     Status,
     TooManyLearners,
     UnhealthyCluster,
     cluster_health,
+    prefix_end,
 )
 from tests.integration.etcd_support import build_missing_etcd_binaries, free_port
 
@@ -360,6 +367,52 @@ async def test_downgrade_api(single: tuple[EtcdProcess, EtcdClient], version: st
     assert not (await client.status()).downgrade_enabled
     with pytest.raises(ValueError, match="downgrade action"):
         await client.downgrade("FORCE", previous)
+
+
+@each_version
+async def test_auth(single: tuple[EtcdProcess, EtcdClient], version: str, tmp_path: Path) -> None:
+    """Users, roles and tokens as the operator uses them; a password change drops old tokens."""
+    member, admin = single
+    await admin.role_add("root")
+    await admin.user_add("root", "root-pw")
+    await admin.user_grant_role("root", "root")
+    await admin.user_add("cert-only", None)
+    await admin.role_add("app")
+    app_range = RolePermission("READWRITE", b"/app/", prefix_end(b"/app/"))
+    await admin.role_grant_permission("app", app_range)
+    await admin.user_add("app", "app-pw")
+    await admin.user_grant_role("app", "app")
+    assert sorted(await admin.user_list()) == ["app", "cert-only", "root"]
+    assert await admin.role_permissions("app") == [app_range]
+    await admin.auth_enable()
+
+    root = (EtcdCredentials("root", "wrong"), EtcdCredentials("root", "root-pw"))  # the second is right
+    async with EtcdClient(member.client_url, credentials=root) as client:
+        assert (await client.auth_status()).enabled
+        await client.status()  # 3.6 and later want a token even for this: it logs in first
+        assert client.logged_in_as == root[1]
+        await client.put("/anything", "x")
+        with io.BytesIO() as sink:
+            await client.snapshot(sink)
+        await client.user_change_password("root", "root-pw-2")  # etcd drops root's tokens
+        with pytest.raises(AuthFailed):
+            await client.put("/anything", "y")  # a new login with the old passwords fails
+    async with EtcdClient(member.client_url, credentials=(EtcdCredentials("app", "app-pw"),)) as app:
+        await app.put("/app/x", "1")
+        with pytest.raises(PermissionDenied):
+            await app.put("/other", "1")
+    async with EtcdClient(member.client_url) as anonymous:
+        with pytest.raises(AuthRequired):
+            await anonymous.put("/app/x", "2")
+    root2 = (EtcdCredentials("root", "root-pw-2"),)
+    async with EtcdClient(member.client_url, credentials=root2) as client:
+        await client.role_revoke_permission("app", app_range.key, app_range.range_end)
+        await client.user_revoke_role("app", "app")
+        await client.user_delete("app")
+        await client.role_delete("app")
+        assert sorted(await client.user_list()) == ["cert-only", "root"]
+        await client.auth_disable()
+    assert (await admin.auth_status()).enabled is False
 
 
 @each_version

@@ -35,11 +35,14 @@ def secret_data(kubectl: Kubectl, name: str) -> dict[str, bytes]:
     return {k: base64.b64decode(v) for k, v in data.items()}
 
 
-def user_client_certificate(kubectl: Kubectl, cluster: str, directory: Path) -> EtcdTLS:
-    """What a user does: take the cluster's CA and issue a client certificate from it."""
+def user_client_certificate(
+    kubectl: Kubectl, cluster: str, directory: Path, common_name: str = "test-user"
+) -> EtcdTLS:
+    """What a user does: take the cluster's CA and issue a client certificate from it (with no
+    ``common_name`` for a client that logs in with a password, as etcd's gateway then needs)."""
     ca = secret_data(kubectl, f"{cluster}-ca")
     pair = tls.issue(
-        tls.KeyPair(ca["ca.crt"], ca["ca.key"]), "test-user", datetime.now(UTC), timedelta(hours=1),
+        tls.KeyPair(ca["ca.crt"], ca["ca.key"]), common_name, datetime.now(UTC), timedelta(hours=1),
         server=False,
     )  # fmt: skip
     directory.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@
   clients), kept with its spec and removed with it or when turned off. What it allows is
   read from the object: the dev cluster's network plugin does not enforce NetworkPolicy;
 - nothing secret leaks: the values of every Secret of such a run (the CA's and members' keys,
-  the operator's client key, the S3 secret key, the operator's own token) appear in none of
+  the operator's client key, the S3 secret key, etcd users' passwords and the operator's etcd
+  root passwords, the operator's own token) appear in none of
   the operator's log, the namespace's Events, the kustos objects (status and conditions) or
   the agent pods' logs.
 """
@@ -29,7 +30,14 @@ import yaml
 
 from kustos.devcluster.cluster import DevClusterError
 from kustos.devcluster.s3 import S3Server
-from kustos.etcd.client import EtcdClient
+from kustos.etcd.client import (
+    AuthFailed,
+    AuthRequired,
+    EtcdClient,
+    EtcdCredentials,
+    EtcdTLS,
+    PermissionDenied,
+)
 from kustos.etcd.network import OPERATOR_NAMESPACE_ENV, OPERATOR_POD_LABELS_ENV
 from tests.integration import audit
 from tests.integration.conftest import Kubectl
@@ -41,6 +49,23 @@ from tests.integration.test_etcd_recovery import take_backup
 from tests.integration.test_etcd_tls import user_client_certificate
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
+APP_PASSWORD = "app-password-in-a-secret"
+APP = (EtcdCredentials("app", APP_PASSWORD),)
+APP_AUTH = {
+    "users": [{"name": "app", "passwordSecret": {"name": "app-pw"}, "roles": ["app"]}],
+    "roles": [{"name": "app", "permissions": [{"type": "readwrite", "key": "/s/", "prefix": True}]}],
+}
+
+
+async def app_writes(url: str, tls: EtcdTLS) -> bool:
+    """etcd authentication is on (a login gives a token) and app writes its prefix."""
+    try:
+        async with EtcdClient(url, tls, credentials=APP) as client:
+            token = await client.login()
+            await client.put("/s/probe", "x")
+    except (AuthFailed, AuthRequired, PermissionDenied):
+        return False
+    return token is not None
 
 
 def enforce_restricted(kubectl: Kubectl) -> None:
@@ -56,22 +81,30 @@ async def test_tls_members_an_s3_backup_and_a_restore_run_restricted_and_no_secr
 ) -> None:
     enforce_restricted(kubectl)
     s3_secret(kubectl, s3)
-    kubectl.apply(etcd_cluster("sec", 3, tls={}, storage={"type": "pvc", "size": "1Gi"}))
+    kubectl.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "app-pw"},
+                   "stringData": {"password": APP_PASSWORD}})  # fmt: skip
+    kubectl.apply(etcd_cluster("sec", 3, tls={}, auth=APP_AUTH, storage={"type": "pvc", "size": "1Gi"}))
     status = await wait_healthy(kubectl, "sec", 3, timeout=180)
-    user = user_client_certificate(kubectl, "sec", tmp_path / "user")
-    async with EtcdClient(status["members"][0]["clientUrl"], user) as client:
+    # With etcd authentication on, a client logs in: a certificate with no Common Name, a password.
+    user = user_client_certificate(kubectl, "sec", tmp_path / "user", common_name="")
+    await wait_until(lambda: app_writes(status["members"][0]["clientUrl"], user), "user app", timeout=90)
+    async with EtcdClient(status["members"][0]["clientUrl"], user, credentials=APP) as client:
         for i in range(50):
             await client.put(f"/s/{i:03d}", "v" * 64)
     backup = await take_backup(kubectl, "sec-s3", "sec", storage=s3_storage(s3))
     assert backup["location"].startswith("s3://")
 
-    kubectl.apply(etcd_cluster("copy", 1, tls={}, restore={"backup": "sec-s3"}))
+    # Restored with its users: the operator logs in with sec's root password, then sets its own.
+    kubectl.apply(etcd_cluster("copy", 1, tls={}, auth=APP_AUTH, restore={"backup": "sec-s3"}))
     copy = await wait_healthy(kubectl, "copy", 1, timeout=180)
     assert copy["recovery"]["phase"] == "Succeeded"
-    reader = user_client_certificate(kubectl, "copy", tmp_path / "reader")
-    async with EtcdClient(copy["members"][0]["clientUrl"], reader) as client:
-        found = await client.range("/s/", prefix=True, keys_only=True)
-    assert len(found.kvs) == 50
+    reader = user_client_certificate(kubectl, "copy", tmp_path / "reader", common_name="")
+
+    async def all_read() -> bool:
+        async with EtcdClient(copy["members"][0]["clientUrl"], reader, credentials=APP) as client:
+            return len((await client.range("/s/0", prefix=True, keys_only=True)).kvs) == 50
+
+    await wait_until(all_read, "the restored keys, read as app", timeout=60)
 
     # Each was admitted under enforce=restricted (the API server refuses any other pod there).
     pods = {p["metadata"]["name"]: p for p in kubectl.get("pods")["items"]}

@@ -8,6 +8,7 @@ from pydantic import ConfigDict, Field
 
 from kustos.api.backup import BackupSchedule
 from kustos.api.common import ENDPOINT_PATTERN, QUANTITY_PATTERN, Condition, Duration
+from kustos.api.etcd_auth import AuthSpec
 from kustos.api.etcd_tls import TLSSpec, TLSStatus
 from kustos.images import DEFAULT_ETCD_REPOSITORY, PROVEN_ETCD_VERSIONS
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
@@ -316,6 +317,8 @@ class EtcdClusterSpec(KubeModel):
     """Drains and other voluntary disruptions (see docs/etcdcluster.md, Disruptions)."""
     tls: TLSSpec | None = None
     """Peer and client TLS with client certificate authentication (see docs/etcdcluster.md)."""
+    auth: AuthSpec | None = None
+    """etcd users and roles (see docs/etcdcluster.md, Authentication)."""
 
 
 class MemberStatus(KubeModel):

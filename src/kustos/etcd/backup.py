@@ -18,6 +18,8 @@ from cronsim import CronSim
 
 from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStorage
 from kustos.api.etcd import EtcdCluster
+from kustos.etcd.auth import ROOT
+from kustos.etcd.authsync import PASSWORD_KEY, root_secret_name
 from kustos.etcd.certs import CLIENT_DIR, client_secret_name
 from kustos.etcd.pods import CLUSTER_LABEL, current_version, restricted
 from kustos.etcd.pods import image as etcd_image
@@ -125,6 +127,7 @@ def agent_pod(
         "volumeMounts": [dict(mount)],
     }
     mount_client_tls(cluster, save, volumes)
+    log_in_as_root(cluster, save)
     args = ["kustos", "etcd", "snapshot", "--file", spooled, "--name", name, "--cluster", cluster_name,
             "--member", member_name, "--started", started.astimezone(UTC).isoformat(timespec="milliseconds"),
             *store]  # fmt: skip
@@ -181,6 +184,18 @@ def mount_client_tls(cluster: EtcdCluster, container: Obj, volumes: list[Obj]) -
     )
     if not any(v["name"] == "etcd-client-tls" for v in volumes):
         volumes.append({"name": "etcd-client-tls", "secret": {"secretName": client_secret_name(cluster)}})
+
+
+def log_in_as_root(cluster: EtcdCluster, container: Obj) -> None:
+    """With spec.auth: etcdctl logs in as the operator's root, its password read from the root
+    Secret into the environment (never the command line, which the pod's spec shows)."""
+    if cluster.spec.auth is None:
+        return
+    container.setdefault("env", []).extend([
+        {"name": "ETCDCTL_USER", "value": ROOT},
+        {"name": "ETCDCTL_PASSWORD",
+         "valueFrom": {"secretKeyRef": {"name": root_secret_name(cluster), "key": PASSWORD_KEY}}},
+    ])  # fmt: skip
 
 
 def s3_credentials_env(secret: str) -> list[Obj]:

@@ -466,9 +466,12 @@ class CertificateManager:
             and _decode(client_secret, "ca.crt") == bundle
             and _annotation(client_secret, REQUEST_ANNOTATION) == request
             and not tls.needs_renewal(tls.info(client_pair.cert), now, spec.renew_before_percent)
+            and tls.info(client_pair.cert).common_name == ""
         )  # fmt: skip
         if not client_fresh:
-            pair = tls.issue(ca, "kustos-operator", now, lifetime, server=False, client=True)
+            # No Common Name: with etcd authentication on, etcd's JSON gateway refuses every
+            # request whose client certificate has one (embed/serve.go); the operator logs in.
+            pair = tls.issue(ca, "", now, lifetime, server=False, client=True)
             manifest = secret_manifest(
                 cluster, client_name, {"tls.crt": pair.cert, "tls.key": pair.key, "ca.crt": bundle},
                 _cluster_owner(cluster), {REQUEST_ANNOTATION: request},

@@ -31,8 +31,9 @@ import hashlib
 import json
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, NamedTuple, Self, TypeAlias, cast
@@ -42,10 +43,17 @@ import httpx2 as httpx  # the API client's httpx2: one HTTP stack loaded, not tw
 from kustos.runtime.errors import ReconcileError
 
 __all__ = [
+    "CREDENTIALS",
     "Alarm",
+    "AuthFailed",
+    "AuthNotEnabled",
+    "AuthRequired",
+    "AuthStatus",
     "BadLeaderTransferee",
     "Compacted",
+    "CredentialBook",
     "EtcdClient",
+    "EtcdCredentials",
     "EtcdError",
     "EtcdTLS",
     "EtcdTLSError",
@@ -65,7 +73,9 @@ __all__ = [
     "NotLeader",
     "NotSupportedForLearner",
     "PeerURLExists",
+    "PermissionDenied",
     "RangeResult",
+    "RolePermission",
     "SnapshotInfo",
     "Status",
     "TooManyLearners",
@@ -195,6 +205,23 @@ class NoSpace(EtcdError):
     """The NOSPACE alarm is raised: writes fail until defragment and alarm_disarm."""
 
 
+class AuthRequired(EtcdError):
+    """etcd authentication is on and the request carried no token, or one etcd no longer takes
+    (expired, its user's password changed, or the auth store moved on): log in and send again."""
+
+
+class AuthFailed(EtcdError):
+    """The user name or password was refused."""
+
+
+class AuthNotEnabled(EtcdError):
+    """Authenticate while etcd authentication is off: no token is needed."""
+
+
+class PermissionDenied(EtcdError):
+    """The logged-in user's roles do not allow this request."""
+
+
 _BY_MESSAGE: dict[str, type[EtcdError]] = {
     "etcdserver: member not found": MemberNotFound,
     "etcdserver: member ID already exist": PeerURLExists,
@@ -211,6 +238,12 @@ _BY_MESSAGE: dict[str, type[EtcdError]] = {
     "etcdserver: mvcc: required revision has been compacted": Compacted,
     "etcdserver: mvcc: required revision is a future revision": FutureRevision,
     "etcdserver: mvcc: database space exceeded": NoSpace,
+    "etcdserver: user name is empty": AuthRequired,
+    "etcdserver: invalid auth token": AuthRequired,
+    "etcdserver: revision of auth store is old": AuthRequired,
+    "etcdserver: authentication failed, invalid user ID or password": AuthFailed,
+    "etcdserver: authentication is not enabled": AuthNotEnabled,
+    "etcdserver: permission denied": PermissionDenied,
 }
 
 
@@ -460,6 +493,23 @@ class SnapshotInfo:
     """v3.6 and later (e.g. ``3.6.0``); empty on v3.5."""
 
 
+@dataclass(frozen=True)
+class AuthStatus:
+    enabled: bool
+    revision: int
+    """etcd's auth revision: it moves with every change of users, roles or permissions."""
+
+
+@dataclass(frozen=True)
+class RolePermission:
+    """One key range of a role, as etcd stores it (``range_end`` empty: the key alone)."""
+
+    type: str
+    """``READ``, ``WRITE`` or ``READWRITE``."""
+    key: bytes
+    range_end: bytes = b""
+
+
 SnapshotSink: TypeAlias = BinaryIO | Callable[[bytes], Awaitable[None]]
 
 
@@ -604,6 +654,14 @@ def parse_hash_kv(payload: Mapping[str, Any]) -> HashKV:
     )
 
 
+def parse_role_permissions(payload: Mapping[str, Any]) -> list[RolePermission]:
+    """A role's permissions; READ is the zero value, which the gateway leaves out."""
+    return [
+        RolePermission(_str(p, "permType") or "READ", _bytes(p, "key"), _bytes(p, "range_end"))
+        for p in payload.get("perm") or ()
+    ]
+
+
 # --------------------------------------------------------------------------- keys
 
 
@@ -654,6 +712,53 @@ class EtcdTLS:
         return context
 
 
+@dataclass(frozen=True)
+class EtcdCredentials:
+    """A user and password to log in with (the password never shows in a repr)."""
+
+    user: str
+    password: str = field(repr=False)
+
+
+class CredentialBook:
+    """Whom the operator logs in as, by member endpoint: one process-wide book.
+
+    Why a book and not a parameter: every kustos path reaches members through its own short
+    client (observation, membership changes, defragmentation, snapshots, recovery), and
+    each would otherwise carry the credentials through every call between. The EtcdCluster
+    and maintenance controllers write the book each pass from the operator's root Secret;
+    a client with no credentials of its own looks its endpoint up here. Each entry is a list
+    tried in order, so a password being rotated (the new one, then the old) never locks out.
+    """
+
+    def __init__(self) -> None:
+        self._by_endpoint: dict[str, tuple[EtcdCredentials, ...]] = {}
+
+    def remember(self, endpoints: Iterable[str], candidates: Sequence[EtcdCredentials]) -> None:
+        for endpoint in endpoints:
+            self._by_endpoint[endpoint.rstrip("/")] = tuple(candidates)
+
+    def forget(self, endpoints: Iterable[str]) -> None:
+        for endpoint in endpoints:
+            self._by_endpoint.pop(endpoint.rstrip("/"), None)
+
+    def get(self, endpoint: str) -> tuple[EtcdCredentials, ...]:
+        return self._by_endpoint.get(endpoint.rstrip("/"), ())
+
+
+CREDENTIALS = CredentialBook()
+
+# etcd's simple tokens live 300 s unless used (--auth-token-ttl) and only on the member that
+# issued them; a login costs a bcrypt check there, so tokens are kept per member and user.
+TOKEN_REUSE_SECONDS = 240.0
+_TokenKey: TypeAlias = tuple[str, str, str]
+_TOKENS: dict[_TokenKey, tuple[str, float]] = {}
+
+
+def _token_key(endpoint: str, credentials: EtcdCredentials) -> _TokenKey:
+    return endpoint, credentials.user, hashlib.sha256(credentials.password.encode()).hexdigest()
+
+
 class EtcdClient:
     """Async client of one etcd member's JSON gateway; no retries, no fail-over.
 
@@ -662,7 +767,13 @@ class EtcdClient:
     host used here. ``timeout`` bounds each connect, read and write.
     """
 
-    def __init__(self, endpoint: str, tls: EtcdTLS | None = None, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        tls: EtcdTLS | None = None,
+        timeout: float = 5.0,
+        credentials: Sequence[EtcdCredentials] | None = None,
+    ) -> None:
         url = httpx.URL(endpoint)
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"etcd endpoint must be http(s)://host:port, not {endpoint!r}")
@@ -670,10 +781,19 @@ class EtcdClient:
             raise ValueError(f"TLS settings given for a plain-http endpoint {endpoint!r}")
         self.endpoint = endpoint.rstrip("/")
         self.timeout = timeout
+        # Without credentials of its own: whatever the operator's book holds for this member.
+        self.credentials = tuple(credentials) if credentials is not None else CREDENTIALS.get(self.endpoint)
+        self.logged_in_as: EtcdCredentials | None = None
+        """The credentials whose token this client last sent (None: none was needed yet)."""
         self._url = url
         self._ssl = (tls or EtcdTLS()).ssl_context() if url.scheme == "https" else None
+        # verify=True on a plain-http endpoint would load the system CA bundle for nothing, for each
+        # client (470 ms each at a load average of 27, benchmarks.md): the context, or nothing.
         self._http = httpx.AsyncClient(
-            base_url=self.endpoint, verify=self._ssl or True, timeout=timeout, trust_env=False
+            base_url=self.endpoint,
+            verify=self._ssl if self._ssl is not None else False,
+            timeout=timeout,
+            trust_env=False,
         )
 
     async def __aenter__(self) -> Self:
@@ -704,9 +824,54 @@ class EtcdClient:
             return _tls_error(reason, self.endpoint)
         return EtcdUnavailable(f"cannot reach member: {_describe(exc)}", None, self.endpoint)
 
+    def _cached_token(self) -> str | None:
+        now = time.monotonic()
+        for credentials in self.credentials:
+            token, until = _TOKENS.get(_token_key(self.endpoint, credentials), ("", 0.0))
+            if token and until > now:
+                self.logged_in_as = credentials
+                return token
+        return None
+
+    async def login(self) -> str | None:
+        """A fresh token from the first of ``credentials`` etcd accepts (None: auth is off).
+
+        Raises :class:`AuthFailed` naming the users tried when etcd takes none of them.
+        """
+        for credentials in self.credentials:
+            _TOKENS.pop(_token_key(self.endpoint, credentials), None)
+        for credentials in self.credentials:
+            body = {"name": credentials.user, "password": credentials.password}
+            try:
+                payload = await self._send("/v3/auth/authenticate", body, None, None)
+            except AuthNotEnabled:
+                return None
+            except AuthFailed:
+                continue
+            token = _str(payload, "token")
+            _TOKENS[_token_key(self.endpoint, credentials)] = (token, time.monotonic() + TOKEN_REUSE_SECONDS)
+            self.logged_in_as = credentials
+            return token
+        users = ", ".join(dict.fromkeys(c.user for c in self.credentials))
+        raise AuthFailed(f"etcd refused the password of {users}", None, self.endpoint)
+
     async def _post(self, path: str, body: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """One request; with authentication on, it logs in (once per token) and sends it again."""
         try:
-            response = await self._http.post(path, json=body, timeout=timeout or self.timeout)
+            return await self._send(path, body, timeout, self._cached_token())
+        except AuthRequired:
+            if not self.credentials:
+                raise
+        return await self._send(path, body, timeout, await self.login())
+
+    async def _send(
+        self, path: str, body: Mapping[str, Any], timeout: float | None, token: str | None
+    ) -> dict[str, Any]:
+        headers = {"Authorization": token} if token else None
+        try:
+            response = await self._http.post(
+                path, json=body, timeout=timeout or self.timeout, headers=headers
+            )
         except _TRANSPORT_ERRORS as exc:
             raise await self._failure(exc) from exc
         if response.status_code != 200:
@@ -840,7 +1005,8 @@ class EtcdClient:
         The stream carries no revision, so status is read before and after: when they
         agree, that is the snapshot's revision.
         """
-        before = await self.status()
+        before = await self.status()  # logs in first where etcd wants a token for status (3.6+)
+        token = self._cached_token() or (await self.login() if self.credentials else None)
         write = _sink_writer(sink)
         total: int | None = None
         received = 0
@@ -850,8 +1016,9 @@ class EtcdClient:
         storage_version = ""
         try:
             async with self._http.stream(
-                "POST", "/v3/maintenance/snapshot", json={}, timeout=timeout or self.timeout
-            ) as response:
+                "POST", "/v3/maintenance/snapshot", json={}, timeout=timeout or self.timeout,
+                headers={"Authorization": token} if token else None,
+            ) as response:  # fmt: skip
                 if response.status_code != 200:
                     raise error_from_response(response.status_code, await response.aread(), self.endpoint)
                 async for line in response.aiter_lines():
@@ -944,6 +1111,70 @@ class EtcdClient:
         raises :class:`Compacted`. ``physical`` waits until the backend has dropped it.
         """
         await self._post("/v3/kv/compaction", {"revision": str(revision), "physical": physical})
+
+    # ----------------------------------------------------------------- auth (etcdctl user/role/auth)
+
+    async def auth_status(self) -> AuthStatus:
+        payload = await self._post("/v3/auth/status", {})
+        return AuthStatus(_bool(payload, "enabled"), _int(payload, "authRevision"))
+
+    async def auth_enable(self) -> None:
+        """Turn authentication on; etcd refuses unless user root exists with role root."""
+        await self._post("/v3/auth/enable", {})
+
+    async def auth_disable(self) -> None:
+        await self._post("/v3/auth/disable", {})
+
+    async def user_list(self) -> list[str]:
+        return list(_strings(await self._post("/v3/auth/user/list", {}), "users"))
+
+    async def user_roles(self, user: str) -> list[str]:
+        return list(_strings(await self._post("/v3/auth/user/get", {"name": user}), "roles"))
+
+    async def user_add(self, user: str, password: str | None) -> None:
+        """Add a user; with no password it logs in only by client certificate (its CN)."""
+        body: dict[str, Any] = {"name": user, "password": password or ""}
+        if password is None:
+            body["options"] = {"no_password": True}
+        await self._post("/v3/auth/user/add", body)
+
+    async def user_delete(self, user: str) -> None:
+        await self._post("/v3/auth/user/delete", {"name": user})
+
+    async def user_change_password(self, user: str, password: str) -> None:
+        """etcd drops the user's tokens: its clients log in again."""
+        await self._post("/v3/auth/user/changepw", {"name": user, "password": password})
+
+    async def user_grant_role(self, user: str, role: str) -> None:
+        await self._post("/v3/auth/user/grant", {"user": user, "role": role})
+
+    async def user_revoke_role(self, user: str, role: str) -> None:
+        await self._post("/v3/auth/user/revoke", {"name": user, "role": role})
+
+    async def role_list(self) -> list[str]:
+        return list(_strings(await self._post("/v3/auth/role/list", {}), "roles"))
+
+    async def role_permissions(self, role: str) -> list[RolePermission]:
+        return parse_role_permissions(await self._post("/v3/auth/role/get", {"role": role}))
+
+    async def role_add(self, role: str) -> None:
+        await self._post("/v3/auth/role/add", {"name": role})
+
+    async def role_delete(self, role: str) -> None:
+        await self._post("/v3/auth/role/delete", {"role": role})
+
+    async def role_grant_permission(self, role: str, permission: RolePermission) -> None:
+        """Grant a key range; granting a range the role has already replaces its type."""
+        perm: dict[str, Any] = {"permType": permission.type, "key": _b64(permission.key)}
+        if permission.range_end:
+            perm["range_end"] = _b64(permission.range_end)
+        await self._post("/v3/auth/role/grant", {"name": role, "perm": perm})
+
+    async def role_revoke_permission(self, role: str, key: bytes, range_end: bytes = b"") -> None:
+        body: dict[str, Any] = {"role": role, "key": _b64(key)}
+        if range_end:
+            body["range_end"] = _b64(range_end)
+        await self._post("/v3/auth/role/revoke", body)
 
     @staticmethod
     def _key_range(key: bytes | str, range_end: bytes | str | None, prefix: bool) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
 from kustos.etcd import disruption, evictions, membership, network, planner, published, recovery, webhook
+from kustos.etcd.authsync import AuthSync, root_credentials
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
 from kustos.etcd.observe import EtcdView, Observer, adoption_check
@@ -115,6 +116,7 @@ class EtcdClusterReconciler:
         # Pods created by a pass and not yet delivered by the pods informer: no pass plans without them.
         self.expected = Expectations(self.clock)
         self.pods.add_handler(self._saw_pod)
+        self.auth = AuthSync(self.api, self.secrets, self.backups, self.event)
         self.rebuilder = Rebuilder(
             self.api, self.observer, self.backups, self.event, agent_image or configured_agent_image(),
             self.expected,
@@ -131,6 +133,7 @@ class EtcdClusterReconciler:
         raw = self.clusters.get(key)
         if raw is None or objects.deleting(raw):
             self.expected.forget(key)
+            self.observer.credentials.pop(key, None)
             self.manager.observations.forget_etcd(*key.split("/", 1))
             return None  # owner references take everything it owned along
         now = self.clock.now()
@@ -147,6 +150,8 @@ class EtcdClusterReconciler:
         try:
             await self._ensure_services(cluster)
             await self._ensure_network_policy(cluster)
+            # Before anything asks etcd: with authentication on, every client logs in as root.
+            self.observer.credentials[key] = root_credentials(await self.auth.identity(cluster, now))
             seen, step = await self.plan(raw, cluster, now)
             # Before the step: one that starts a change must find evictions already refused.
             await self._ensure_budget(cluster, seen.observed, step)
@@ -402,8 +407,8 @@ class EtcdClusterReconciler:
         name = cluster.metadata["name"]
         members, tls = etcd.statuses, etcd.client_tls
         match step:
-            case Done():
-                return STEADY_RESYNC
+            case Done():  # the members are settled: etcd's users and roles, one step at a time
+                return AFTER_STEP if await self._sync_auth(cluster, etcd) else STEADY_RESYNC
             case Wait(reason=reason, seconds=seconds):
                 log.debug("waiting: %s", reason)
                 return seconds
@@ -488,6 +493,13 @@ class EtcdClusterReconciler:
                         cluster, "LeaderMoved", f"moved leadership from {from_id:x} to {to_id:x}"
                     )
         return AFTER_STEP
+
+    async def _sync_auth(self, cluster: EtcdCluster, etcd: EtcdView) -> bool:
+        """One step of spec.auth through the leader; True when it took one."""
+        leader = next((url for url, s in etcd.statuses.items() if s.is_leader), None)
+        if leader is None:
+            return False
+        return await self.auth.sync(cluster, leader, etcd.client_tls, self.clock.now())
 
     def _initial_cluster(self, cluster: EtcdCluster, o: Observed, pod: str) -> list[tuple[str, str]]:
         """The started members, and the new one under the URL it will advertise."""

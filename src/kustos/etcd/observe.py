@@ -15,7 +15,16 @@ from urllib.parse import urlsplit
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
 from kustos.etcd import chain, maintenance, membership, planner
 from kustos.etcd.certs import CertificateManager, ClusterTLS
-from kustos.etcd.client import EtcdClient, EtcdError, EtcdTLS, MemberList, Status, cluster_health
+from kustos.etcd.client import (
+    CREDENTIALS,
+    EtcdClient,
+    EtcdCredentials,
+    EtcdError,
+    EtcdTLS,
+    MemberList,
+    Status,
+    cluster_health,
+)  # fmt: skip
 from kustos.etcd.planner import ClaimView, MemberView, Observed, PodView
 from kustos.etcd.pods import (
     CLUSTER_LABEL,
@@ -264,7 +273,16 @@ class Observer:
         self.claims = claims
         self.certs = certs
         self.pods_by_cluster = pods.index_by_label(CLUSTER_LABEL)
+        # Whom to log in as, by cluster key: the EtcdCluster controller sets it each pass.
+        self.credentials: dict[str, tuple[EtcdCredentials, ...]] = {}
         self.claims_by_cluster = claims.index_by_label(CLUSTER_LABEL)
+
+    def remember(self, cluster: EtcdCluster, endpoints: list[str]) -> None:
+        """Every client of these members (observation, membership, maintenance, rebuilds) logs
+        in with the cluster's root credentials, when it has them (``CredentialBook``)."""
+        found = self.credentials.get(f"{cluster.metadata['namespace']}/{cluster.metadata['name']}")
+        if found:
+            CREDENTIALS.remember(endpoints, found)
 
     def pods_of(self, cluster: EtcdCluster) -> list[Obj]:
         """The cluster's pods (every epoch), from the cache's index by cluster label."""
@@ -316,6 +334,7 @@ class Observer:
         adoption = status.adoption if status.adoption and status.adoption.phase == "Migrating" else None
         # An adopted cluster's original members are asked too, until they have all left.
         external = [u for u in (adoption.endpoints if adoption else []) if u not in client_urls.values()]
+        self.remember(cluster, [*client_urls.values(), *external])
         etcd = await ask_members([*client_urls.values(), *external], certs.client if certs else None)
         etcd.tls = certs
         if chain.under_way(cluster):

@@ -138,6 +138,7 @@ class Rebuilder:
         answers: tuple[str, int] | None = None
         url = planner.client_url(base, seed) if seed is not None and not seed.deleting else None
         if url:
+            self.observer.remember(cluster, [url])
             answers = await seed_answers(url, client_tls)
         source = Source(rebuild.source_kind, rebuild.source, rebuild.revision)
         status = cluster.status or EtcdClusterStatus()

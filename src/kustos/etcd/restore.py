@@ -19,7 +19,7 @@ from typing import Any
 
 from kustos.api.backup import BackupStorage, EtcdBackup, S3Storage
 from kustos.api.etcd import EtcdCluster
-from kustos.etcd.backup import mount_client_tls, s3_credentials_env, save_command
+from kustos.etcd.backup import log_in_as_root, mount_client_tls, s3_credentials_env, save_command
 from kustos.etcd.planner import pod_name
 from kustos.etcd.pods import DATA_DIR, cluster_token, image, member_pod, member_urls, restricted
 from kustos.etcd.recovery import BUMP_REVISION, Source
@@ -127,6 +127,7 @@ def restore_seed_pod(
         fetch["env"] = s3_credentials_env(source.s3.credentials_secret)
     if source.member_url:  # streamed from a member of a TLS cluster: the operator's client certificate
         mount_client_tls(cluster, fetch, spec["volumes"])
+        log_in_as_root(cluster, fetch)
     restore: Obj = {
         "name": RESTORE_CONTAINER,
         "image": image(cluster, version),

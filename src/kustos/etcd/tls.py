@@ -82,10 +82,11 @@ def _key_usage(ca: bool) -> x509.KeyUsage:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name([
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "kustos"),
-        x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-    ])  # fmt: skip
+    """``O=kustos``, with ``CN`` unless it is empty (the operator's client certificate)."""
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "kustos")]
+    if common_name:
+        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attributes)
 
 
 def new_ca(common_name: str, now: datetime, lifetime: timedelta = CA_LIFETIME) -> KeyPair:
