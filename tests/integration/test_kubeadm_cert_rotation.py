@@ -43,15 +43,15 @@ NEAR = {"apiserver": dt.timedelta(days=2), "front-proxy-client": dt.timedelta(da
 """Within the 720 h default threshold; everything else expires in a year."""
 
 
-def apiserver_manifest(root: Path, port: int, etcd: str) -> dict[str, object]:
+def apiserver_manifest(root: Path, port: int, etcd: str, host: str = HOST) -> dict[str, object]:
     """kube-apiserver's static pod as kubeadm writes it (its flags, the paths under ``root``)."""
     pki = root / "pki"
     command = [
-        "kube-apiserver", f"--advertise-address={HOST}", f"--bind-address={HOST}", f"--secure-port={port}",
+        "kube-apiserver", f"--advertise-address={host}", f"--bind-address={host}", f"--secure-port={port}",
         "--allow-privileged=true", "--authorization-mode=Node,RBAC", f"--client-ca-file={pki}/ca.crt",
         "--enable-admission-plugins=NodeRestriction", f"--etcd-servers={etcd}",
         f"--etcd-cafile={pki}/etcd/ca.crt", f"--etcd-certfile={pki}/apiserver-etcd-client.crt",
-        f"--etcd-keyfile={pki}/apiserver-etcd-client.key", f"--etcd-prefix=/registry-{port}",
+        f"--etcd-keyfile={pki}/apiserver-etcd-client.key", f"--etcd-prefix=/registry-{host}-{port}",
         f"--kubelet-client-certificate={pki}/apiserver-kubelet-client.crt",
         f"--kubelet-client-key={pki}/apiserver-kubelet-client.key",
         f"--proxy-client-cert-file={pki}/front-proxy-client.crt",
@@ -150,30 +150,39 @@ def sans(cert: x509.Certificate) -> x509.SubjectAlternativeName:
     return cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
 
 
+def start_etcd(root: Path, data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """etcd as kubeadm runs it, on kubeadm's etcd certificates (clients must present one)."""
+    pki = root / "pki"
+    client, peer = free_port(HOST), free_port(HOST)
+    log = (data.parent / "etcd.log").open("ab")
+    etcd = subprocess.Popen(
+        [str(binary_path("etcd")), "--name=cp-1", f"--data-dir={data}",
+         f"--listen-client-urls=https://{HOST}:{client}", f"--advertise-client-urls=https://{HOST}:{client}",
+         f"--listen-peer-urls=http://{HOST}:{peer}", f"--initial-advertise-peer-urls=http://{HOST}:{peer}",
+         f"--initial-cluster=cp-1=http://{HOST}:{peer}", f"--cert-file={pki}/etcd/server.crt",
+         f"--key-file={pki}/etcd/server.key", "--client-cert-auth", f"--trusted-ca-file={pki}/etcd/ca.crt"],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    return etcd, f"https://{HOST}:{client}"
+
+
+def write_manifests(root: Path, port: int, etcd: str, host: str = HOST) -> None:
+    manifests = root / "manifests"
+    (manifests / "kube-apiserver.yaml").write_text(yaml.safe_dump(apiserver_manifest(root, port, etcd, host)))
+    container = {"name": "kube-scheduler", "command": ["kube-scheduler"]}
+    scheduler = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kube-scheduler"},
+                 "spec": {"containers": [container]}}  # fmt: skip
+    (manifests / "kube-scheduler.yaml").write_text(yaml.safe_dump(scheduler))
+
+
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[tuple[Path, str, Kubelet]]:
     """A kubeadm control-plane node: /etc/kubernetes, etcd and the kubelet with its API server."""
     root = tmp_path / "kubernetes"
     port = free_port(HOST)
     make_layout(root, dt.datetime.now(dt.UTC), NEAR, server_url=f"https://{HOST}:{port}")
-    pki = root / "pki"
-    client, peer = free_port(HOST), free_port(HOST)
-    etcd_log = (tmp_path / "etcd.log").open("ab")
-    etcd = subprocess.Popen(
-        [str(binary_path("etcd")), "--name=cp-1", f"--data-dir={tmp_path / 'etcd'}",
-         f"--listen-client-urls=https://{HOST}:{client}", f"--advertise-client-urls=https://{HOST}:{client}",
-         f"--listen-peer-urls=http://{HOST}:{peer}", f"--initial-advertise-peer-urls=http://{HOST}:{peer}",
-         f"--initial-cluster=cp-1=http://{HOST}:{peer}", f"--cert-file={pki}/etcd/server.crt",
-         f"--key-file={pki}/etcd/server.key", "--client-cert-auth", f"--trusted-ca-file={pki}/etcd/ca.crt"],
-        stdout=etcd_log, stderr=etcd_log,
-    )  # fmt: skip
-    (root / "manifests" / "kube-apiserver.yaml").write_text(
-        yaml.safe_dump(apiserver_manifest(root, port, f"https://{HOST}:{client}"))
-    )
-    container = {"name": "kube-scheduler", "command": ["kube-scheduler"]}
-    scheduler = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kube-scheduler"},
-                 "spec": {"containers": [container]}}  # fmt: skip
-    (root / "manifests" / "kube-scheduler.yaml").write_text(yaml.safe_dump(scheduler))
+    etcd, etcd_url = start_etcd(root, tmp_path / "etcd")
+    write_manifests(root, port, etcd_url)
     kubelet = Kubelet(root, tmp_path)
     kubelet.thread.start()
     try:

@@ -21,15 +21,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from cryptography import x509
 
-from kustos.maintenance import kubeadm_certs
 from kustos.maintenance.purge_cli import load_spec
 from kustos.runtime.times import parse_duration
 
 maintenance = typer.Typer(help="Node maintenance on this node (kubeadm's certificates).")
 
 DEFAULT_APISERVER = "127.0.0.1:6443"
+KUBERNETES_DIR = Path("/etc/kubernetes")
 TERMINATION_LOG = Path("/dev/termination-log")
 
 
@@ -52,6 +51,11 @@ def served_certificate(address: str, timeout: float = 5.0) -> tuple[bytes, str]:
 
 def await_apiserver(root: Path, address: str, timeout: float) -> str:
     """Wait until the API server answers /readyz with 200 on the certificate in pki/apiserver.crt."""
+    # cryptography is imported where used: `kustos run` (the operator) loads this module.
+    from cryptography import x509
+
+    from kustos.maintenance import kubeadm_certs
+
     wanted = x509.load_pem_x509_certificate((root / "pki" / "apiserver.crt").read_bytes()).serial_number
     deadline = time.monotonic() + timeout
     last = "not reached"
@@ -99,7 +103,7 @@ def certs(
     ] = None,
     kubernetes_dir: Annotated[
         Path, typer.Option("--kubernetes-dir", help="kubeadm's directory (pki/, manifests/, kubeconfigs).")
-    ] = kubeadm_certs.KUBERNETES_DIR,
+    ] = KUBERNETES_DIR,
     validity: Annotated[
         str, typer.Option(help="A renewed certificate's validity (kubeadm's: 8760h).")
     ] = "8760h",
@@ -116,6 +120,8 @@ def certs(
     ] = None,
 ) -> None:
     """List kubeadm's certificates (--dry-run), or renew those within the threshold."""
+    from kustos.maintenance import kubeadm_certs
+
     spec = load_spec(config)
     try:
         within = parse_duration(threshold or spec.rotate_certs_threshold)

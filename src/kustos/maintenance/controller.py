@@ -21,7 +21,7 @@ from kustos.api.maintenance import (
     ScaledResource,
 )
 from kustos.images import configured_agent_image
-from kustos.maintenance import internallb, planner, rook, scaling
+from kustos.maintenance import certrotation, certrotation_act, internallb, planner, rook, scaling
 from kustos.maintenance.nodes import node_view
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
@@ -102,6 +102,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
         self.pods = manager.informer(PODS)
         self.pods_by_node = self.pods.index_by_node_name()
         self.pods.add_index(UNSCHEDULED_INDEX, _unscheduled)
+        self.pods.add_index(certrotation_act.TASK_INDEX, certrotation_act.task_index)
         self.claims = manager.informer(CLAIMS)
         self.volumes = manager.informer(VOLUMES)
         self.statefulsets = manager.informer(STATEFULSETS)
@@ -188,6 +189,12 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                     tuple(sorted(objects.labels(n).items())),
                 )
                 for n in self.nodes.list()
+            ),
+            certificates=certrotation_act.view(
+                self.nodes.list(),
+                lambda node: self.pods.by_index(self.pods_by_node, node),
+                self.pods.by_index(certrotation_act.TASK_INDEX, certrotation.TASK),
+                configured_agent_image(),
             ),
         )
 
@@ -315,6 +322,8 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                 patch = [{"op": "test", "path": pointer, "value": current},
                          {"op": "replace", "path": pointer, "value": to}]  # fmt: skip
                 await self.api.patch(scaled_ref(entry), entry.namespace, entry.name, patch, kind="json")
+            case certrotation.StartRenewal() | certrotation.FinishRenewal() | certrotation.RemoveRenewalPod():
+                await certrotation_act.act(self.api, self.manager.events, policy.spec, step, self.clock.now())
             case planner.Purge(node):
                 options = PurgeOptions.from_spec(policy.spec)
                 purger = Purger(self.api, options, self._announce, await self._toolbox(options))

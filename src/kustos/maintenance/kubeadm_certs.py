@@ -31,7 +31,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-KUBERNETES_DIR = Path("/etc/kubernetes")
 VALIDITY = dt.timedelta(days=365)
 """kubeadm's default certificateValidityPeriod; never beyond the CA's own expiry."""
 BACKDATE = dt.timedelta(minutes=5)
@@ -111,7 +110,7 @@ def _cert_pem(root: Path, kind: Kind) -> bytes:
     return base64.b64decode(match.group(2))
 
 
-def expiries(root: Path = KUBERNETES_DIR) -> list[Expiry]:
+def expiries(root: Path) -> list[Expiry]:
     """Every kubeadm certificate present under ``root`` (absent ones, like etcd's with an
     external etcd or super-admin.conf before Kubernetes 1.29, are skipped as kubeadm does)."""
     found = []

@@ -28,7 +28,8 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
-from kustos.maintenance import internallb, scaling
+from kustos.maintenance import certrotation, internallb, scaling
+from kustos.maintenance.certrotation import CertRotationView, FinishRenewal, RemoveRenewalPod, StartRenewal
 from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
 from kustos.maintenance.scaling import Candidate, ScaleWorkload, WorkloadView
 from kustos.runtime.cloud import InstanceState
@@ -125,6 +126,8 @@ class Observed:
     """spec.autoResourceScaling's workloads as they are, in the spec's order."""
     candidates: tuple[Candidate, ...] = ()
     """Every node, as auto-resource scaling counts them."""
+    certificates: CertRotationView = field(default_factory=CertRotationView)
+    """kubeadm's control-plane nodes and the renewal pods (rotateCerts)."""
 
 
 # ---- steps ---------------------------------------------------------------------------
@@ -203,6 +206,9 @@ Step = (
     | ApplyLoadBalancer
     | RemoveLoadBalancer
     | ScaleWorkload
+    | StartRenewal
+    | FinishRenewal
+    | RemoveRenewalPod
     | Refuse
     | Ignored
     | Wait
@@ -363,6 +369,10 @@ def plan(o: Observed) -> Step:
         scale = scaling.plan(spec.auto_resource_scaling, o.workloads, o.candidates)
         if scale is not None:
             return scale
+    # 8. kubeadm's certificates, one control-plane node at a time.
+    renewal = certrotation.plan(spec, o.certificates, o.now)
+    if renewal is not None:
+        return renewal
     if refusals:
         return refusals[0]
     unreachable = sorted(n.name for n in o.nodes if not n.ready and n.unreachable_since is not None)
@@ -422,6 +432,8 @@ def describe(step: Step) -> tuple[str, str, str] | None:
                     f"count for it, {entry.replicas} desired"
                 ),
             )
+        case StartRenewal() | FinishRenewal() | RemoveRenewalPod():
+            return certrotation.describe(step)
         case Refuse(node, action, message):
             return node, action, message
     return None
@@ -437,6 +449,7 @@ def status(
     result.internal_load_balancer = internallb.status(o.spec, o.load_balancer)
     if len(o.workloads) == len(o.spec.auto_resource_scaling):
         result.auto_resource_scaling = scaling.status(o.spec.auto_resource_scaling, o.workloads, o.candidates)
+    result.certificate_rotation = certrotation.status(o.spec, o.certificates, o.now)
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
@@ -488,7 +501,11 @@ def status(
                                                message=failure.message[:1000])  # fmt: skip
         result.conditions = conditions("Degraded", True, failure.reason, failure.message[:1000])
         return result
-    refused = isinstance(step, Refuse) or (isinstance(step, Purged) and step.refused)
+    refused = (
+        isinstance(step, Refuse)
+        or (isinstance(step, Purged) and step.refused)
+        or (isinstance(step, FinishRenewal) and step.outcome == "Failed")
+    )
     outcome: Literal["Done", "Refused"] = "Refused" if refused else "Done"
     action_record = MaintenanceAction(
         time=now, node=node, action=action, outcome=outcome, message=message[:1000]
@@ -535,6 +552,7 @@ def requeue_after(step: Step) -> float:
 __all__ = [
     "ApplyLoadBalancer",
     "ClaimView",
+    "FinishRenewal",
     "ForceDeletePod",
     "Ignored",
     "NodeView",
@@ -546,7 +564,9 @@ __all__ = [
     "ReleaseClaim",
     "RemoveLoadBalancer",
     "RemoveOutOfService",
+    "RemoveRenewalPod",
     "ScaleWorkload",
+    "StartRenewal",
     "Step",
     "TaintOutOfService",
     "dead_nodes",
