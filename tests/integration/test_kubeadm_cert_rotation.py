@@ -15,6 +15,7 @@ renew certificates nothing serves.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -30,14 +32,21 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from kustos.devcluster.binaries import binary_path
-from kustos.maintenance import kubeadm_certs
+from kustos.maintenance import certrotation, kubeadm_certs
+from kustos.maintenance.certrotation import CHECKED_ANNOTATION
+from kustos.maintenance.certrotation_act import APISERVER_ENDPOINT_ANNOTATION
 from kustos.maintenance.certs_cli import served_certificate
+from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import free_port
+from tests.integration.kube import wait_until
+from tests.integration.operator import OperatorProcess, chart_maintenance_operator
+from tests.integration.test_maintenance_ilb import FIRST_INDEX, control_plane_node, node_root
 from tests.kubeadm_support import make_layout
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(480)
 
 HOST = "127.0.0.1"
+KUBE_APISERVER_IMAGE = "registry.k8s.io/kube-apiserver:v1.36.3"  # not run by the pod runner: kwok's
 NEAR = {"apiserver": dt.timedelta(days=2), "front-proxy-client": dt.timedelta(days=2),
         "scheduler.conf": dt.timedelta(days=5)}  # fmt: skip
 """Within the 720 h default threshold; everything else expires in a year."""
@@ -245,3 +254,137 @@ def test_near_expiry_certificates_are_renewed_and_served(
     assert summary.read_text() == "none within 720h"
     assert len(kubelet.stops) == 2
     shutil.rmtree(tmp_path / "etcd", ignore_errors=True)
+
+
+@pytest.fixture
+def maintenance_operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with chart_maintenance_operator(kubectl.cluster, tmp_path / "operator") as process:
+        yield process
+
+
+def kubeadm_apiserver_pod(node: str, endpoint: str) -> dict[str, Any]:
+    """The mirror pod of the node's kube-apiserver, with the annotation kubeadm writes on it."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"kube-apiserver-{node}", "namespace": "kube-system",
+                         "labels": {"component": "kube-apiserver", "tier": "control-plane"},
+                         "annotations": {APISERVER_ENDPOINT_ANNOTATION: endpoint}},
+            "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "kube-apiserver", "image": KUBE_APISERVER_IMAGE}]}}  # fmt: skip
+
+
+class PodWatch:
+    """The renewal pods seen, polled: which existed together."""
+
+    def __init__(self, kubectl: Kubectl) -> None:
+        self.kubectl = kubectl
+        self.seen: list[tuple[str, ...]] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.done.is_set():
+            found = self.kubectl.get("pods", None, "-l", f"{certrotation.TASK_LABEL}={certrotation.TASK}")
+            now = tuple(sorted(p["spec"]["nodeName"] for p in found["items"]))
+            if now and (not self.seen or self.seen[-1] != now):
+                self.seen.append(now)
+            time.sleep(0.3)
+
+
+async def test_the_controller_renews_one_control_plane_node_at_a_time(
+    kubectl: Kubectl, maintenance_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Two kubeadm control-plane Nodes of the dev cluster, each with a real kube-apiserver on the
+    pod network's gateway (where the renewal pod, run by the dev cluster's pod runner as a real
+    process, reaches it) serving from the node's /etc/kubernetes (the runner's host path for it).
+    The controller renews one node, checks its API server, records it, then the other."""
+    cluster = kubectl.cluster
+    gateway = cluster.network.gateway
+    template = tmp_path / "kubeadm"
+    make_layout(template, dt.datetime.now(dt.UTC), {"apiserver": dt.timedelta(days=2)})
+    etcd, etcd_url = start_etcd(template, tmp_path / "etcd")
+    kubelets: list[Kubelet] = []
+    endpoints: dict[str, str] = {}
+    roots: dict[str, Path] = {}
+    watch: PodWatch | None = None
+    try:
+        for index in (FIRST_INDEX + 20, FIRST_INDEX + 21):
+            name, _ = control_plane_node(cluster, index)
+            root = node_root(cluster, name) / "etc" / "kubernetes"
+            shutil.copytree(template, root)  # kubeadm join copies the CAs; the leaves alike here
+            port = free_port(gateway)
+            write_manifests(root, port, etcd_url, gateway)
+            (tmp_path / name).mkdir()
+            kubelet = Kubelet(root, tmp_path / name)
+            kubelet.thread.start()
+            kubelets.append(kubelet)
+            endpoints[name], roots[name] = f"{gateway}:{port}", root
+            cluster.kubectl(
+                "apply", "-f", "-", input_text=json.dumps(kubeadm_apiserver_pod(name, endpoints[name]))
+            )
+        before = {name: wait_ready(endpoint) for name, endpoint in endpoints.items()}
+        admin = {name: (root / "admin.conf").read_bytes() for name, root in roots.items()}
+        watch = PodWatch(kubectl)
+        policy = {
+            "apiVersion": "kustos.dev/v1alpha1",
+            "kind": "MaintenancePolicy",
+            "metadata": {"name": "default"},
+        }
+        kubectl.apply({**policy, "spec": {"hostTaskNamespace": kubectl.namespace}})
+
+        def checked(name: str) -> certrotation.Checked | None:
+            node = kubectl.get("node", name)
+            return certrotation.Checked.parse(node["metadata"].get("annotations", {}).get(CHECKED_ANNOTATION))
+
+        async def both_renewed() -> bool:
+            found = [checked(name) for name in endpoints]
+            return all(c is not None and c.outcome == "Renewed" for c in found)
+
+        try:
+            await wait_until(both_renewed, "both control-plane nodes renewed and recorded", timeout=300)
+        except AssertionError as err:
+            pods = kubectl(
+                "get", "pods", "-o", "yaml", "-l", f"{certrotation.TASK_LABEL}={certrotation.TASK}"
+            )
+            status = kubectl.get("maintenancepolicy", "default").get("status")
+            notes = {name: checked(name) for name in endpoints}
+            raise AssertionError(
+                f"{err}\nchecked: {notes}\nstatus: {status}\npods: {pods[-3000:]}\n"
+                f"seen: {watch.seen}\noperator: {maintenance_operator.log()[-5000:]}"
+            ) from err
+        first, second = sorted(endpoints)
+        # One at a time, in name order: never two renewal pods, the second after the first's record.
+        assert all(len(together) == 1 for together in watch.seen), watch.seen
+        assert [together[0] for together in watch.seen] == [first, second], watch.seen
+        first_done, second_done = checked(first), checked(second)
+        assert first_done is not None and second_done is not None and first_done.time <= second_done.time
+        for name, endpoint in endpoints.items():
+            served = wait_ready(endpoint)
+            assert served.serial_number != before[name].serial_number
+            assert served.not_valid_after_utc - dt.datetime.now(dt.UTC) > dt.timedelta(days=364)
+            assert public(served) == public(before[name]) and sans(served) == sans(before[name])
+            assert (roots[name] / "admin.conf").read_bytes() == admin[name]  # a year left: untouched
+            record = checked(name)
+            assert record is not None and "serves a certificate valid until" in record.message, record
+        events = kubectl.get("events", None, "-A", "--field-selector", "reason=CertificatesChecked")
+        assert {e["involvedObject"]["name"] for e in events["items"]} >= set(endpoints)
+
+        async def recorded() -> dict[str, Any] | None:
+            status = kubectl.get("maintenancepolicy", "default").get("status") or {}
+            found = status.get("certificateRotation") or {}
+            return found if found.get("nodesChecked") == "2/2" and not found.get("renewing") else None
+
+        await wait_until(recorded, "status.certificateRotation 2/2", timeout=60)
+    finally:
+        if watch is not None:
+            watch.done.set()
+        for kubelet in kubelets:
+            kubelet.done.set()
+        for kubelet in kubelets:
+            kubelet.thread.join(60)
+        for name in endpoints:
+            cluster.kubectl("delete", "pod", "-n", "kube-system", f"kube-apiserver-{name}",
+                            "--ignore-not-found", "--wait=false", check=False)  # fmt: skip
+            cluster.kubectl("delete", "node", name, "--ignore-not-found", check=False)
+        etcd.terminate()
+        etcd.wait(30)

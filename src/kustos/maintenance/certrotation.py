@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -94,6 +94,8 @@ class CertRotationView:
     pods: tuple[RenewalPod, ...] = ()
     image: str = ""
     """The operator's own image: the pods run ``kustos``."""
+    owner: Mapping[str, str] | None = None
+    """The policy, as the pods' owner reference (apiVersion, kind, name, uid)."""
 
 
 @dataclass(frozen=True)
@@ -131,11 +133,14 @@ def pod_name(node: str) -> str:
     return f"{name[:46]}-{hashlib.sha256(node.encode()).hexdigest()[:16]}"
 
 
-def renewal_pod(spec: MaintenancePolicySpec, node: ControlPlaneNode, image: str) -> dict[str, Any]:
+def renewal_pod(
+    spec: MaintenancePolicySpec, node: ControlPlaneNode, image: str, owner: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The pod that renews ``node``'s certificates: pinned by nodeName (every taint tolerated,
-    as the static pods it restarts run there), host network (it reaches the node's API server
-    where kubeadm advertises it), root for the files under /etc/kubernetes (not privileged: no
-    capability is needed), no API access."""
+    as the static pods it restarts run there), owned by the policy ``owner`` (apiVersion, kind,
+    name, uid), root for the files under /etc/kubernetes (not privileged: no capability is
+    needed), no API access. Pod network: it reaches the API server where kubeadm advertises it
+    (the operator's admission policy allows no host network)."""
     command = ["kustos", "maintenance", "certs", "--kubernetes-dir", KUBERNETES_DIR,
                "--threshold", spec.rotate_certs_threshold]  # fmt: skip
     if node.apiserver:
@@ -148,10 +153,10 @@ def renewal_pod(spec: MaintenancePolicySpec, node: ControlPlaneNode, image: str)
             "namespace": spec.host_task_namespace,
             "labels": {TASK_LABEL: TASK, "app.kubernetes.io/managed-by": "kustos"},
             "annotations": {NODE_ANNOTATION: node.name},
+            **({"ownerReferences": [dict(owner)]} if owner else {}),
         },
         "spec": {
             "nodeName": node.name,
-            "hostNetwork": True,
             "restartPolicy": "Never",
             "priorityClassName": "system-node-critical",
             "tolerations": [{"operator": "Exists"}],
@@ -212,13 +217,13 @@ def plan(spec: MaintenancePolicySpec, view: CertRotationView, now: datetime) -> 
     if failed:
         # Only the failed node is retried: its API server may be down, so no other restarts now.
         return (
-            StartRenewal(failed[0].name, renewal_pod(spec, failed[0], view.image))
+            StartRenewal(failed[0].name, renewal_pod(spec, failed[0], view.image, view.owner))
             if due(spec, failed[0], now)
             else None
         )
     for node in kubeadm:
         if due(spec, node, now):
-            return StartRenewal(node.name, renewal_pod(spec, node, view.image))
+            return StartRenewal(node.name, renewal_pod(spec, node, view.image, view.owner))
     return None
 
 

@@ -78,7 +78,11 @@ def renewal_pod_view(pod: dict[str, Any]) -> RenewalPod:
 
 
 def view(
-    nodes: Iterable[dict[str, Any]], pods_on: Any, renewal_pods: Iterable[dict[str, Any]], image: str
+    nodes: Iterable[dict[str, Any]],
+    pods_on: Any,
+    renewal_pods: Iterable[dict[str, Any]],
+    image: str,
+    policy: dict[str, Any],
 ) -> CertRotationView:
     """``pods_on(node)``: the pods the cache has on that node."""
     control_plane = []
@@ -94,8 +98,14 @@ def view(
                 checked=Checked.parse(objects.annotations(node).get(CHECKED_ANNOTATION)),
             )
         )
+    meta = policy.get("metadata") or {}
+    owner = {"apiVersion": str(policy.get("apiVersion")), "kind": str(policy.get("kind")),
+             "name": str(meta.get("name")), "uid": str(meta.get("uid"))}  # fmt: skip
     return CertRotationView(
-        nodes=tuple(control_plane), pods=tuple(renewal_pod_view(p) for p in renewal_pods), image=image
+        nodes=tuple(control_plane),
+        pods=tuple(renewal_pod_view(p) for p in renewal_pods),
+        image=image,
+        owner=owner,
     )
 
 

@@ -195,6 +195,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                 lambda node: self.pods.by_index(self.pods_by_node, node),
                 self.pods.by_index(certrotation_act.TASK_INDEX, certrotation.TASK),
                 configured_agent_image(),
+                {"apiVersion": policy.api_version, "kind": policy.kind, "metadata": policy.metadata},
             ),
         )
 
