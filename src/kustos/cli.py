@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 
 from kustos.etcd import cli as etcd_cli
-from kustos.maintenance import internallb_node, purge_cli
+from kustos.maintenance import certs_cli, internallb_node, purge_cli
 from kustos.storage import upgrade_cli
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ app.add_typer(etcd_cli.etcd, name="etcd")
 app.add_typer(upgrade_cli.storage, name="storage")
 app.command("purge-node")(purge_cli.purge_node)
 app.add_typer(internallb_node.internal_lb, name="internal-lb")
+app.add_typer(certs_cli.maintenance, name="maintenance")
 proof = typer.Typer(help="Record histories of clients on a test etcd cluster and check them (docs/proof.md).")
 app.add_typer(proof, name="proof")
 

@@ -289,6 +289,8 @@ async def test_the_controller_purges_a_dead_control_plane_node_and_resumes_after
             "nodeUnreachableToleration": "5s",
             "fencing": {"afterToleration": True},  # EKCO's: past the toleration is fenced
             "certificatesDir": str(pki),
+            # Its kube-apiserver pods are kubeadm's in name only (no /etc/kubernetes behind them).
+            "rotateCerts": False,
         },
     }
     dev_cluster.kubectl("apply", "-f", "-", input_text=json.dumps(policy))

@@ -154,6 +154,13 @@ class MaintenancePolicySpec(KubeModel):
     """Where the pods that write files on the nodes run (EKCO: kurl)."""
     host_task_image: str | None = Field(default=None, pattern=r"^\S+$")
     """The image of those pods; the operator's own image when unset."""
+    rotate_certs: bool = True
+    """Renew kubeadm's control-plane certificates on each control-plane node before they expire,
+    one node at a time (docs/maintenance-extras.md)."""
+    rotate_certs_check_interval: Duration = "24h"
+    """How often each control-plane node's certificates are looked at (EKCO's default)."""
+    rotate_certs_threshold: Duration = "720h"
+    """Renew the certificates that expire within this (EKCO's rotate_certs_ttl, 30 days)."""
     auto_resource_scaling: list[ScaledResource] = Field(default_factory=list)
     """Workloads scaled up to their desired replicas as Ready nodes join: one replica per
     eligible node, never above the desired count, never below what the object says."""
@@ -255,6 +262,17 @@ class KotsadmState(KubeModel):
     message: str = ""
 
 
+class CertificateRotationStatus(KubeModel):
+    """Where the rotation of kubeadm's certificates is (rotateCerts)."""
+
+    nodes_checked: str | None = None
+    """Control-plane nodes checked within rotateCertsCheckInterval over all of them, like 2/3."""
+    renewing: str | None = None
+    """The node whose renewal pod runs now (one at a time)."""
+    message: str = ""
+    """The last node's outcome, or what is awaited."""
+
+
 class MaintenancePolicyStatus(KubeModel):
     """What node maintenance did last and what it refused."""
 
@@ -277,6 +295,8 @@ class MaintenancePolicyStatus(KubeModel):
     """The move of MinIO to its highly available StatefulSet, while management is on."""
     kotsadm: KotsadmState | None = None
     """kotsadm's database, while it exists and management is on."""
+    certificate_rotation: CertificateRotationStatus | None = None
+    """kubeadm's certificates on the control-plane nodes (rotateCerts), while it is on."""
 
 
 class MaintenancePolicy(CustomResource[MaintenancePolicySpec, MaintenancePolicyStatus]):

@@ -22,6 +22,8 @@ from kustos.api.maintenance import (
 )
 from kustos.images import configured_agent_image
 from kustos.maintenance import (
+    certrotation,
+    certrotation_act,
     internallb,
     minio,
     minio_controller,
@@ -111,6 +113,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
         self.pods = manager.informer(PODS)
         self.pods_by_node = self.pods.index_by_node_name()
         self.pods.add_index(UNSCHEDULED_INDEX, _unscheduled)
+        self.pods.add_index(certrotation_act.TASK_INDEX, certrotation_act.task_index)
         self.claims = manager.informer(CLAIMS)
         self.volumes = manager.informer(VOLUMES)
         self.statefulsets = manager.informer(STATEFULSETS)
@@ -205,6 +208,13 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             ),
             kotsadm=minio_controller.observe_kotsadm(spec, self.statefulsets,
                                                      minio_controller.ready_nodes(self.nodes.list())),
+            certificates=certrotation_act.view(
+                self.nodes.list(),
+                lambda node: self.pods.by_index(self.pods_by_node, node),
+                self.pods.by_index(certrotation_act.TASK_INDEX, certrotation.TASK),
+                configured_agent_image(),
+                {"apiVersion": policy.api_version, "kind": policy.kind, "metadata": policy.metadata},
+            ),
         )  # fmt: skip
 
     async def _workload(self, entry: ScaledResource) -> scaling.WorkloadView:
@@ -337,6 +347,8 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             case minio.CreateStatefulSet() | minio.SetServiceSelector() | minio.CopyObjects() | \
                     minio.RemoveOldMinio() | minio.ScaleKotsadm():  # fmt: skip
                 return await minio_controller.act(self.api, step)
+            case certrotation.StartRenewal() | certrotation.FinishRenewal() | certrotation.RemoveRenewalPod():
+                await certrotation_act.act(self.api, self.manager.events, policy.spec, step, self.clock.now())
             case planner.Purge(node):
                 options = PurgeOptions.from_spec(policy.spec)
                 purger = Purger(self.api, options, self._announce, await self._toolbox(options))

@@ -28,7 +28,8 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
-from kustos.maintenance import internallb, minio, rook_scaling, scaling
+from kustos.maintenance import certrotation, internallb, minio, rook_scaling, scaling
+from kustos.maintenance.certrotation import CertRotationView, FinishRenewal, RemoveRenewalPod, StartRenewal
 from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
 from kustos.maintenance.minio import KotsadmView, MinioView
 from kustos.maintenance.rook_scaling import PatchRook, RookView
@@ -133,6 +134,8 @@ class Observed:
     """MinIO's Deployment, StatefulSet and Service (None: not observed)."""
     kotsadm: KotsadmView | None = None
     """kotsadm's database StatefulSet (None: not observed)."""
+    certificates: CertRotationView = field(default_factory=CertRotationView)
+    """kubeadm's control-plane nodes and the renewal pods (rotateCerts)."""
 
 
 # ---- steps ---------------------------------------------------------------------------
@@ -213,6 +216,9 @@ Step = (
     | ScaleWorkload
     | PatchRook
     | minio.MinioStep
+    | StartRenewal
+    | FinishRenewal
+    | RemoveRenewalPod
     | Refuse
     | Ignored
     | Wait
@@ -388,6 +394,10 @@ def plan(o: Observed) -> Step:
         kotsadm = minio.plan_kotsadm(spec, o.kotsadm)
         if kotsadm is not None:
             return kotsadm
+    # 10. kubeadm's certificates, one control-plane node at a time.
+    renewal = certrotation.plan(spec, o.certificates, o.now)
+    if renewal is not None:
+        return renewal
     if refusals:
         return refusals[0]
     if minio_waits is not None and minio_waits.poll:
@@ -451,6 +461,8 @@ def describe(step: Step) -> tuple[str, str, str] | None:
             )
         case PatchRook(_, _, _, _, action, message):
             return "", action, message
+        case StartRenewal() | FinishRenewal() | RemoveRenewalPod():
+            return certrotation.describe(step)
         case Refuse(node, action, message):
             return node, action, message
         case minio.CreateStatefulSet() | minio.SetServiceSelector() | minio.CopyObjects() | minio.Copied() | \
@@ -476,6 +488,7 @@ def status(
     if o.kotsadm is not None:
         scaled = step if isinstance(step, minio.ScaleKotsadm) and failure is None else None
         result.kotsadm = minio.kotsadm_status(o.spec, o.kotsadm, scaled)
+    result.certificate_rotation = certrotation.status(o.spec, o.certificates, o.now)
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
@@ -527,7 +540,11 @@ def status(
                                                message=failure.message[:1000])  # fmt: skip
         result.conditions = conditions("Degraded", True, failure.reason, failure.message[:1000])
         return result
-    refused = isinstance(step, Refuse) or (isinstance(step, Purged) and step.refused)
+    refused = (
+        isinstance(step, Refuse)
+        or (isinstance(step, Purged) and step.refused)
+        or (isinstance(step, FinishRenewal) and step.outcome == "Failed")
+    )
     outcome: Literal["Done", "Refused"] = "Refused" if refused else "Done"
     action_record = MaintenanceAction(
         time=now, node=node, action=action, outcome=outcome, message=message[:1000]
@@ -574,6 +591,7 @@ def requeue_after(step: Step) -> float:
 __all__ = [
     "ApplyLoadBalancer",
     "ClaimView",
+    "FinishRenewal",
     "ForceDeletePod",
     "Ignored",
     "NodeView",
@@ -586,7 +604,9 @@ __all__ = [
     "ReleaseClaim",
     "RemoveLoadBalancer",
     "RemoveOutOfService",
+    "RemoveRenewalPod",
     "ScaleWorkload",
+    "StartRenewal",
     "Step",
     "TaintOutOfService",
     "dead_nodes",
