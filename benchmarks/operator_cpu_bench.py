@@ -193,6 +193,7 @@ class Operator:
             time.sleep(0.05)
         time.sleep(0.1)
         counts = json.loads(result.read_text())
+        print(f"  {name}: {cpu:.3f} CPU s in {wall:.1f} s", flush=True)  # kept if a later step fails
         after = self.reconciles()
         reconciles = {
             c: after[c] - before_reconciles.get(c, 0) for c in after if after[c] > before_reconciles.get(c, 0)
