@@ -404,3 +404,37 @@ def test_status_downgrade_info() -> None:
     cancelled = parse_status({**load(STATUS_V36_DOWNGRADING), "downgradeInfo": {}})
     assert (cancelled.downgrade_enabled, cancelled.downgrade_target) == (False, "")
     assert not parse_status(load(STATUS_V36)).downgrade_enabled
+
+
+def test_clients_share_a_tls_context_until_the_certificates_are_rewritten(tmp_path: Path) -> None:
+    """A client per member per pass must not load the CA store each time (issue 28: 40 ms of
+    CPU each), yet a renewed certificate written over the old files is what the next client uses."""
+    from datetime import UTC, datetime, timedelta
+
+    from kustos.etcd import tls as certificates
+
+    now = datetime.now(UTC)
+    files = EtcdTLS(tmp_path / "ca.crt", tmp_path / "tls.crt", tmp_path / "tls.key")
+
+    def write(ca: certificates.KeyPair) -> None:
+        pair = certificates.issue(ca, "kustos-operator", now, timedelta(days=1), server=False)
+        for path, data in (
+            (files.ca_file, ca.cert),
+            (files.cert_file, pair.cert),
+            (files.key_file, pair.key),
+        ):
+            assert path is not None
+            path.write_bytes(data)
+
+    def trusted(client: EtcdClient) -> str:
+        """The subjects of the CAs the client's TLS context trusts."""
+        assert client._ssl is not None
+        return " ".join(str(c["subject"]) for c in client._ssl.get_ca_certs())
+
+    write(certificates.new_ca("first-ca", now))
+    first, again = (EtcdClient("https://etcd-0.etcd.ns.svc:2379", files) for _ in range(2))
+    assert first._ssl is again._ssl and "first-ca" in trusted(first)
+
+    write(certificates.new_ca("renewed-ca", now))
+    renewed = EtcdClient("https://etcd-0.etcd.ns.svc:2379", files)
+    assert "renewed-ca" in trusted(renewed) and "first-ca" not in trusted(renewed)

@@ -119,7 +119,7 @@ def test_a_stuck_pod_is_named_in_degraded_progressing_the_status_and_an_event() 
     # Fixed: the list empties and Degraded goes back.
     healed = replace(formed(), previous=result)
     after = status(healed, Done(), NOW)
-    assert "stuck" not in after and condition(after, "Degraded")["reason"] == "AllHealthy"
+    assert after["stuck"] == [] and condition(after, "Degraded")["reason"] == "AllHealthy"
 
 
 def test_quorum_loss_keeps_its_reason_and_names_the_stuck_pod() -> None:

@@ -106,3 +106,54 @@ async def test_stopping_while_caches_never_sync_is_prompt() -> None:
     await asyncio.wait_for(running, 5)
     await raw.aclose()
     assert json.dumps(manager.waiting_controllers())
+
+
+async def test_a_status_write_wakes_other_passes_but_not_the_writer_that_asked_for_its_own() -> None:
+    """A controller whose every pass requeues (``wakes_on_own_status=False``) is not woken again by
+    the watch event of its own status write (issue 28: a pass per write); anyone else's write, a
+    spec change, or that controller's older write overtaken by another, still wakes it."""
+    from kustos.runtime.logs import reconcile_context
+
+    written = {"metadata": {"name": "t", "namespace": "ns", "resourceVersion": "7", "generation": 1}}
+
+    async def server(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, json=written)
+
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
+    manager = Manager(KubeClients(config=None, api=None, raw=raw), ManagerOptions(leader_election=False))  # type: ignore[arg-type]
+
+    async def reconcile(key: str) -> None:
+        return None
+
+    quiet = manager.add_controller(Controller("quiet", THINGS, reconcile, wakes_on_own_status=False))
+    plain = manager.add_controller(Controller("plain", THINGS, reconcile))
+    handlers = manager.informer(THINGS)._handlers
+    before = {"metadata": {**written["metadata"], "resourceVersion": "6"}, "status": {"a": 1}}
+
+    def event(resource_version: str, **change: Any) -> None:
+        obj = {"metadata": {**written["metadata"], "resourceVersion": resource_version}, "status": {"a": 2}}
+        for handler in handlers:
+            handler("MODIFIED", {**obj, **change}, before)
+
+    async def woken() -> tuple[int, int]:
+        woke = (len(quiet.queue), len(plain.queue))
+        for runner in (quiet, plain):
+            while len(runner.queue):  # emptied, as a worker would
+                runner.queue.done(await runner.queue.get())
+        return woke
+
+    with reconcile_context("quiet", "ns/t", "1"):
+        await manager.api.replace_status(THINGS, before, {"a": 2})
+    event("7")
+    assert await woken() == (0, 1)  # its own echo: only the other controller wakes
+    event("7")
+    assert await woken() == (1, 1)  # seen once: a repeat of that version (a relist) wakes it
+    with reconcile_context("quiet", "ns/t", "2"):
+        await manager.api.replace_status(THINGS, before, {"a": 2})
+    event("8")
+    assert await woken() == (1, 1)  # someone else wrote after it
+    with reconcile_context("quiet", "ns/t", "3"):
+        await manager.api.replace_status(THINGS, before, {"a": 2})
+    event("7", spec={"size": 5})
+    assert await woken() == (1, 1)  # more than the status changed
+    await raw.aclose()

@@ -580,7 +580,10 @@ def _clusters_of_backup(reconciler: EtcdClusterReconciler) -> Any:
 
 def register(manager: Manager, deps: Deps) -> None:
     reconciler = EtcdClusterReconciler(manager, deps)
-    controller = Controller("etcdcluster", ETCDCLUSTERS, reconciler.reconcile, workers=4)
+    # Every pass ends in a requeue (or a failure's backoff): its own status write need not wake it.
+    controller = Controller(
+        "etcdcluster", ETCDCLUSTERS, reconciler.reconcile, workers=4, wakes_on_own_status=False
+    )
     controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.owns(SERVICES)
     controller.owns(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))

@@ -202,7 +202,9 @@ def _stuck(seen: Seen, result: Obj, step: ClusterStep, stamp: str) -> Obj:
     result = dict(result)
     found = _no_spare_node(seen)
     if not found:
-        result.pop("stuck", None)
+        # Empty, as the API server stores it (the CRD's default): left out, it read as a change
+        # on every pass, and every pass rewrote an unchanged status (issue 28).
+        result["stuck"] = []
         return result
     result["stuck"] = [{"pod": s.pod, "reason": s.reason, "message": s.message[:1000]} for s in found]
     first, message = found[0], summary(found)

@@ -16,6 +16,7 @@ import httpx2
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.kube import FIELD_MANAGER, api_path
+from kustos.runtime.logs import current_controller
 
 Obj = dict[str, Any]
 
@@ -81,6 +82,27 @@ class Api:
     def __init__(self, raw: httpx2.AsyncClient, field_manager: str = FIELD_MANAGER) -> None:
         self._raw = raw
         self.field_manager = field_manager
+        # (controller, resource, key) -> the resourceVersion of that controller's last status
+        # write: its watch event is then known as the controller's own echo (``own_status_echo``).
+        self._status_writes: dict[tuple[str, str, str], str] = {}
+
+    def own_status_echo(self, controller: str, ref: ResourceRef, obj: Obj) -> bool:
+        """Whether ``obj`` (a watch event's object) is exactly what ``controller`` last wrote to
+        its status: the same resourceVersion, so nobody else has written it since."""
+        meta = obj.get("metadata") or {}
+        key = (controller, ref.plural, f"{meta.get('namespace')}/{meta.get('name')}")
+        written = self._status_writes.get(key)
+        if written is None or written != meta.get("resourceVersion"):
+            return False
+        del self._status_writes[key]
+        return True
+
+    def forget_status_writes(self, ref: ResourceRef, obj: Obj) -> None:
+        """The object is gone: no echo of a write to it is coming."""
+        meta = obj.get("metadata") or {}
+        name = f"{meta.get('namespace')}/{meta.get('name')}"
+        for key in [k for k in self._status_writes if k[1:] == (ref.plural, name)]:
+            del self._status_writes[key]
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
         """One request; a transport failure (connect, read, timeout) raises ``ApiUnreachable``."""
@@ -226,6 +248,10 @@ class Api:
         )
         _raise_for(response)
         result: Obj = response.json()
+        writer = current_controller()
+        if writer is not None:
+            key = (writer, ref.plural, f"{meta.get('namespace')}/{meta['name']}")
+            self._status_writes[key] = str((result.get("metadata") or {}).get("resourceVersion"))
         return result
 
     async def delete(

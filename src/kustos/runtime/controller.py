@@ -109,6 +109,11 @@ class Controller:
     limiter: RateLimiter | None = None
     timeout: float | None = 120.0
     """Seconds one reconcile may take before it is cancelled (None: no limit)."""
+    wakes_on_own_status: bool = True
+    """False: the watch event of a status this controller's own pass wrote (that very write,
+    nobody's since) does not wake it again. For a controller whose every pass ends in a requeue
+    or a failure, so that event only repeats a pass: it cost the etcd controller a pass (and a
+    round of questions to every member) per status write (issue 28)."""
 
     def owns(self, resource: ResourceRef, options: InformerOptions | None = None) -> Controller:
         """Wake the owner when an object it owns (by ownerReference) changes."""

@@ -26,6 +26,11 @@ def reconcile_context(controller: str, key: str, reconcile_id: str) -> Iterator[
         _controller.reset(tokens[0])
 
 
+def current_controller() -> str | None:
+    """The controller whose reconcile this code runs in (None: outside any reconcile)."""
+    return _controller.get()
+
+
 class ContextFilter(logging.Filter):
     """Copies the reconcile context onto each record, so every formatter can show it."""
 

@@ -115,11 +115,18 @@ class Manager:
 
         def enqueue_primary(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
             key = object_key(obj)
-            if (
-                kind == "MODIFIED" and old is not None and runner.queue.failures(key)
+            if kind == "DELETED":
+                self.api.forget_status_writes(controller.primary, obj)
+            elif (
+                kind == "MODIFIED" and old is not None
+                # The failed pass's own status record: its backoff decides the next pass. Or the
+                # echo of a pass's own status write: that pass has already asked for the next.
+                and (runner.queue.failures(key) or (
+                    not controller.wakes_on_own_status
+                    and self.api.own_status_echo(controller.name, controller.primary, obj)))
                 and not objects.changed_beyond_status(old, obj)
             ):  # fmt: skip
-                return  # the failed pass's own status record: its backoff decides the next pass
+                return
             runner.enqueue(key)
 
         primary.add_handler(enqueue_primary)

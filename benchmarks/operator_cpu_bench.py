@@ -1,0 +1,300 @@
+"""Operator CPU seconds per EtcdCluster operation, with what the operator did for them (issue 28).
+
+    .venv/bin/python -m benchmarks.operator_cpu_bench [--runs 3] [--profile DIR]
+
+Starts a dev cluster (4 workers, the test timings) and ``kustos run`` with every controller
+registered and leader election on, as ``kustos dev up`` runs it. For each operation (create a
+3-member cluster until all healthy, delete one member pod until 3 healthy again, resize 3 -> 5
+until all healthy) it prints the operator's CPU seconds (utime + stime of /proc/<pid>/stat, so
+threads included) and, counted inside the operator: reconciles per controller, API requests by
+verb and kind, status writes, and etcd requests by endpoint. Idle CPU per 10 s and idle RSS come
+first (no cluster, over 60 s), then idle CPU per 30 s with one 3-member cluster running.
+
+``--profile DIR`` writes a cProfile of each operation's main thread (``DIR/<operation>.prof``;
+read with ``python -m pstats``). The counting and profiling live in this file: the operator runs
+under a small wrapper (``--child``) that patches its HTTP transport and etcd client to count, and
+toggles the profiler on SIGUSR1 / SIGUSR2; nothing in kustos knows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.etcd_bench import bench_cluster, healthy, rss_mib, status
+from benchmarks.runtime_bench import free_port
+from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.network import operator_argv
+
+REPO = Path(__file__).resolve().parents[1]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---- inside the operator ----------------------------------------------------------------------
+
+
+def _kind_of(path: str) -> str:
+    """``/api/v1/namespaces/x/pods/y/status`` -> ``pods/status``; watches say ``pods (watch)``."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    parts = parts[1:] if parts[:1] == ["api"] else parts[2:] if parts[:1] == ["apis"] else parts
+    parts = parts[1:]  # the version
+    if parts[:1] == ["namespaces"] and len(parts) > 2:
+        parts = parts[2:]
+    kind = parts[0] if parts else "?"
+    if len(parts) > 2:
+        kind += "/" + parts[2]
+    return kind + (" (watch)" if "watch=" in path else "")
+
+
+def child(argv: list[str]) -> None:
+    """Run ``kustos.cli`` with counters and a profiler toggled by signals."""
+    import kustos.etcd.client as etcd_client
+    import kustos.runtime.kube as kube
+    from kustos.cli import main
+
+    counts: Counter[str] = Counter()
+    out = Path(os.environ["KUSTOS_CPU_BENCH_OUT"])
+    profiler: list[cProfile.Profile] = []
+
+    send = kube.CountingTransport.handle_async_request
+
+    async def counted_send(self: Any, request: Any) -> Any:
+        counts[f"api {request.method} {_kind_of(request.url.raw_path.decode())}"] += 1
+        return await send(self, request)
+
+    post = etcd_client.EtcdClient._post
+
+    async def counted_post(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        counts[f"etcd {path}"] += 1
+        return await post(self, path, *args, **kwargs)
+
+    client_init = etcd_client.EtcdClient.__init__
+
+    def counted_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        counts["etcd clients built"] += 1
+        client_init(self, *args, **kwargs)
+
+    import kustos.runtime.record as record
+
+    changed = record.status_changed
+
+    def logged_changed(obj: dict[str, Any], status: dict[str, Any]) -> bool:
+        """With KUSTOS_CPU_BENCH_DIFFS: each status write's changed fields, to ``status-diffs.log``."""
+        result = changed(obj, status)
+        if result and os.environ.get("KUSTOS_CPU_BENCH_DIFFS"):
+            old = obj.get("status") or {}
+            new = {**status, "observedGeneration": (obj.get("metadata") or {}).get("generation")}
+            diff = {k: (old.get(k), new.get(k)) for k in {*old, *new} if old.get(k) != new.get(k)}
+            with (out / "status-diffs.log").open("a") as log:
+                log.write(json.dumps(diff, default=str)[:3000] + "\n")
+        return result
+
+    record.status_changed = logged_changed  # type: ignore[assignment]
+    kube.CountingTransport.handle_async_request = counted_send  # type: ignore[method-assign]
+    etcd_client.EtcdClient._post = counted_post  # type: ignore[method-assign]
+    etcd_client.EtcdClient.__init__ = counted_init  # type: ignore[method-assign]
+
+    def start(_sig: int, _frame: Any) -> None:
+        counts.clear()
+        if os.environ.get("KUSTOS_CPU_BENCH_PROFILE"):
+            profiler[:] = [cProfile.Profile()]
+            profiler[0].enable()
+
+    def stop(_sig: int, _frame: Any) -> None:
+        name = (out / "current").read_text().strip()
+        if profiler:
+            profiler[0].disable()
+            profiler[0].dump_stats(out / f"{name}.prof")
+            profiler.clear()
+        (out / f"{name}.json").write_text(json.dumps(dict(counts)))
+
+    signal.signal(signal.SIGUSR1, start)
+    signal.signal(signal.SIGUSR2, stop)
+    sys.argv = ["kustos", *argv]
+    main()
+
+
+# ---- outside ----------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15)
+
+
+class Operator:
+    def __init__(self, cluster: DevCluster, out: Path, profile: bool) -> None:
+        self.out = out
+        self.port = free_port()
+        args = [
+            sys.executable, "-m", "benchmarks.operator_cpu_bench", "--child", "--",
+            "run", "--kubeconfig", str(cluster.kubeconfig),
+            "--metrics-address", f"127.0.0.1:{self.port}", "--webhook-address", "127.0.0.1:0",
+            "--log-level", "warning",
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(REPO), "KUSTOS_CPU_BENCH_OUT": str(out)}
+        if profile:
+            env["KUSTOS_CPU_BENCH_PROFILE"] = "1"
+        self.log = (out / "operator.log").open("ab")
+        self.process = subprocess.Popen(
+            operator_argv(cluster.resolv_conf, args), env=env, cwd=REPO, stdout=self.log, stderr=self.log
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("the operator did not become ready")
+        # The leader: elected within a retry period of becoming ready.
+        time.sleep(5)
+
+    @property
+    def pid(self) -> int:
+        """The Python process: unshare and sh exec it, keeping the pid."""
+        return self.process.pid
+
+    def reconciles(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for line in httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text.splitlines():
+            if line.startswith("controller_runtime_reconcile_total{"):
+                labels, _, value = line.rpartition(" ")
+                controller = labels.split('controller="')[1].split('"')[0]
+                values[controller] = values.get(controller, 0) + float(value)
+        return values
+
+    def measure(self, name: str, action: Any) -> tuple[float, float, dict[str, int], dict[str, float]]:
+        """(CPU seconds, wall seconds, counts, reconciles per controller) of ``action()``."""
+        (self.out / "current").write_text(name)
+        before_reconciles = self.reconciles()
+        os.kill(self.pid, signal.SIGUSR1)
+        time.sleep(0.1)
+        cpu, started = cpu_seconds(self.pid), time.monotonic()
+        action()
+        wall, cpu = time.monotonic() - started, cpu_seconds(self.pid) - cpu
+        os.kill(self.pid, signal.SIGUSR2)
+        result = self.out / f"{name}.json"
+        while not result.exists():
+            time.sleep(0.05)
+        time.sleep(0.1)
+        counts = json.loads(result.read_text())
+        print(f"  {name}: {cpu:.3f} CPU s in {wall:.1f} s", flush=True)  # kept if a later step fails
+        after = self.reconciles()
+        reconciles = {
+            c: after[c] - before_reconciles.get(c, 0) for c in after if after[c] > before_reconciles.get(c, 0)
+        }
+        return cpu, wall, counts, reconciles
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(60)
+        self.log.close()
+
+
+def create(cluster: DevCluster, name: str, size: int) -> None:
+    body = {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster", "metadata": {"name": name},
+            "spec": {"size": size, "memberFailureTimeout": "5s"}}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body))
+
+
+def until(cluster: DevCluster, name: str, check: Any, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check(status(cluster, name)):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} did not converge in {timeout}s")
+
+
+def show(name: str, figures: list[tuple[float, float, dict[str, int], dict[str, float]]]) -> None:
+    cpus = [f[0] for f in figures]
+    walls = [f[1] for f in figures]
+    runs = ", ".join(f"{c:.2f}" for c in cpus)
+    print(f"\n{name}: CPU median {statistics.median(cpus):.3f} s (runs {runs}), "
+          f"wall median {statistics.median(walls):.1f} s")  # fmt: skip
+    _, _, counts, reconciles = figures[len(figures) // 2]
+    print("  reconciles: " + ", ".join(f"{c} {int(n)}" for c, n in sorted(reconciles.items())))
+    status_writes = sum(n for k, n in counts.items() if k.startswith("api PUT") and k.endswith("/status"))
+    status_writes += sum(n for k, n in counts.items() if k.startswith("api PATCH") and k.endswith("/status"))
+    print(f"  status writes: {status_writes}")
+    for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        print(f"  {n:5d}  {key}")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[3:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--profile", type=Path, default=None, help="write cProfiles to this directory")
+    args = parser.parse_args()
+    out = args.profile or Path(os.environ.get("TMPDIR", "/tmp")) / f"operator-cpu-{os.getpid()}"
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"load average at start: {os.getloadavg()}")
+    cluster = bench_cluster("bench-cpu")
+    operator = None
+    try:
+        operator = Operator(cluster, out, profile=args.profile is not None)
+        # 60 s, reported per 10 s: the kernel counts CPU time in 10 ms ticks.
+        idle = operator.measure("idle", lambda: time.sleep(60))
+        print(f"idle (no cluster): {idle[0] / 6:.3f} CPU s per 10 s, RSS {rss_mib(operator.pid):.1f} MiB")
+        creates, replacements, resizes, steady = [], [], [], []
+        for run in range(args.runs):
+            name = f"cpu-{run}"
+
+            def create_one(n: str = name) -> None:
+                create(cluster, n, 3)
+                until(cluster, n, lambda s: healthy(s, 3))
+
+            creates.append(operator.measure(f"create-{run}", create_one))
+            time.sleep(8)  # etcd refuses membership changes for 5 s after one
+            steady.append(operator.measure(f"steady-{run}", lambda: time.sleep(30)))
+            victim = f"{name}-1"
+
+            def replace(n: str = name, v: str = victim) -> None:
+                cluster.kubectl("delete", "pod", v, "--wait=false")
+                until(
+                    cluster, n, lambda s: healthy(s, 3) and v not in {m["name"] for m in s.get("members", [])}
+                )
+
+            replacements.append(operator.measure(f"replace-{run}", replace))
+            time.sleep(8)
+
+            def resize(n: str = name) -> None:
+                cluster.kubectl("patch", "etcdcluster", n, "--type=merge", "-p", '{"spec":{"size":5}}')
+                until(cluster, n, lambda s: healthy(s, 5))
+
+            resizes.append(operator.measure(f"resize-{run}", resize))
+            cluster.kubectl("delete", "etcdcluster", name, "--wait=false")
+            time.sleep(5)
+        show("create 3 members until all healthy", creates)
+        show("idle with one 3-member cluster, per 30 s", steady)
+        show("delete 1 member pod until 3 healthy", replacements)
+        show("resize 3 -> 5 until all healthy", resizes)
+        print(
+            f"\nRSS after the runs: {rss_mib(operator.pid):.1f} MiB; load average at end: {os.getloadavg()}"
+        )
+    finally:
+        if operator is not None:
+            operator.stop()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
