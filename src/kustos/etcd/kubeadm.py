@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,8 @@ KUBE_SYSTEM = "kube-system"
 CLUSTER_STATUS_KEY = "ClusterStatus"
 CLUSTER_CONFIGURATION_KEY = "ClusterConfiguration"
 APISERVER_ENDPOINT_ANNOTATION = "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"
-APISERVER_SELECTOR = "component=kube-apiserver,tier=control-plane"
+APISERVER_LABELS = {"component": "kube-apiserver", "tier": "control-plane"}
+APISERVER_SELECTOR = ",".join(f"{key}={value}" for key, value in APISERVER_LABELS.items())
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
 # kubeadm's certificate layout under its certificates directory (EKCO uses the same files).
@@ -104,6 +105,22 @@ def external_etcd(config_map: Mapping[str, Any] | None) -> bool:
     data = (config_map or {}).get("data") or {}
     document = yaml.safe_load(data.get(CLUSTER_CONFIGURATION_KEY) or "") or {}
     return bool((document.get("etcd") or {}).get("external"))
+
+
+def apiserver_endpoint(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    """host:port of kubeadm's kube-apiserver static pod among a node's ``pods``, from the
+    annotation kubeadm writes on it (None: the node runs none)."""
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        endpoint = (meta.get("annotations") or {}).get(APISERVER_ENDPOINT_ANNOTATION)
+        if (
+            meta.get("namespace") == KUBE_SYSTEM
+            and endpoint
+            and all(labels.get(k) == v for k, v in APISERVER_LABELS.items())
+        ):
+            return str(endpoint)
+    return None
 
 
 def pod_endpoints(pods: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -258,10 +275,12 @@ async def remove_member(
 
 __all__ = [
     "APISERVER_ENDPOINT_ANNOTATION",
+    "APISERVER_LABELS",
     "APISERVER_SELECTOR",
     "ControlPlaneAddresses",
     "Removal",
     "addresses",
+    "apiserver_endpoint",
     "certificate_files",
     "client_tls",
     "client_url",

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from kustos.api.maintenance import MaintenancePolicySpec
+from kustos.etcd import kubeadm
 from kustos.maintenance import certrotation
 from kustos.maintenance.certrotation import (
     CHECKED_ANNOTATION,
@@ -34,28 +35,12 @@ from kustos.runtime.times import parse_rfc3339
 log = logging.getLogger(__name__)
 
 TASK_INDEX = "maintenance-rotate-certs"
-APISERVER_LABELS = {"component": "kube-apiserver", "tier": "control-plane"}
-APISERVER_ENDPOINT_ANNOTATION = "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"
 PROBE_TIMEOUT = 5.0
 
 
 def task_index(pod: dict[str, Any]) -> Iterable[str]:
     """Renewal pods, all under one key."""
     return (TASK,) if objects.labels(pod).get(TASK_LABEL) == TASK else ()
-
-
-def kubeadm_apiserver(pods: Iterable[dict[str, Any]]) -> str | None:
-    """host:port of the node's kubeadm kube-apiserver static pod, from kubeadm's annotation."""
-    for pod in pods:
-        labels = objects.labels(pod)
-        endpoint = objects.annotations(pod).get(APISERVER_ENDPOINT_ANNOTATION)
-        if (
-            objects.namespace(pod) == "kube-system"
-            and endpoint
-            and all(labels.get(k) == v for k, v in APISERVER_LABELS.items())
-        ):
-            return endpoint
-    return None
 
 
 def renewal_pod_view(pod: dict[str, Any]) -> RenewalPod:
@@ -94,7 +79,7 @@ def view(
             ControlPlaneNode(
                 name=name,
                 ready=objects.node_ready(node),
-                apiserver=kubeadm_apiserver(pods_on(name)),
+                apiserver=kubeadm.apiserver_endpoint(pods_on(name)),
                 checked=Checked.parse(objects.annotations(node).get(CHECKED_ANNOTATION)),
             )
         )

@@ -20,6 +20,7 @@ from kustos.api.maintenance import (
     MaintenancePolicyStatus,
     ScaledResource,
 )
+from kustos.etcd import kubeadm
 from kustos.images import configured_agent_image
 from kustos.maintenance import (
     certrotation,
@@ -70,8 +71,6 @@ UNSCHEDULED_INDEX = "maintenance-unscheduled"
 WRITER_SELECTOR = f"{internallb.COMPONENT_LABEL}={internallb.WRITER_NAME}"
 # kubeadm's kube-apiserver static pods and the annotation with each one's advertised endpoint
 # (etcd/kubeadm.py reads the same annotation for etcd's addresses; only the host there).
-APISERVER_LABELS = {"component": "kube-apiserver", "tier": "control-plane"}
-APISERVER_ENDPOINT_ANNOTATION = "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"
 Obj = dict[str, Any]
 
 
@@ -244,15 +243,9 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
         }
         annotated: dict[str, str] = {}
         for node in control_plane:
-            for pod in self.pods.by_index(self.pods_by_node, node):
-                labels = objects.labels(pod)
-                endpoint = objects.annotations(pod).get(APISERVER_ENDPOINT_ANNOTATION)
-                if (
-                    objects.namespace(pod) == "kube-system"
-                    and endpoint
-                    and all(labels.get(k) == v for k, v in APISERVER_LABELS.items())
-                ):
-                    annotated[node] = endpoint
+            endpoint = kubeadm.apiserver_endpoint(self.pods.by_index(self.pods_by_node, node))
+            if endpoint is not None:
+                annotated[node] = endpoint
         writer = None
         for daemonset in self.writers.list():
             if objects.name(daemonset) != internallb.WRITER_NAME or objects.deleting(daemonset):
