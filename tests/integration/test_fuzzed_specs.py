@@ -21,6 +21,7 @@ model or be refused by it naming the field (which is what the controller then sh
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,7 +54,10 @@ NOWHERE_TERMS = [
 CLOSED_PORT = "http://127.0.0.1:9"
 NAMESPACED = [model for model in RESOURCES if model.crd.scope == "Namespaced"]
 CLUSTER_SCOPED = [model for model in RESOURCES if model.crd.scope == "Cluster"]
+# A fixed sample by default, so that a suite run is repeatable; KUSTOS_FUZZ_RANDOM=1 draws new
+# documents on every run (how the defects in docs/proof.md were found).
 FUZZ_SETTINGS = settings(
+    derandomize=os.environ.get("KUSTOS_FUZZ_RANDOM") != "1",
     max_examples=EXAMPLES,
     deadline=None,
     database=None,
@@ -205,12 +209,26 @@ def check_model_answer(model: type[CustomResource[Any, Any]], stored: dict[str, 
         assert "spec." in message or "spec:" in message, message
 
 
+@pytest.fixture
+def admissions(kubectl: Kubectl, client: Client, fuzz_operator: OperatorProcess) -> Iterator[list[Admission]]:
+    """One per namespaced kind. Whatever is left afterwards loses its finalizers: a StorageCluster
+    waiting for an operator that has stopped would keep every later one in the session waiting
+    ("another StorageCluster is already active")."""
+    made = [Admission(client, model, kubectl.namespace) for model in NAMESPACED]
+    yield made
+    for admission in made:
+        for item in admission.client.list(admission.resource, namespace=admission.namespace):
+            patch = {"metadata": {"finalizers": None}}
+            admission.client.patch(admission.resource, item.metadata.name, patch,
+                                   namespace=admission.namespace, patch_type=PatchType.MERGE)  # fmt: skip
+            admission.client.delete(admission.resource, item.metadata.name, namespace=admission.namespace)
+
+
 def test_every_kind_refuses_naming_the_field_or_says_what_it_did(
-    kubectl: Kubectl, client: Client, fuzz_operator: OperatorProcess
+    kubectl: Kubectl, client: Client, fuzz_operator: OperatorProcess, admissions: list[Admission]
 ) -> None:
     for model in CLUSTER_SCOPED:
         fuzz(Admission(client, model, None), lambda spec: spec, False)
-    admissions = [Admission(client, model, kubectl.namespace) for model in NAMESPACED]
     for admission in admissions:
         fuzz(
             admission,
@@ -222,9 +240,29 @@ def test_every_kind_refuses_naming_the_field_or_says_what_it_did(
     assert all(accepted.values()), f"a kind accepted no fuzzed spec, so its controller saw none: {accepted}"
     silent = wait_for_conditions(admissions, timeout=90)
     assert not silent, f"accepted objects with no condition after 90 s: {silent}"
+    left = removed(admissions, timeout=120)
+    assert not left, f"accepted objects not gone 120 s after their deletion: {left}"
     assert fuzz_operator.alive(), fuzz_operator.log()[-3000:]
     log = fuzz_operator.log()
     assert "Traceback" not in log, log[max(0, log.index("Traceback") - 300) :][:4000]
+
+
+def removed(admissions: list[Admission], timeout: float) -> list[str]:
+    """Delete every accepted object while the operator runs (it removes its finalizers); the
+    ones still there when ``timeout`` ran out."""
+    for admission in admissions:
+        for item in admission.client.list(admission.resource, namespace=admission.namespace):
+            admission.client.delete(admission.resource, item.metadata.name, namespace=admission.namespace)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [
+            f"{admission.model.crd.kind}/{item.metadata.name}"
+            for admission in admissions
+            for item in admission.client.list(admission.resource, namespace=admission.namespace)
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
 
 
 def wait_for_conditions(admissions: list[Admission], timeout: float) -> list[str]:

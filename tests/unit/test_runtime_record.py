@@ -10,6 +10,7 @@ from typing import Any
 import httpx2
 import pytest
 
+from kustos.api.common import Condition
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import EventRecorder
@@ -105,6 +106,15 @@ def test_note_failure_puts_the_message_on_progressing() -> None:
         "observedGeneration": 2, "lastTransitionTime": "2026-01-01T00:00:00Z",
     }]  # fmt: skip
     assert note_failure(conditions, None) == conditions
+
+
+def test_a_refusal_without_a_reason_is_still_a_condition_the_api_server_takes() -> None:
+    """A 500 from server-side apply carries no reason; fuzzing found the failure condition then
+    refused by the API server (an empty reason), so nothing at all was recorded."""
+    refusal = ApiStatusError(500, "", "failed to create typed patch object: .spec.ingress[1].from[2].key")
+    (condition,) = note_failure([], refusal, NOW, 1)
+    assert condition["reason"] == "Http500" and "typed patch object" in condition["message"]
+    assert Condition.model_validate(condition).reason == "Http500"
 
 
 async def test_record_writes_once_when_changed_and_announces_transitions() -> None:

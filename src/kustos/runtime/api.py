@@ -28,7 +28,10 @@ class ApiStatusError(ReconcileError):
     """
 
     def __init__(self, code: int, reason: str, message: str, causes: tuple[str, ...] = ()) -> None:
-        super().__init__(f"{code} {reason}: {message}", reason or "ApiError")
+        # A Status without a reason (a 500 from server-side apply has none) still needs one: the
+        # failure condition refuses an empty reason, and then nothing at all would be recorded.
+        reason = reason or f"Http{code}"
+        super().__init__(f"{code} {reason}: {message}", reason)
         self.code = code
         self.reason = reason
         self.message = message
