@@ -52,7 +52,8 @@ def test_error_hierarchy_and_reasons() -> None:
     assert isinstance(refused, ReconcileError)
     assert refused.conflict and refused.message == "the object has been modified"
     assert str(refused) == "409 Conflict: the object has been modified"
-    assert ApiStatusError(500, "", "oops").reason == ""
+    # A Status without a reason still gives the failure condition one (an empty one is refused).
+    assert ApiStatusError(500, "", "oops").reason == "Http500"
 
 
 POD = {
