@@ -72,7 +72,7 @@ def rules_waiting(seconds: str) -> dict[str, Any]:
 @contextmanager
 def running_prometheus(target: str, work: Path, interval: str = "1s") -> Iterator[Prometheus]:
     """Prometheus scraping ``target`` (host:port) every ``interval`` and evaluating the rules as often."""
-    binaries.build([b for b in binaries.missing_binaries() if b.name == "prometheus"])
+    binaries.build_missing("prometheus")
     work.mkdir(parents=True, exist_ok=True)
     (work / "rules.yaml").write_text(yaml.safe_dump(rules_waiting("3s")))
     config = {

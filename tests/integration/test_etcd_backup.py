@@ -30,7 +30,7 @@ BUCKET = "etcd-backups"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory, dev_cluster: DevCluster) -> Iterator[S3Server]:
-    binaries.build([b for b in binaries.missing_binaries() if b.name == "versitygw"])
+    binaries.build_missing("versitygw")
     # On the pod network's gateway: pods live in their own network namespaces.
     config = S3ServerConfig(
         data_dir=tmp_path_factory.mktemp("s3"), buckets=(BUCKET,), host=dev_cluster.network.gateway

@@ -39,7 +39,7 @@ MANIFEST = REPO / "deploy" / "manifests" / "kustos.yaml"
 
 
 def helm(cluster: DevCluster, *args: str) -> str:
-    binaries.build([b for b in binaries.missing_binaries() if b.name == "helm"])
+    binaries.build_missing("helm")
     env = {
         "PATH": os.environ.get("PATH", ""),
         "HOME": str(cluster.state_dir / "helm-home"),

@@ -26,9 +26,7 @@ BUCKETS = ("registry", "kotsadm")
 
 @pytest.fixture(scope="module", autouse=True)
 def versitygw_binary() -> None:
-    missing = [b for b in binaries.missing_binaries() if b.name == "versitygw"]
-    if missing:
-        binaries.build(missing)
+    binaries.build_missing("versitygw")
 
 
 @pytest.fixture

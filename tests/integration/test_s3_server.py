@@ -26,9 +26,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module", autouse=True)
 def versitygw_binary() -> None:
-    missing = [b for b in binaries.missing_binaries() if b.name == "versitygw"]
-    if missing:
-        binaries.build(missing)
+    binaries.build_missing("versitygw")
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ RUNBOOK = REPO / "docs" / "runbook.md"
 
 @pytest.fixture(scope="module")
 def promtool() -> Path:
-    binaries.build([b for b in binaries.missing_binaries() if b.name == "promtool"])
+    binaries.build_missing("promtool")
     return binaries.binary_path("promtool")
 
 

@@ -46,7 +46,7 @@ MODES: dict[str, list[str]] = {
 
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    binaries.build([b for b in binaries.missing_binaries() if b.name == "helm"])
+    binaries.build_missing("helm")
     return binaries.binary_path("helm")
 
 

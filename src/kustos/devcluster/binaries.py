@@ -380,6 +380,11 @@ def missing_binaries(root: Path | None = None) -> list[Binary]:
     return [b for b in all_binaries() if not (bin_dir(root) / b.file_name).is_file()]
 
 
+def build_missing(*names: str) -> None:
+    """Build those of ``names`` that are missing: what a test module needs before it runs."""
+    build([b for b in missing_binaries() if b.name in names])
+
+
 class BuildError(RuntimeError):
     """A Go build failed; the message carries the tail of its output."""
 
