@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -320,7 +321,15 @@ def test_the_operators_identity_may_not_write_what_kustos_does_not_own(
         "metadata": {"name": "not-kustos", "namespace": "kube-system"},
         "spec": {"serviceAccountName": "default", "containers": [{"name": "c", "image": "busybox"}]},
     }
-    refused = as_operator(dev_cluster, "create", "-f", "-", input_text=json.dumps(pod))
+    # A policy applies once the API server has loaded it and its binding, a moment after the
+    # chart's install (this module may be the session's first to install it).
+    deadline = time.monotonic() + 30
+    while True:
+        refused = as_operator(dev_cluster, "create", "-f", "-", input_text=json.dumps(pod))
+        if refused.returncode != 0 or time.monotonic() > deadline:
+            break
+        dev_cluster.kubectl("delete", "pod", "not-kustos", "-n", "kube-system", "--wait=false", check=False)
+        time.sleep(1)
     assert refused.returncode != 0 and "ValidatingAdmissionPolicy" in refused.stderr, refused.stderr
     assert "kustos labels and an owner reference" in refused.stderr, refused.stderr
     secret = {
