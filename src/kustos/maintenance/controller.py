@@ -69,8 +69,6 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 ANNOUNCED = frozenset({"Degraded", "Ready", "FencingAnnotationsValid", "PurgeInterrupted"})
 UNSCHEDULED_INDEX = "maintenance-unscheduled"
 WRITER_SELECTOR = f"{internallb.COMPONENT_LABEL}={internallb.WRITER_NAME}"
-# kubeadm's kube-apiserver static pods and the annotation with each one's advertised endpoint
-# (etcd/kubeadm.py reads the same annotation for etcd's addresses; only the host there).
 Obj = dict[str, Any]
 
 
