@@ -23,18 +23,13 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from kustos.devcluster.binaries import MINIO_VERSION
 from kustos.images import ETCD_REPOSITORIES, KUSTOS_IMAGE_REPOSITORY
 from kustos.runtime.quantity import in_units, parse_quantity
 
 ETCD_IMAGE_REPOSITORIES = tuple(r.name for r in ETCD_REPOSITORIES)
-MINIO_IMAGE_REPOSITORY = "quay.io/minio/minio"
-"""Any tag runs the MinIO server built from its Go module (binaries.MINIO_VERSION)."""
 
 # Repositories whose images the runner owns; kwok simulates every other image.
-RUNNER_IMAGE_PREFIXES = tuple(
-    f"{r}:" for r in (*ETCD_IMAGE_REPOSITORIES, KUSTOS_IMAGE_REPOSITORY, MINIO_IMAGE_REPOSITORY)
-)
+RUNNER_IMAGE_PREFIXES = tuple(f"{r}:" for r in (*ETCD_IMAGE_REPOSITORIES, KUSTOS_IMAGE_REPOSITORY))
 
 # image -> the etcd version its tag names.
 _ETCD_IMAGE = re.compile(
@@ -44,7 +39,6 @@ _ETCD_IMAGE = re.compile(
 
 # Any tag of the operator's image: the runner's own install stands in for every version.
 _KUSTOS_IMAGE = re.compile(re.escape(KUSTOS_IMAGE_REPOSITORY) + r":\S+")
-_MINIO_IMAGE = re.compile(re.escape(MINIO_IMAGE_REPOSITORY) + r":\S+")
 
 
 @dataclass(frozen=True)
@@ -64,8 +58,6 @@ def match_image(image: str, etcd_versions: Sequence[str]) -> ImageMatch | None:
     """The local stand-in for an image, or None when the image is not allow-listed."""
     if _KUSTOS_IMAGE.fullmatch(image):
         return ImageMatch(image, scripts=("kustos",))
-    if _MINIO_IMAGE.fullmatch(image):
-        return ImageMatch(image, binaries={"minio": MINIO_VERSION})
     found = _ETCD_IMAGE.match(image)
     if found is None:
         return None
@@ -77,8 +69,6 @@ def match_image(image: str, etcd_versions: Sequence[str]) -> ImageMatch | None:
 
 def image_entrypoint(image: str) -> str:
     """What a container of an allow-listed image runs when it names no command."""
-    if image.startswith(f"{MINIO_IMAGE_REPOSITORY}:"):
-        return "minio"
     return "kustos" if image.startswith(f"{KUSTOS_IMAGE_REPOSITORY}:") else "etcd"
 
 

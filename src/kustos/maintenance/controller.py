@@ -178,6 +178,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             for name in unreachable
             for pod in self.pods.by_index(self.pods_by_node, name)
         ]
+        ready = minio_controller.ready_nodes(self.nodes.list())
         return Observed(
             spec=spec,
             nodes=tuple(views),
@@ -200,11 +201,9 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             ),
             rook=await rook_objects.observe(self.api, spec, [rook_node(n) for n in self.nodes.list()]),
             minio=await minio_controller.observe_minio(
-                self.api, spec, self.pods, self.statefulsets, self.claims,
-                minio_controller.ready_nodes(self.nodes.list()),
+                self.api, spec, self.pods, self.statefulsets, self.claims, ready,
             ),
-            kotsadm=minio_controller.observe_kotsadm(spec, self.statefulsets,
-                                                     minio_controller.ready_nodes(self.nodes.list())),
+            kotsadm=minio_controller.observe_kotsadm(spec, self.statefulsets, ready),
             certificates=certrotation_act.view(
                 self.nodes.list(),
                 lambda node: self.pods.by_index(self.pods_by_node, node),
