@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from kustos.api.etcd import EtcdCluster, MaintenanceSpec
-from kustos.etcd import maintenance as m
+from kustos.etcd import defragmentation as m
 from kustos.etcd.pods import member_pod
 
 MiB = 2**20
