@@ -70,7 +70,8 @@ class EtcdBackupReconciler(FamilyReconciler[EtcdBackup, Observed, BackupStep]):
         self, obj: EtcdBackup, observed: Observed, step: BackupStep, notes: list[Note]
     ) -> BackupStep:
         if isinstance(step, planner.Start):
-            await self._start(obj, step, observed.now)
+            assert observed.source.cluster is not None  # planned only with a cluster to stream from
+            await self._start(obj, observed.source.cluster, step, observed.now)
         notes.extend(planner.notes(observed, step, planner.status(observed, step, observed.now, None)))
         return step
 
@@ -126,15 +127,14 @@ class EtcdBackupReconciler(FamilyReconciler[EtcdBackup, Observed, BackupStep]):
         member = manifests.source_member(cluster)
         if member is None:
             return Source(problem=f"no healthy member of {name} to stream from")
-        return Source(member, manifests.storage_for(backup, cluster))
+        return Source(member, manifests.storage_for(backup, cluster), cluster)
 
     # ---- act ---------------------------------------------------------------------------
 
-    async def _start(self, backup: EtcdBackup, step: planner.Start, now: datetime) -> None:
+    async def _start(
+        self, backup: EtcdBackup, cluster: EtcdCluster, step: planner.Start, now: datetime
+    ) -> None:
         """Create the attempt's pod (and the cluster's default claim); one that exists is ours."""
-        cluster_raw = self.clusters.get(f"{objects.namespace(backup)}/{backup.spec.cluster_name}")
-        assert cluster_raw is not None  # the plan started only with the cluster in the cache
-        cluster = EtcdCluster.model_validate(cluster_raw)
         if step.storage.pvc is not None and step.storage.pvc.claim_name is None:
             await self.api.apply(CLAIMS, manifests.default_claim(cluster, step.storage.pvc))
         pod = manifests.agent_pod(backup, cluster, step.storage, step.member, step.attempt, self.image, now)

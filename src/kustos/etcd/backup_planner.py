@@ -17,6 +17,7 @@ from cronsim import CronSim
 
 from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackupStatus
 from kustos.api.common import Condition
+from kustos.api.etcd import EtcdCluster
 from kustos.etcd.agent_report import SnapshotResult
 from kustos.runtime import objects
 from kustos.runtime.conditions import note_failure, set_condition
@@ -62,6 +63,8 @@ class Source:
     member: tuple[str, str] | None = None
     """(name, client URL) of the member."""
     storage: BackupStorage | None = None
+    cluster: EtcdCluster | None = None
+    """The cluster as read: the agent pod is placed and configured like its members."""
     problem: str | None = None
 
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from kustos.api.etcd import EtcdCluster, MaintenanceStatus
 from kustos.etcd import defragmentation as defrag
 from kustos.etcd.certs import operator_certificates
@@ -115,7 +117,12 @@ class DefragmentationReconciler(FamilyReconciler[EtcdCluster, Observation, StepO
         fresh = await self.api.get(ETCDCLUSTERS, objects.namespace(obj), objects.name(obj))
         if fresh is None:
             return _gated(cached, Wait("the cluster is gone", 0.0))
-        cluster = EtcdCluster.model_validate(fresh)
+        try:
+            cluster = EtcdCluster.model_validate(fresh)
+        except ValidationError:
+            return _gated(
+                cached, Wait("the spec changed to one the model refuses", 0.0)
+            )  # its change wakes us
         recorded = _recorded(cluster)
         current = Observation(fresh, recorded, cluster, interval)
         tls, problem = await self.certs.client_tls(cluster)
