@@ -199,6 +199,7 @@ class DefragmentationReconciler(FamilyReconciler[EtcdCluster, Observation, StepO
         intent = defrag.started(observed.recorded, defrag.Started(member, step.reason, now))
         assert observed.raw is not None  # read afresh: planned past the gates
         await self.write_status(observed.raw, _status(intent), [])  # first: nothing else starts meanwhile
+        log.info("defragmenting %s", step.reason)
         assert intent.in_progress is not None
         started = time.monotonic()
         error: str | None = None
