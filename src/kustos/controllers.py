@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
-from kustos.etcd.maintenance_controller import register as register_maintenance
+from kustos.etcd.defragmentation_controller import register as register_defragmentation
 from kustos.maintenance import controller as maintenance_controller
 from kustos.maintenance import envoy_controller, image_overrides_webhook
 from kustos.metrics import collector as domain_metrics
@@ -30,7 +30,7 @@ Register = Callable[[Manager, Deps], None]
 CONTROLLERS: dict[str, Register] = {
     "etcdcluster": etcd_controller.register,
     "etcdbackup": backup_controller.register,
-    "etcdmaintenance": register_maintenance,
+    "etcdmaintenance": register_defragmentation,
     "storagecluster": storage_controller.register,
     "nodejob": nodejob_controller.register,
     "storageupgrade": storageupgrade_controller.register,
