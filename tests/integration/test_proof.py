@@ -54,7 +54,7 @@ class Profile:
 
 PROFILES = {
     "short": Profile(
-        clients=4, watchers=2, rate=150, duration=15, checker_timeout=60, soak=150, sample_every=5
+        clients=4, watchers=2, rate=150, duration=15, checker_timeout=60, soak=60, sample_every=5
     ),
     "full": Profile(
         clients=8, watchers=3, rate=300, duration=60, checker_timeout=600, soak=600, sample_every=10
