@@ -230,7 +230,7 @@ class Purger:
         up to its exec timeout, so a pass stays well under the controller's timeout however
         many OSDs the node had, and a pass cut short repeats one command, not all."""
         assert self.toolbox is not None, "planned only with a toolbox"
-        clause, go_on = await rook.run_one(self.toolbox, step.argv)
+        clause, go_on = await rook.run_one(self.toolbox, list(step.argv))  # an argv, as a list
         message = f"{clause} ({step.index + 1}/{step.total})"
         if not go_on:  # the count stays: the same command runs again on a later pass
             return await self._said(node, Outcome(pp.CEPH_PURGE, message, refused=True))
