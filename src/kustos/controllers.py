@@ -12,7 +12,7 @@ from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
 from kustos.etcd.defragmentation_controller import register as register_defragmentation
 from kustos.maintenance import controller as maintenance_controller
-from kustos.maintenance import envoy_controller, image_overrides_webhook
+from kustos.maintenance import envoy_controller, image_overrides_controller
 from kustos.metrics import collector as domain_metrics
 from kustos.nodejob import controller as nodejob_controller
 from kustos.nodes.autoscaling import controller as autoscaling_controller
@@ -40,7 +40,7 @@ CONTROLLERS: dict[str, Register] = {
     "pendingnode": pendingnode_controller.register,
     "autoscalingstrategy": autoscaling_controller.register,
     "envoyrestart": envoy_controller.register,
-    "imageoverrides": image_overrides_webhook.register,
+    "imageoverrides": image_overrides_controller.register,
 }
 
 
