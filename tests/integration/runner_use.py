@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MARKER = "process_runner"
-# The runner's line for every pod it starts (runner.PodRunner, ``<namespace>_<name>_<uid>``).
+# The runner's line for every pod it starts (runner.PodRunner: ``<namespace>/<name>``).
 _STARTED = re.compile(r"starting pod (\S+) on ")
 
 
 def started_pods(text: str) -> list[str]:
-    """The pods (``<namespace>_<name>_<uid>``) a piece of the agent's log says it started."""
+    """The pods (``<namespace>/<name>``) a piece of the agent's log says it started."""
     return _STARTED.findall(text)
 
 

@@ -7,28 +7,28 @@ from pathlib import Path
 from tests.integration.runner_use import RunnerUse
 
 STARTED = (
-    "2026-11-26 07:00:00,000 INFO kustos.devcluster.runner: starting pod {} on kwok-node-0 at 10.1.0.4\n"
+    "2026-11-26 07:00:00,0 INFO kustos.devcluster.runner: starting pod {} on pytest-1-worker-1 at 10.6.2.1\n"
 )
 
 
 def test_pods_started_during_a_module_count_for_it_and_a_half_written_line_waits(tmp_path: Path) -> None:
     log = tmp_path / "agent.log"
-    log.write_text(STARTED.format("ns_a-0_u1") + "INFO something else\n" + STARTED.format("ns_b-0_u2")[:30])
+    log.write_text(STARTED.format("ns/a-0") + "INFO something else\n" + STARTED.format("ns/b-0")[:30])
     use = RunnerUse(log)
     use.count("tests/integration/test_a.py")
     with log.open("a") as more:
-        more.write(STARTED.format("ns_b-0_u2")[30:])
+        more.write(STARTED.format("ns/b-0")[30:])
     use.count("tests/integration/test_b.py")
 
     assert use.pods == {
-        "tests/integration/test_a.py": {"ns_a-0_u1"},
-        "tests/integration/test_b.py": {"ns_b-0_u2"},
+        "tests/integration/test_a.py": {"ns/a-0"},
+        "tests/integration/test_b.py": {"ns/b-0"},
     }
 
 
 def test_the_summary_names_modules_without_a_reason_and_reasons_without_pods(tmp_path: Path) -> None:
     log = tmp_path / "agent.log"
-    log.write_text(STARTED.format("ns_a-0_u1") + STARTED.format("ns_a-1_u2"))
+    log.write_text(STARTED.format("ns/a-0") + STARTED.format("ns/a-1"))
     use = RunnerUse(log)
     use.count("test_a.py")
     use.count("test_b.py")  # nothing new
