@@ -28,8 +28,12 @@ from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clus
 from kustos.devcluster.kwokconfig import Timings
 from kustos.devcluster.pids import alive
 from tests.integration.operator import OperatorProcess
+from tests.integration.runner_use import MARKER as RUNNER_MARKER
+from tests.integration.runner_use import RunnerUse
 
 WORKERS = 4
+# The session's control plane (``dev_cluster``), named for this process.
+SESSION_CLUSTER = f"pytest-{os.getpid()}"
 REPO = Path(__file__).resolve().parents[2]
 CLONE_NEWNS = 0x00020000
 
@@ -69,6 +73,33 @@ def remove_abandoned_clusters(prefix: str) -> None:
             DevCluster(DevClusterConfig(name=name)).stop()
 
 
+RUNNER_USE = RunnerUse(DevCluster(DevClusterConfig(name=SESSION_CLUSTER)).agent_log)
+# Each collected module's reason for the process runner (runner_use), None when it gives none.
+RUNNER_REASONS: dict[str, str | None] = {}
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker(RUNNER_MARKER)
+        RUNNER_REASONS[module_of(item.nodeid)] = str(marker.args[0]) if marker else None
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    RUNNER_USE.count(module_of(nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    lines = RUNNER_USE.report(RUNNER_REASONS)
+    if lines:
+        terminalreporter.section("process runner (tests/integration/runner_use.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def dev_cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -79,7 +110,7 @@ def dev_cluster(
     remove_abandoned_clusters("pytest-")
     cluster = DevCluster(
         DevClusterConfig(
-            name=f"pytest-{os.getpid()}",
+            name=SESSION_CLUSTER,
             worker_nodes=WORKERS,
             timings=Timings.fast(),
             restart_backoff=(0.5, 4.0),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from cryptography import x509
 
 from kustos.etcd import tls
@@ -27,6 +28,10 @@ from kustos.runtime.times import parse_rfc3339
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import Writer, etcd_cluster, running_operator, status_of, wait_healthy
 from tests.integration.kube import wait_until
+
+pytestmark = pytest.mark.process_runner(
+    "CA rotation is etcd's TLS and kustos's Secrets; TLS members on runc: test_real_nodes_lifecycle"
+)
 
 
 def secret_data(kubectl: Kubectl, name: str) -> dict[str, bytes]:

@@ -23,6 +23,10 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
+pytestmark = pytest.mark.process_runner(
+    "upgrade order over three etcd versions; 3.6 <-> 3.7 on runc: test_real_nodes_lifecycle"
+)
+
 OLDEST, OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
 
 

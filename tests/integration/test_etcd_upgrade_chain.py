@@ -25,6 +25,10 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, start_chart_operator
 from tests.integration.test_etcd_upgrade import condition, pod_versions
 
+pytestmark = pytest.mark.process_runner(
+    "chained minors across an operator restart are kustos's plan; one minor on runc: lifecycle"
+)
+
 OLDEST, OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
 
 

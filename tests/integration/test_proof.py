@@ -40,6 +40,10 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 from tests.integration.test_etcd_client import Launcher
 
+pytestmark = pytest.mark.process_runner(
+    "histories under injected failures, many scenarios; the runner starts a member in 0.8 s"
+)
+
 
 @dataclass(frozen=True)
 class Profile:

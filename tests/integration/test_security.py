@@ -48,6 +48,10 @@ from tests.integration.test_etcd_backup import s3, s3_secret, s3_storage  # noqa
 from tests.integration.test_etcd_recovery import take_backup
 from tests.integration.test_etcd_tls import user_client_certificate
 
+pytestmark = pytest.mark.process_runner(
+    "admission of restricted pods is the API server's; restricted pods on runc: test_real_nodes_lifecycle"
+)
+
 ENFORCE = "pod-security.kubernetes.io/enforce"
 # How long the refused creates are watched: the backoff shows within it, and its next retry comes
 # soon after.
