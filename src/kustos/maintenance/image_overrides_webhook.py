@@ -227,7 +227,9 @@ def register(manager: Manager, deps: Deps) -> None:
             "the pod image override webhook is off: the API server could not reach it "
             "(give kustos run --webhook-url, or run it in the cluster behind a webhook Service)"
         )
-    manager.add_controller(Controller(NAME, POLICIES, reconciler.reconcile))
+    runner = manager.add_controller(Controller(NAME, POLICIES, reconciler.reconcile))
+    # A rotated webhook CA must reach this configuration too, before the old CA is dropped.
+    manager.on_ca_bundle_change(lambda: runner.enqueue(POLICY_NAME))
 
 
 __all__ = [
