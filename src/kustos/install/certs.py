@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
 import logging
 from enum import StrEnum
 from typing import Any
@@ -66,6 +67,13 @@ def _decode(secret: Obj, key: str) -> bytes:
     return base64.b64decode((secret.get("data") or {}).get(key) or "")
 
 
+@functools.lru_cache(maxsize=8)
+def _inspect(cert_pem: str) -> dict[str, Any]:
+    """A certificate's facts, read once: running replicas check the Secret every interval, and
+    each read would otherwise start a child process (certtool)."""
+    return certtool.call({"op": "inspect", "cert": cert_pem})
+
+
 def usable(
     secret: Obj | None, dns_names: list[str], now: dt.datetime, ips: list[str] | None = None
 ) -> ServingCertificate | None:
@@ -77,7 +85,7 @@ def usable(
     cert, key, ca = _decode(secret, "tls.crt"), _decode(secret, "tls.key"), _decode(secret, "ca.crt")
     if not (cert and key and ca):
         return None
-    facts = certtool.call({"op": "inspect", "cert": cert.decode(errors="replace")})
+    facts = _inspect(cert.decode(errors="replace"))
     if "error" in facts or not set(dns_names) <= set(facts["dns_names"]):
         return None
     if not set(ips or []) <= set(facts.get("ips", [])):
