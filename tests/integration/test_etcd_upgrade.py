@@ -91,7 +91,8 @@ async def roll(kubectl: Kubectl, name: str, storage: str, start: str, to: str) -
     finally:
         await writer.stop()
     status = await wait_healthy(kubectl, name, 3)
-    print(f"{name}: {start} -> {to} rolled in {seconds:.1f} s, {during} writes acknowledged meanwhile")
+    print(f"{name}: {start} -> {to} rolled in {seconds:.1f} s, {during} writes acknowledged meanwhile, "
+          f"longest write outage {writer.longest_outage():.2f} s")  # fmt: skip
     return Roll(status, seen, leader, pods_before, restarts, during, writer, seconds)
 
 

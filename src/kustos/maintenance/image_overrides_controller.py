@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from kustos.api.maintenance import MaintenancePolicy
+from kustos.api.maintenance import POLICY_NAME, MaintenancePolicy
 from kustos.maintenance import image_overrides as io
 from kustos.maintenance.image_overrides_webhook import configuration_name, overrides_of, webhooks
 from kustos.maintenance.policy_follower import PolicyFollower
@@ -102,7 +102,9 @@ def register(manager: Manager, deps: Deps) -> None:
             "the pod image override webhook is off: the API server could not reach it "
             "(give kustos run --webhook-url, or run it in the cluster behind a webhook Service)"
         )
-    manager.add_controller(Controller(NAME, POLICIES, reconciler.reconcile))
+    runner = manager.add_controller(Controller(NAME, POLICIES, reconciler.reconcile))
+    # A rotated webhook CA must reach this configuration too, before the old CA is dropped.
+    manager.on_ca_bundle_change(lambda: runner.enqueue(POLICY_NAME))
 
 
 __all__ = ["NAME", "ImageOverridesReconciler", "register"]
