@@ -449,9 +449,12 @@ async def test_clients_of_one_member_share_a_connection_across_passes(member_kee
     connections = 0
     body = STATUS_V36.replace("\n", "").encode()
 
+    handlers: list[tuple[asyncio.Task[Any], asyncio.StreamWriter]] = []
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
         connections += 1
+        handlers.append((asyncio.current_task(), writer))  # type: ignore[arg-type]
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -476,4 +479,7 @@ async def test_clients_of_one_member_share_a_connection_across_passes(member_kee
             async with EtcdClient(url, timeout=2.0) as client:
                 assert (await client.status()).version == "3.6.16"
             await asyncio.sleep(0.05)  # the next pass comes later
+        for task, writer in handlers:  # the member stops: no handler outlives the test
+            writer.close()
+            await task
     assert connections == (1 if member_keeps_connections else 3)
