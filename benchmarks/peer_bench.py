@@ -204,7 +204,8 @@ def start_peer(cluster: DevCluster, binary: Path, crd: Path, out: Path) -> subpr
     cluster.wait_established("etcdclusters.operator.etcd.io")
     log = (out / "peer.log").open("ab")
     process = subprocess.Popen(
-        [str(binary), "--kubeconfig", str(cluster.kubeconfig), "--leader-elect",
+        # No --leader-elect: outside a pod controller-runtime finds no namespace for its Lease.
+        [str(binary), "--kubeconfig", str(cluster.kubeconfig),
          "--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0"],
         stdout=log, stderr=log,
     )  # fmt: skip
