@@ -36,6 +36,7 @@ from typing import Any
 from benchmarks.etcd_bench import bench_cluster, healthy, rss_mib
 from benchmarks.operator_cpu_bench import Operator, cpu_seconds
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.network import operator_argv
 from kustos.etcd.client import EtcdClient, EtcdError
 
 VERSION = "3.6.16"
@@ -203,12 +204,12 @@ def start_peer(cluster: DevCluster, binary: Path, crd: Path, out: Path) -> subpr
     cluster.kubectl("apply", "--server-side", "-f", str(crd))
     cluster.wait_established("etcdclusters.operator.etcd.io")
     log = (out / "peer.log").open("ab")
-    process = subprocess.Popen(
-        # No --leader-elect: outside a pod controller-runtime finds no namespace for its Lease.
-        [str(binary), "--kubeconfig", str(cluster.kubeconfig),
-         "--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0"],
-        stdout=log, stderr=log,
-    )  # fmt: skip
+    # As kustos's: the host's network, cluster DNS for the members' names (the peer dials
+    # <pod>.<cluster>.<ns>.svc.cluster.local). No --leader-elect: outside a pod
+    # controller-runtime finds no namespace for its Lease.
+    argv = [str(binary), "--kubeconfig", str(cluster.kubeconfig),
+            "--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0"]  # fmt: skip
+    process = subprocess.Popen(operator_argv(cluster.resolv_conf, argv), stdout=log, stderr=log)
     time.sleep(5)
     if process.poll() is not None:
         raise RuntimeError(f"the peer exited at once: see {out / 'peer.log'}")
