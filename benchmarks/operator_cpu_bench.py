@@ -1,6 +1,6 @@
 """Operator CPU seconds per EtcdCluster operation, with what the operator did for them (issue 28).
 
-    .venv/bin/python -m benchmarks.operator_cpu_bench [--runs 3] [--profile DIR]
+    .venv/bin/python -m benchmarks.operator_cpu_bench [--runs 3] [--profile DIR] [--compare CHECKOUT]
 
 Starts a dev cluster (4 workers, the test timings) and ``kustos run`` with every controller
 registered and leader election on, as ``kustos dev up`` runs it. For each operation (create a
@@ -135,21 +135,23 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Operator:
-    def __init__(self, cluster: DevCluster, out: Path, profile: bool) -> None:
+    def __init__(self, cluster: DevCluster, out: Path, profile: bool, source: Path = REPO) -> None:
+        """``source``: the checkout to run (its own .venv), this one by default."""
         self.out = out
         self.port = free_port()
+        python = sys.executable if source == REPO else str(source / ".venv" / "bin" / "python")
         args = [
-            sys.executable, "-m", "benchmarks.operator_cpu_bench", "--child", "--",
+            python, "-m", "benchmarks.operator_cpu_bench", "--child", "--",
             "run", "--kubeconfig", str(cluster.kubeconfig),
             "--metrics-address", f"127.0.0.1:{self.port}", "--webhook-address", "127.0.0.1:0",
             "--log-level", "warning",
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(REPO), "KUSTOS_CPU_BENCH_OUT": str(out)}
+        env = {**os.environ, "PYTHONPATH": str(source), "KUSTOS_CPU_BENCH_OUT": str(out)}
         if profile:
             env["KUSTOS_CPU_BENCH_PROFILE"] = "1"
         self.log = (out / "operator.log").open("ab")
         self.process = subprocess.Popen(
-            operator_argv(cluster.resolv_conf, args), env=env, cwd=REPO, stdout=self.log, stderr=self.log
+            operator_argv(cluster.resolv_conf, args), env=env, cwd=source, stdout=self.log, stderr=self.log
         )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -243,57 +245,82 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", type=Path, default=None, help="write cProfiles to this directory")
+    parser.add_argument(
+        "--compare", type=Path, default=None,
+        help="another checkout (with its .venv) run in turn on the same cluster, run by run, "
+        "alternating which goes first: an A/B at equal load",
+    )  # fmt: skip
     args = parser.parse_args()
     out = args.profile or Path(os.environ.get("TMPDIR", "/tmp")) / f"operator-cpu-{os.getpid()}"
-    out.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()}")
+    trees = [REPO] + ([args.compare.resolve()] if args.compare else [])
+    label = {tree: "this" if tree == REPO else f"compare ({tree})" for tree in trees}
+    results: dict[Path, dict[str, list[Figures]]] = {tree: {} for tree in trees}
     cluster = bench_cluster("bench-cpu")
-    operator = None
     try:
-        operator = Operator(cluster, out, profile=args.profile is not None)
-        # 60 s, reported per 10 s: the kernel counts CPU time in 10 ms ticks.
-        idle = operator.measure("idle", lambda: time.sleep(60))
-        print(f"idle (no cluster): {idle[0] / 6:.3f} CPU s per 10 s, RSS {rss_mib(operator.pid):.1f} MiB")
-        creates, replacements, resizes, steady = [], [], [], []
         for run in range(args.runs):
-            name = f"cpu-{run}"
-
-            def create_one(n: str = name) -> None:
-                create(cluster, n, 3)
-                until(cluster, n, lambda s: healthy(s, 3))
-
-            creates.append(operator.measure(f"create-{run}", create_one))
-            time.sleep(8)  # etcd refuses membership changes for 5 s after one
-            steady.append(operator.measure(f"steady-{run}", lambda: time.sleep(30)))
-            victim = f"{name}-1"
-
-            def replace(n: str = name, v: str = victim) -> None:
-                cluster.kubectl("delete", "pod", v, "--wait=false")
-                until(
-                    cluster, n, lambda s: healthy(s, 3) and v not in {m["name"] for m in s.get("members", [])}
-                )
-
-            replacements.append(operator.measure(f"replace-{run}", replace))
-            time.sleep(8)
-
-            def resize(n: str = name) -> None:
-                cluster.kubectl("patch", "etcdcluster", n, "--type=merge", "-p", '{"spec":{"size":5}}')
-                until(cluster, n, lambda s: healthy(s, 5))
-
-            resizes.append(operator.measure(f"resize-{run}", resize))
-            cluster.kubectl("delete", "etcdcluster", name, "--wait=false")
-            time.sleep(5)
-        show("create 3 members until all healthy", creates)
-        show("idle with one 3-member cluster, per 30 s", steady)
-        show("delete 1 member pod until 3 healthy", replacements)
-        show("resize 3 -> 5 until all healthy", resizes)
-        print(
-            f"\nRSS after the runs: {rss_mib(operator.pid):.1f} MiB; load average at end: {os.getloadavg()}"
-        )
+            for tree in trees if run % 2 == 0 else trees[::-1]:
+                print(f"run {run}, {label[tree]}", flush=True)
+                tree_out = out / str(trees.index(tree))
+                tree_out.mkdir(parents=True, exist_ok=True)
+                operator = Operator(cluster, tree_out, profile=args.profile is not None, source=tree)
+                try:
+                    one_run(cluster, operator, run, results[tree], idle=run < 2)
+                finally:
+                    operator.stop()
+        for tree in trees:
+            print(f"\n==== {label[tree]}")
+            figures = results[tree]
+            idle = figures["idle"]
+            print(f"idle (no cluster): {statistics.median(f[0] for f in idle) / 6:.3f} CPU s per 10 s "
+                  f"(runs {', '.join(f'{f[0] / 6:.3f}' for f in idle)}), "
+                  f"RSS {statistics.median(f[0] for f in figures['rss']):.1f} MiB")  # fmt: skip
+            show("create 3 members until all healthy", figures["create"])
+            show("idle with one 3-member cluster, per 30 s", figures["steady"])
+            show("delete 1 member pod until 3 healthy", figures["replace"])
+            show("resize 3 -> 5 until all healthy", figures["resize"])
+        print(f"\nload average at end: {os.getloadavg()}")
     finally:
-        if operator is not None:
-            operator.stop()
         cluster.stop()
+
+
+Figures = tuple[float, float, dict[str, int], dict[str, float]]
+
+
+def one_run(
+    cluster: DevCluster, operator: Operator, run: int, figures: dict[str, list[Figures]], idle: bool
+) -> None:
+    """Idle (60 s, no cluster: the kernel counts CPU time in 10 ms ticks), then create, steady,
+    replace and resize one cluster, which is deleted (and gone) before the operator stops."""
+    if idle:
+        figures.setdefault("idle", []).append(operator.measure(f"idle-{run}", lambda: time.sleep(60)))
+        figures.setdefault("rss", []).append((rss_mib(operator.pid), 0.0, {}, {}))
+    name = f"cpu-{run}"
+
+    def create_one() -> None:
+        create(cluster, name, 3)
+        until(cluster, name, lambda s: healthy(s, 3))
+
+    figures.setdefault("create", []).append(operator.measure(f"create-{run}", create_one))
+    time.sleep(8)  # etcd refuses membership changes for 5 s after one
+    figures.setdefault("steady", []).append(operator.measure(f"steady-{run}", lambda: time.sleep(30)))
+    victim = f"{name}-1"
+
+    def replace() -> None:
+        cluster.kubectl("delete", "pod", victim, "--wait=false")
+        until(
+            cluster, name, lambda s: healthy(s, 3) and victim not in {m["name"] for m in s.get("members", [])}
+        )
+
+    figures.setdefault("replace", []).append(operator.measure(f"replace-{run}", replace))
+    time.sleep(8)
+
+    def resize() -> None:
+        cluster.kubectl("patch", "etcdcluster", name, "--type=merge", "-p", '{"spec":{"size":5}}')
+        until(cluster, name, lambda s: healthy(s, 5))
+
+    figures.setdefault("resize", []).append(operator.measure(f"resize-{run}", resize))
+    cluster.kubectl("delete", "etcdcluster", name, "--timeout=120s")
 
 
 if __name__ == "__main__":

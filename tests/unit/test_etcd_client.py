@@ -438,3 +438,48 @@ def test_clients_share_a_tls_context_until_the_certificates_are_rewritten(tmp_pa
     write(certificates.new_ca("renewed-ca", now))
     renewed = EtcdClient("https://etcd-0.etcd.ns.svc:2379", files)
     assert "renewed-ca" in trusted(renewed) and "first-ca" not in trusted(renewed)
+
+
+@pytest.mark.parametrize("member_keeps_connections", [True, False])
+async def test_clients_of_one_member_share_a_connection_across_passes(member_keeps_connections: bool) -> None:
+    """A client per member per pass (issue 28) must not open a connection per pass: the next
+    client reuses the last one's; when the member closed it (restarted), a new one just works."""
+    import asyncio
+
+    connections = 0
+    body = STATUS_V36.replace("\n", "").encode()
+
+    handlers: list[tuple[asyncio.Task[Any], asyncio.StreamWriter]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        handlers.append((asyncio.current_task(), writer))  # type: ignore[arg-type]
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                     if line.lower().startswith(b"content-length")), 0,
+                )  # fmt: skip
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+                writer.write(b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                if not member_keeps_connections:
+                    break
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        for _ in range(3):
+            async with EtcdClient(url, timeout=2.0) as client:
+                assert (await client.status()).version == "3.6.16"
+            await asyncio.sleep(0.05)  # the next pass comes later
+        for task, writer in handlers:  # the member stops: no handler outlives the test
+            writer.close()
+            await task
+    assert connections == (1 if member_keeps_connections else 3)

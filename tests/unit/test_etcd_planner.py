@@ -701,3 +701,39 @@ def test_a_replacement_still_starting_is_not_what_leaves() -> None:
     members.append(MemberView(103, "e-3", "http://127.1.1.4:2380"))  # promoted, not healthy yet
     step = plan(observed(members, pods, 3))
     assert isinstance(step, planner.Wait) and "e-3" in step.reason
+
+
+def _voters_with_versions(version: str, started_ago: list[float]) -> tuple[list[MemberView], list[PodView]]:
+    """A healthy cluster, member 0 leading, member i's pod running for started_ago[i] s."""
+    members, pods = healthy_cluster(len(started_ago), leader=0)
+    members = [dataclasses.replace(m, version=version) for m in members]
+    pods = [
+        dataclasses.replace(p, running_since=NOW - timedelta(seconds=s))
+        for p, s in zip(pods, started_ago, strict=True)
+    ]
+    return members, pods
+
+
+def test_growing_to_five_does_not_wait_for_the_fourth_to_settle_where_etcd_does_not() -> None:
+    """etcd 3.5.30+/3.6.11+/3.7 accepts an add once the leader has been connected for 5 s to a
+    quorum of the voters after it (itself included): 3 of 5, so the just-promoted fourth member
+    is not needed. Older etcd wants every voter, and so does the plan."""
+    members, pods = _voters_with_versions("3.6.16", [100, 100, 100, 1])
+    assert plan(observed(members, pods, 5)) == planner.CreatePod(4)
+
+    members, pods = _voters_with_versions("3.6.10", [100, 100, 100, 1])
+    step = plan(observed(members, pods, 5))
+    assert isinstance(step, planner.Wait) and step.seconds > 4
+
+
+def test_the_fourth_member_still_waits_for_every_voter_of_three() -> None:
+    """Adding to three voters needs 3 of 4: the leader and both others settled, whatever the version."""
+    members, pods = _voters_with_versions("3.7.1", [100, 100, 2])
+    step = plan(observed(members, pods, 4))
+    assert isinstance(step, planner.Wait) and 3.9 < step.seconds <= planner.RECONFIG_SETTLE.total_seconds()
+
+
+def test_a_member_of_unknown_version_keeps_the_stricter_rule() -> None:
+    members, pods = _voters_with_versions("3.6.16", [100, 100, 100, 1])
+    members[2] = dataclasses.replace(members[2], version="")
+    assert isinstance(plan(observed(members, pods, 5)), planner.Wait)

@@ -182,18 +182,36 @@ def resource_value(pod: Mapping[str, Any], ref: Mapping[str, Any], default_conta
     return str(in_units(value, str(ref.get("divisor") or "1")))
 
 
+# The names a kubelet accepts from envFrom (a C identifier is the usual case; it also allows
+# dots and dashes, but never a leading digit).
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+
+
 def container_env(
     pod: Mapping[str, Any],
     container: Mapping[str, Any],
     lookup: Mapping[tuple[str, str, str], str] | None = None,
 ) -> dict[str, str]:
-    """The container's environment: plain values, downward API, and ConfigMap/Secret keys.
+    """The container's environment: ``envFrom`` sources, then plain values, downward API, and
+    ConfigMap/Secret keys, a later one winning as with a kubelet.
 
     ``lookup`` maps (kind, name, key) to a value already read from the API, kind
-    being ``configMap`` or ``secret``; a missing optional key is left out.
+    being ``configMap`` or ``secret``; a missing optional key is left out. An ``envFrom``
+    source brings every key of it found there, with its ``prefix``; a key that is no valid
+    variable name is skipped, as a kubelet does (the official etcd operator passes its
+    initial-cluster settings this way).
     """
     env: dict[str, str] = {}
     lookup = lookup or {}
+    for source in container.get("envFrom") or []:
+        for kind in ("configMap", "secret"):
+            ref = source.get(f"{kind}Ref")
+            if not ref:
+                continue
+            for (found, name, key), value in lookup.items():
+                variable = str(source.get("prefix") or "") + key
+                if (found, name) == (kind, ref["name"]) and _ENV_NAME.fullmatch(variable):
+                    env[variable] = value
     for item in container.get("env") or []:
         name = item["name"]
         if "value" in item:
@@ -218,11 +236,15 @@ def build_invocation(
     mounts: Mapping[str, Path],
     base_env: Mapping[str, str],
     lookup: Mapping[tuple[str, str, str], str] | None = None,
+    own_dir: Path | None = None,
 ) -> Invocation:
     """Resolve command, args, environment and working directory for one container.
 
     ``bin_paths`` maps a command's base name (``etcd``) to the local binary; the
     directory holding them goes first on PATH so that shell scripts find them too.
+    ``own_dir`` stands in for the container's own filesystem: the working directory when
+    the container names none, so what a program writes relative to it (etcd's default
+    ``--data-dir``, ``<name>.etcd``) is the pod's own, not shared with every other pod.
     """
     env = container_env(pod, container, lookup)
 
@@ -243,5 +265,5 @@ def build_invocation(
     path = ":".join(dict.fromkeys([*search_path, base_env.get("PATH", "/usr/bin:/bin")]))
     full_env = {**base_env, "PATH": path, "HOSTNAME": pod_hostname(pod), **env}
     working_dir = container.get("workingDir")
-    cwd = Path(local(working_dir)) if working_dir else None
+    cwd = Path(local(working_dir)) if working_dir else own_dir
     return Invocation(argv=argv, env=full_env, cwd=cwd)

@@ -14,7 +14,14 @@ from typing import Any
 
 from kustos.devcluster.containers import ContainerProcess, now_rfc3339
 from kustos.devcluster.network import SERVICE_ACCOUNT_DIR, enter_pod_argv
-from kustos.devcluster.podspec import Invocation, build_invocation, field_value, resource_value
+from kustos.devcluster.podspec import (
+    Invocation,
+    build_invocation,
+    container_env,
+    expand_vars,
+    field_value,
+    resource_value,
+)
 from kustos.devcluster.probes import ProbeCounter, ProbeTiming, probe_once
 
 log = logging.getLogger(__name__)
@@ -140,6 +147,13 @@ class Sandbox:
     def hold_file(self, container: str) -> Path:
         return self.directory / f"{container}{HOLD_SUFFIX}"
 
+    def own_dir(self, container: str) -> Path:
+        """The container's own files (its working directory unless it names one): a new pod,
+        even of the same name, starts with none, as a container's filesystem would."""
+        path = self.directory / "containers" / container
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     # ---- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
@@ -263,7 +277,11 @@ class Sandbox:
                 base = volumes.get(mount["name"])
                 if base is None:
                     continue
-                sub = mount.get("subPath")
+                # subPathExpr: the official etcd operator's "$(POD_NAME)" (downward API values only)
+                expr = str(mount.get("subPathExpr") or "")
+                sub = mount.get("subPath") or (
+                    expand_vars(expr, container_env(self.pod, container)) if expr else ""
+                )
                 target = base / sub if sub else base
                 target.mkdir(parents=True, exist_ok=True)
                 mounts[mount["mountPath"]] = target
@@ -275,6 +293,14 @@ class Sandbox:
         spec = self.pod["spec"]
         namespace = self.pod["metadata"]["namespace"]
         for container in (spec.get("initContainers") or []) + spec["containers"]:
+            for source in container.get("envFrom") or []:
+                for kind in ("configMap", "secret"):
+                    ref = source.get(f"{kind}Ref")
+                    if ref:
+                        data = await self._read_source(kind, ref["name"], bool(ref.get("optional"))) or {}
+                        for key, raw in data.items():
+                            value = base64.b64decode(raw).decode() if kind == "secret" else raw
+                            self.env_lookup[(kind, ref["name"], key)] = value
             for item in container.get("env") or []:
                 source = item.get("valueFrom") or {}
                 for kind in ("configMap", "secret"):
@@ -287,16 +313,21 @@ class Sandbox:
                         value = base64.b64decode(raw).decode() if kind == "secret" else raw
                         self.env_lookup[(kind, ref["name"], ref["key"])] = value
 
+    async def _read_source(self, kind: str, name: str, optional: bool) -> Mapping[str, str] | None:
+        """A ConfigMap's or Secret's data. As a kubelet does, a pod whose (non-optional) Secret
+        or ConfigMap does not exist yet waits for it instead of starting without it."""
+        namespace = self.pod["metadata"]["namespace"]
+        data = await self.context.read_source(kind, namespace, name)
+        while data is None and not optional:
+            await asyncio.sleep(SOURCE_RETRY)
+            data = await self.context.read_source(kind, namespace, name)
+        return data
+
     async def _write_source_files(self, volume: Mapping[str, Any], local: Path) -> None:
         kind = "configMap" if "configMap" in volume else "secret"
         source = volume[kind]
         name = source.get("name") or source.get("secretName")
-        data = await self.context.read_source(kind, self.pod["metadata"]["namespace"], str(name))
-        # As a kubelet does: a pod whose (non-optional) Secret or ConfigMap does not exist
-        # yet waits for it (ContainerCreating) instead of starting without its files.
-        while data is None and not source.get("optional"):
-            await asyncio.sleep(SOURCE_RETRY)
-            data = await self.context.read_source(kind, self.pod["metadata"]["namespace"], str(name))
+        data = await self._read_source(kind, str(name), bool(source.get("optional")))
         local.mkdir(parents=True, exist_ok=True)
         if data is None:
             return
@@ -372,6 +403,7 @@ class Sandbox:
             mounts,
             self.context.base_env,
             self.env_lookup,
+            self.own_dir(container["name"]),
         )
         if self.namespaces is None:
             return invocation

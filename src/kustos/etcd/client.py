@@ -32,6 +32,7 @@ import json
 import socket
 import ssl
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -736,6 +737,50 @@ _CONTEXTS_KEPT = 64
 _PLAIN_HTTP = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
+# How long an idle connection to a member is kept: longer than the 10 s between an idle
+# cluster's passes, so each pass reuses the last one's connections (etcd's server keeps them).
+KEEPALIVE_SECONDS = 30.0
+_POOLS_KEPT = 256  # endpoints with pooled connections, per event loop
+_POOLS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[str, ssl.SSLContext | None], httpx.AsyncClient]
+] = weakref.WeakKeyDictionary()
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+def _connections(endpoint: str, context: ssl.SSLContext | None) -> httpx.AsyncClient:
+    """The HTTP client (its connection pool) of one member endpoint and TLS context, shared by
+    every :class:`EtcdClient` of this event loop.
+
+    Why: the operator makes short clients, one per member per pass; each built its own HTTP
+    client and opened (and, with TLS, handshook) a new connection. A renewed certificate is a
+    new context, hence a new pool; a member that went away closed its connections, which the
+    pool notices before it reuses one. Timeouts are given per request.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # built outside a loop (never used there): a client of its own
+        return _new_http(endpoint, context)
+    for closed in [other for other in _POOLS if other.is_closed()]:  # its clients hold it alive
+        del _POOLS[closed]
+    pools = _POOLS.setdefault(loop, {})
+    key = (endpoint, context)
+    http = pools.pop(key, None)
+    if http is None or http.is_closed:
+        http = _new_http(endpoint, context)
+    pools[key] = http  # the newest last: the least recently used is closed past the bound
+    while len(pools) > _POOLS_KEPT:
+        oldest = pools.pop(next(iter(pools)))
+        task = loop.create_task(oldest.aclose())
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+    return http
+
+
+def _new_http(endpoint: str, context: ssl.SSLContext | None) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_SECONDS)
+    return httpx.AsyncClient(base_url=endpoint, verify=context or _PLAIN_HTTP, limits=limits, trust_env=False)
+
+
 @dataclass(frozen=True)
 class EtcdCredentials:
     """A user and password to log in with (the password never shows in a repr)."""
@@ -811,9 +856,7 @@ class EtcdClient:
         """The credentials whose token this client last sent (None: none was needed yet)."""
         self._url = url
         self._ssl = (tls or EtcdTLS()).shared_ssl_context() if url.scheme == "https" else None
-        self._http = httpx.AsyncClient(
-            base_url=self.endpoint, verify=self._ssl or _PLAIN_HTTP, timeout=timeout, trust_env=False
-        )
+        self._http = _connections(self.endpoint, self._ssl)
 
     async def __aenter__(self) -> Self:
         return self
@@ -824,7 +867,7 @@ class EtcdClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Nothing to free: the connections stay in the shared pool for the next client."""
 
     def __repr__(self) -> str:
         return f"EtcdClient({self.endpoint!r})"
@@ -951,7 +994,7 @@ class EtcdClient:
         """
         params = {"serializable": "true"} if serializable else None
         try:
-            response = await self._http.get("/health", params=params)
+            response = await self._http.get("/health", params=params, timeout=self.timeout)
             return response.status_code == 200 and response.json().get("health") == "true"
         except (*_TRANSPORT_ERRORS, ValueError, AttributeError):
             return False
@@ -960,7 +1003,7 @@ class EtcdClient:
         """The cluster version etcd's leader decided (``/version``'s ``etcdcluster``, like
         "3.6.0"): raised once every member runs a newer minor, lowered by a finished downgrade."""
         try:
-            response = await self._http.get("/version")
+            response = await self._http.get("/version", timeout=self.timeout)
         except _TRANSPORT_ERRORS as exc:
             raise await self._failure(exc) from exc
         if response.status_code != 200:

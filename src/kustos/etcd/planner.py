@@ -599,17 +599,46 @@ def is_old_version(o: Observed, pod: PodView) -> bool:
     return o.version is not None and pod.version is not None and pod.version != o.version
 
 
+# The first release of each minor whose add asks for a quorum of settled voters, not all of
+# them (etcd's isConnectedToQuorumAfterAddingNewMemberSince, 887c848 "Fix the issue of not
+# being able to adding new member when one existing member is down"); 3.7.0 has it.
+QUORUM_SETTLE_SINCE = {"3.5": (3, 5, 30), "3.6": (3, 6, 11)}
+
+
+def _settles_by_quorum(members: tuple[MemberView, ...]) -> bool:
+    """Every member runs an etcd whose add needs only a quorum of settled voters."""
+    for m in members:
+        parts = m.version.split(".")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            return False  # unknown: the older, stricter rule
+        version = (int(parts[0]), int(parts[1]), int(parts[2]))
+        if version < QUORUM_SETTLE_SINCE.get(minor(m.version), (3, 7, 0)):
+            return False
+    return True
+
+
 def _settling(o: Observed, members: tuple[MemberView, ...], pods: dict[int, PodView]) -> float:
-    """Seconds until the leader has been connected to every other voter for RECONFIG_SETTLE."""
-    since = [
-        pods[m.id].running_since
-        for m in members
-        if not m.leader and not m.learner and m.id in pods and pods[m.id].running_since is not None
-    ]
-    if not since:
+    """Seconds until etcd accepts the next add: until the leader has been connected for
+    RECONFIG_SETTLE to enough other voters (etcd's ``mayAddMember`` with the new member
+    counted as down).
+
+    Before 3.5.30 / 3.6.11 that is every other voter. Since, it is a quorum of the voters after
+    the add, the leader included: growing 3 -> 5, the fifth member need not wait for the fourth
+    (just promoted) to settle, as two settled peers and the leader are a quorum of five. The
+    rule is etcd's own; an add it would refuse is never sent.
+    """
+    voters = [m for m in members if not m.learner]
+    others = [m for m in voters if not m.leader]
+    needed = quorum(len(voters) + 1) - 1 if _settles_by_quorum(members) else len(others)
+    if needed <= 0:
         return 0.0
-    newest = max(s for s in since if s is not None)
-    return max(0.0, (newest + RECONFIG_SETTLE - o.now).total_seconds())
+    # A voter with no pod we know of (or no start time) has been up longer than we can see.
+    long_ago = datetime.min.replace(tzinfo=o.now.tzinfo)
+    since = sorted((pods[m.id].running_since if m.id in pods else None) or long_ago for m in others)
+    if len(since) < needed:
+        return 0.0  # fewer peers than a quorum needs: etcd's rule is about the ones it has
+    settled_by = since[needed - 1]  # the needed-th longest connected
+    return max(0.0, (settled_by + RECONFIG_SETTLE - o.now).total_seconds())
 
 
 def is_outdated(o: Observed, pod: PodView) -> bool:

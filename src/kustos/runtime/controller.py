@@ -145,11 +145,12 @@ class ControllerRunner:
         self.metrics.active_workers.labels(name).set(0)
         for _ in range(self.controller.workers):
             self._tasks.append(asyncio.create_task(self._worker()))
-        self._tasks.append(asyncio.create_task(self._gauges()))
+        self.metrics.before_scrape.add(self.queue.update_processing_metrics)
 
     async def stop(self, timeout: float) -> None:
         """Stop taking work; give in-flight reconciles ``timeout`` seconds to finish."""
         self.queue.shut_down()
+        self.metrics.before_scrape.discard(self.queue.update_processing_metrics)
         # Workers leave once their current reconcile is done (the queue says ShutDown).
         workers = self._tasks[: self.controller.workers]
         if workers:
@@ -163,14 +164,10 @@ class ControllerRunner:
     def abandon(self) -> None:
         """Stop at once, cancelling in-flight reconciles (the lease is gone)."""
         self.queue.shut_down()
+        self.metrics.before_scrape.discard(self.queue.update_processing_metrics)
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
-
-    async def _gauges(self) -> None:
-        while True:
-            self.queue.update_processing_metrics()
-            await asyncio.sleep(1)
 
     async def _worker(self) -> None:
         while True:

@@ -7,7 +7,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from kustos.runtime.http import HttpServer, Request, Response
 from kustos.runtime.metrics import Metrics
@@ -55,7 +55,7 @@ class ProbeServer:
             await self._server.stop()
 
     async def _serve_metrics(self, _: Request) -> Response:
-        return Response(200, generate_latest(self._metrics.registry), CONTENT_TYPE_LATEST)
+        return Response(200, self._metrics.scrape(), CONTENT_TYPE_LATEST)
 
     async def _healthz(self, _: Request) -> Response:
         return Response.text("ok")

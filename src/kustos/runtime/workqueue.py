@@ -181,7 +181,7 @@ class WorkQueue:
         self._update_depth()
 
     def update_processing_metrics(self) -> None:
-        """Refresh the gauges that show stuck work (called periodically)."""
+        """Refresh the gauges that show stuck work (before each scrape)."""
         if self._metrics is None:
             return
         now = time.monotonic()

@@ -1,0 +1,260 @@
+"""kustos beside a peer etcd operator on one dev cluster: issue 28's table (item 4).
+
+    .venv/bin/python -m benchmarks.peer_bench [--rounds 4]
+        [--peer BINARY --peer-crd CRD.yaml [--peer-commit SHA]]
+
+The peer is the official operator (github.com/etcd-io/etcd-operator), built by whoever runs
+this from its own source (``go build ./cmd`` in a checkout; its CRD is
+``config/crd/bases/operator.etcd.io_etcdclusters.yaml``): nothing of it is in this repository.
+Without ``--peer`` only kustos's figures are printed.
+
+Each round gives every system a fresh namespace, alternating which goes first, and times, on
+members with 64Mi volumes, at etcd 3.6.16: create 3 members, delete 1 member pod, scale 3 -> 5,
+scale 5 -> 3, delete 2 of 3 pods (quorum lost, volumes kept). A step ends when the system is
+healthy by the same outside check for both: the member list read from a member pod shows N
+started voters, every member pod answers etcd's /health, and the operator's status agrees
+(kustos: N/N ready and Running; the peer: readyReplicas and memberCount N). CPU is the operator
+process's utime + stime over the create; idle CPU (per 10 s over 30 s) and RSS are taken with
+no cluster, first. Medians are printed as a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.etcd_bench import bench_cluster, healthy, rss_mib
+from benchmarks.operator_cpu_bench import Operator, cpu_seconds
+from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.network import operator_argv
+from kustos.etcd.client import EtcdClient, EtcdError
+
+VERSION = "3.6.16"
+VOLUME = "64Mi"
+STEP_TIMEOUT = 240.0
+STEPS = (
+    "create 3 members → all healthy",
+    "delete 1 member pod → 3 healthy",
+    "scale 3 → 5",
+    "scale 5 → 3",
+    "delete 2 of 3 pods (quorum lost, volumes kept)",
+)
+CPU_ROW = "operator CPU seconds for one 3-member create"
+
+
+@dataclass
+class System:
+    """One operator under test: how to drive its EtcdCluster and read its status."""
+
+    name: str
+    pid: Callable[[], int]
+    manifest: Callable[[str, str, int], dict[str, Any]]
+    selector: Callable[[str], str]  # the label selector of a cluster's member pods
+    agrees: Callable[[dict[str, Any], int], bool]  # its status says N healthy members
+    resource: str  # kubectl's name of its EtcdCluster kind
+    figures: dict[str, list[float]] = field(default_factory=dict)
+
+    def record(self, row: str, value: float) -> None:
+        self.figures.setdefault(row, []).append(value)
+
+
+def kustos_system(operator: Operator) -> System:
+    def manifest(namespace: str, name: str, size: int) -> dict[str, Any]:
+        return {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"size": size, "version": VERSION, "memberFailureTimeout": "5s",
+                         "storage": {"type": "pvc", "size": VOLUME}}}  # fmt: skip
+
+    return System(
+        "kustos", lambda: operator.pid, manifest, lambda name: f"kustos.dev/cluster={name}",
+        healthy, "etcdclusters.kustos.dev",
+    )  # fmt: skip
+
+
+def peer_system(process: subprocess.Popen[bytes]) -> System:
+    def manifest(namespace: str, name: str, size: int) -> dict[str, Any]:
+        return {"apiVersion": "operator.etcd.io/v1alpha1", "kind": "EtcdCluster",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"size": size, "version": f"v{VERSION}",
+                         "storageSpec": {"volumeSizeRequest": VOLUME}}}  # fmt: skip
+
+    def agrees(status: dict[str, Any], size: int) -> bool:
+        return status.get("readyReplicas") == size and status.get("memberCount") == size
+
+    return System(
+        "official", lambda: process.pid, manifest, lambda name: f"app={name}", agrees,
+        "etcdclusters.operator.etcd.io",
+    )  # fmt: skip
+
+
+# ---- the outside check -------------------------------------------------------------------------
+
+
+def _pod_ips(cluster: DevCluster, namespace: str, selector: str) -> list[str]:
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json"))
+    return [p["status"]["podIP"] for p in pods["items"]
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+
+
+async def _etcd_healthy(ips: list[str], size: int) -> bool:
+    """N started voters in the member list, and every member pod answers /health."""
+    if len(ips) != size:
+        return False
+    try:
+        async with EtcdClient(f"http://{ips[0]}:2379", timeout=2.0) as client:
+            members = (await client.member_list()).members
+        voters = [m for m in members if m.is_started and not m.is_learner]
+        if len(members) != size or len(voters) != size:
+            return False
+        for ip in ips:
+            async with EtcdClient(f"http://{ip}:2379", timeout=2.0) as client:
+                if not await client.health():
+                    return False
+    except EtcdError:
+        return False
+    return True
+
+
+def _status(cluster: DevCluster, system: System, namespace: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", system.resource, name, "-n", namespace, "-o", "json", check=False)
+    try:
+        return dict(json.loads(out).get("status") or {})
+    except ValueError:
+        return {}
+
+
+def until_healthy(cluster: DevCluster, system: System, namespace: str, name: str, size: int) -> None:
+    deadline = time.monotonic() + STEP_TIMEOUT
+    while time.monotonic() < deadline:
+        if system.agrees(_status(cluster, system, namespace, name), size) and asyncio.run(
+            _etcd_healthy(_pod_ips(cluster, namespace, system.selector(name)), size)
+        ):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"{system.name}: {namespace}/{name} not healthy at size {size} in {STEP_TIMEOUT}s")
+
+
+# ---- one round ---------------------------------------------------------------------------------
+
+
+def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
+    name = "bench"
+    kubectl = cluster.kubectl
+    kubectl("create", "namespace", namespace)
+
+    def apply(size: int) -> None:
+        kubectl("apply", "-f", "-", input_text=json.dumps(system.manifest(namespace, name, size)))
+
+    def pods() -> list[str]:
+        out = kubectl("get", "pods", "-n", namespace, "-l", system.selector(name), "-o", "name")
+        return sorted(out.split())
+
+    def timed(row: str, action: Callable[[], None], size: int) -> None:
+        cpu, started = cpu_seconds(system.pid()), time.monotonic()
+        action()
+        until_healthy(cluster, system, namespace, name, size)
+        system.record(row, time.monotonic() - started)
+        if row == STEPS[0]:
+            system.record(CPU_ROW, cpu_seconds(system.pid()) - cpu)
+        print(f"  {system.name} {namespace}: {row}: {time.monotonic() - started:.1f} s", flush=True)
+        time.sleep(6)  # etcd's 5 s after a member (re)joins, before the next step's change
+
+    timed(STEPS[0], lambda: apply(3), 3)
+    timed(STEPS[1], lambda: kubectl("delete", "-n", namespace, pods()[1], "--wait=false"), 3)
+    timed(STEPS[2], lambda: apply(5), 5)
+    timed(STEPS[3], lambda: apply(3), 3)
+    timed(STEPS[4], lambda: kubectl("delete", "-n", namespace, *pods()[:2], "--wait=false"), 3)
+    kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def idle(system: System) -> None:
+    """CPU per 10 s over 30 s, and RSS, with no cluster to manage."""
+    cpu = cpu_seconds(system.pid())
+    time.sleep(30)
+    system.record("idle CPU per 10 s", (cpu_seconds(system.pid()) - cpu) / 3)
+    system.record("idle RSS (MiB)", rss_mib(system.pid()))
+
+
+def table(systems: list[System]) -> str:
+    head = "| step | " + " | ".join(s.name for s in systems)
+    head += " | kustos ÷ official |" if len(systems) == 2 else " |"
+    lines = [head, "|---" * (len(systems) + 1 + (len(systems) == 2)) + "|"]
+    for row in (*STEPS, CPU_ROW, "idle RSS (MiB)", "idle CPU per 10 s"):
+        medians = [statistics.median(s.figures[row]) if s.figures.get(row) else None for s in systems]
+        cells = [("—" if m is None else f"{m:.2f}" if "CPU" in row else f"{m:.1f}") for m in medians]
+        if len(systems) == 2:
+            k, o = medians
+            cells.append(f"{k / o:.2f}" if k is not None and o else "—")
+        unit = " s" if row in STEPS else ""
+        lines.append(f"| {row}{unit} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def start_peer(cluster: DevCluster, binary: Path, crd: Path, out: Path) -> subprocess.Popen[bytes]:
+    cluster.kubectl("apply", "--server-side", "-f", str(crd))
+    cluster.wait_established("etcdclusters.operator.etcd.io")
+    log = (out / "peer.log").open("ab")
+    # As kustos's: the host's network, cluster DNS for the members' names (the peer dials
+    # <pod>.<cluster>.<ns>.svc.cluster.local). No --leader-elect: outside a pod
+    # controller-runtime finds no namespace for its Lease.
+    argv = [str(binary), "--kubeconfig", str(cluster.kubeconfig),
+            "--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0"]  # fmt: skip
+    process = subprocess.Popen(operator_argv(cluster.resolv_conf, argv), stdout=log, stderr=log)
+    time.sleep(5)
+    if process.poll() is not None:
+        raise RuntimeError(f"the peer exited at once: see {out / 'peer.log'}")
+    return process
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--peer", type=Path, help="the peer operator's binary")
+    parser.add_argument("--peer-crd", type=Path, help="the peer's EtcdCluster CRD")
+    parser.add_argument("--peer-commit", default="", help="the peer's commit, printed with the table")
+    args = parser.parse_args()
+    if args.peer is not None and args.peer_crd is None:
+        parser.error("--peer needs --peer-crd")
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"peer-bench-{os.getpid()}"
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    cluster = bench_cluster("bench-peer")
+    operator, peer = None, None
+    try:
+        operator = Operator(cluster, out, profile=False)
+        systems = [kustos_system(operator)]
+        if args.peer is not None:
+            peer = start_peer(cluster, args.peer, args.peer_crd, out)
+            systems.append(peer_system(peer))
+        for system in systems:
+            idle(system)
+        for round_ in range(args.rounds):
+            order = systems if round_ % 2 == 0 else systems[::-1]
+            for system in order:
+                run_round(cluster, system, f"{system.name}-{round_}")
+        print(f"\nload average at end: {os.getloadavg()}; etcd {VERSION}; {args.rounds} rounds"
+              + (f"; peer commit {args.peer_commit}" if args.peer_commit else ""))  # fmt: skip
+        print(table(systems))
+    finally:
+        if peer is not None:
+            peer.send_signal(signal.SIGTERM)
+            peer.wait(30)
+        if operator is not None:
+            operator.stop()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
