@@ -28,7 +28,8 @@ test: $(VENV)/.synced
 
 # The proof suite (docs/proof.md): histories recorded under injected failures, checked for
 # linearizability, watch guarantees and lost writes; prints the report table. `make test` runs
-# the same scenarios with the short profile; PROOF_PROFILE=full is the documented run.
+# the same scenarios with the short profile; PROOF_PROFILE=full is the documented run,
+# PROOF_PROFILE=nightly the same with an hour's soak.
 PROOF_PROFILE ?= full
 PROOF_DIR ?= $(KUSTOS_CACHE)/proof
 proof: $(VENV)/.synced

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kustos.devcluster.cluster import DevCluster
+    from kustos.install.certs import SharedCertificate
+    from kustos.runtime.manager import Manager
 
 app = typer.Typer(
     help="kustos: operators for clustered data stores and the nodes beneath them.",
@@ -412,8 +414,14 @@ def run(
     ] = None,
     webhook_cert_secret: Annotated[
         str | None,
-        typer.Option(help="Secret (in the Service's namespace) every replica shares its certificate in."),
+        typer.Option(
+            help="Secret every replica shares its certificate in (in the Service's namespace, else "
+            "the Lease's); the leader rotates its CA before expiry or on kustos.dev/rotate-ca."
+        ),
     ] = None,
+    webhook_cert_check_interval: Annotated[
+        float, typer.Option(help="Seconds between reads of --webhook-cert-secret (rotation steps).")
+    ] = 60.0,
     webhook_cert: Annotated[Path | None, typer.Option(help="PEM certificate (self-signed if unset).")] = None,
     webhook_key: Annotated[Path | None, typer.Option(help="PEM key for --webhook-cert.")] = None,
     webhook_ca: Annotated[Path | None, typer.Option(help="CA bundle for --webhook-cert.")] = None,
@@ -467,20 +475,17 @@ def run(
         webhook_service=_service(webhook_service) if webhook_service else None,
         webhook_configuration_name=webhook_configuration_name,
         certificate=certificate,
+        certificate_check_interval=webhook_cert_check_interval,
         shutdown_timeout=shutdown_timeout,
         cache_sync_timeout=cache_sync_timeout,
     )
 
     async def serve() -> None:
         manager = Manager.from_config(load_config(kubeconfig, context), options)
-        if webhook_cert_secret and options.webhook_service and certificate is None:
-            from kustos.install.certs import service_dns_names, shared_certificate
-
-            namespace_, service = options.webhook_service["namespace"], options.webhook_service["name"]
-            dns_names = service_dns_names(namespace_, service)
-            options.certificate = await shared_certificate(
-                manager.api, namespace_, webhook_cert_secret, dns_names
-            )
+        if webhook_cert_secret and (options.webhook_service or webhook_url) and certificate is None:
+            source = _shared_certificate(manager, webhook_cert_secret)
+            options.certificate_source = source
+            options.certificate = await source.current(leader=False)
         names = None if controllers_ == "all" else [n for n in controllers_.split(",") if n and n != "none"]
         bind = getattr(cloud, "bind", None)
         if bind is not None:
@@ -511,6 +516,33 @@ def run(
         # The API server went away (or refused) where nothing could retry: one line, not a traceback.
         log.error("exiting: %s", describe(err))
         raise typer.Exit(1) from err
+
+
+def _shared_certificate(manager: Manager, secret: str) -> SharedCertificate:
+    """The Secret the replicas share (install/certs.py), for the names the API server calls us by:
+    the webhook Service's, or the host of --webhook-url (an operator outside the cluster)."""
+    import datetime as dt
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    from kustos.install.certs import SharedCertificate, service_dns_names
+
+    options = manager.options
+    dns_names: list[str] = []
+    ips: list[str] = []
+    if options.webhook_service:
+        namespace_ = options.webhook_service["namespace"]
+        dns_names = service_dns_names(namespace_, options.webhook_service["name"])
+    else:
+        namespace_ = options.lease_namespace
+        host = urlsplit(options.webhook_url or "").hostname or "localhost"
+        try:
+            ips = [str(ipaddress.ip_address(host))]
+        except ValueError:
+            dns_names = [host]
+    # A step waits for every replica's next read and for the API server to see the configurations.
+    settle = dt.timedelta(seconds=2 * options.certificate_check_interval + 5)
+    return SharedCertificate(manager.api, namespace_, secret, dns_names, ips, settle)
 
 
 def _service(value: str) -> dict[str, object]:

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from kustos.etcd import backup_controller
 from kustos.etcd import controller as etcd_controller
-from kustos.etcd.maintenance_controller import register as register_maintenance
+from kustos.etcd.defragmentation_controller import register as register_defragmentation
 from kustos.maintenance import controller as maintenance_controller
-from kustos.maintenance import envoy_controller, image_overrides_webhook
+from kustos.maintenance import envoy_controller, image_overrides_controller
 from kustos.metrics import collector as domain_metrics
 from kustos.nodejob import controller as nodejob_controller
 from kustos.nodes.autoscaling import controller as autoscaling_controller
@@ -30,7 +30,7 @@ Register = Callable[[Manager, Deps], None]
 CONTROLLERS: dict[str, Register] = {
     "etcdcluster": etcd_controller.register,
     "etcdbackup": backup_controller.register,
-    "etcdmaintenance": register_maintenance,
+    "etcdmaintenance": register_defragmentation,
     "storagecluster": storage_controller.register,
     "nodejob": nodejob_controller.register,
     "storageupgrade": storageupgrade_controller.register,
@@ -40,7 +40,7 @@ CONTROLLERS: dict[str, Register] = {
     "pendingnode": pendingnode_controller.register,
     "autoscalingstrategy": autoscaling_controller.register,
     "envoyrestart": envoy_controller.register,
-    "imageoverrides": image_overrides_webhook.register,
+    "imageoverrides": image_overrides_controller.register,
 }
 
 

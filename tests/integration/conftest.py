@@ -20,17 +20,20 @@ from typing import Any
 
 import pytest
 import yaml
-from lightkube import AsyncClient, KubeConfig
+from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Namespace, ServiceAccount
 
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clusters
 from kustos.devcluster.kwokconfig import Timings
 from kustos.devcluster.pids import alive
-from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
+from tests.integration.runner_use import MARKER as RUNNER_MARKER
+from tests.integration.runner_use import RunnerUse
 
 WORKERS = 4
+# The session's control plane (``dev_cluster``), named for this process.
+SESSION_CLUSTER = f"pytest-{os.getpid()}"
 REPO = Path(__file__).resolve().parents[2]
 CLONE_NEWNS = 0x00020000
 
@@ -70,6 +73,33 @@ def remove_abandoned_clusters(prefix: str) -> None:
             DevCluster(DevClusterConfig(name=name)).stop()
 
 
+RUNNER_USE = RunnerUse(DevCluster(DevClusterConfig(name=SESSION_CLUSTER)).agent_log)
+# Each collected module's reason for the process runner (runner_use), None when it gives none.
+RUNNER_REASONS: dict[str, str | None] = {}
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker(RUNNER_MARKER)
+        RUNNER_REASONS[module_of(item.nodeid)] = str(marker.args[0]) if marker else None
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    RUNNER_USE.count(module_of(nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    lines = RUNNER_USE.report(RUNNER_REASONS)
+    if lines:
+        terminalreporter.section("process runner (tests/integration/runner_use.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def dev_cluster(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -80,7 +110,7 @@ def dev_cluster(
     remove_abandoned_clusters("pytest-")
     cluster = DevCluster(
         DevClusterConfig(
-            name=f"pytest-{os.getpid()}",
+            name=SESSION_CLUSTER,
             worker_nodes=WORKERS,
             timings=Timings.fast(),
             restart_backoff=(0.5, 4.0),
@@ -173,12 +203,14 @@ async def namespace(kube: AsyncClient, dev_cluster: DevCluster) -> AsyncIterator
     """A fresh namespace per test, removed (with all it holds) afterwards."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     await kube.create(Namespace.from_dict({"metadata": {"name": name}}))  # type: ignore[attr-defined]
-
-    async def default_service_account() -> bool:
-        # Pods are refused until kube-controller-manager has created it, as on any cluster.
-        return bool(await kube.get(ServiceAccount, "default", namespace=name))
-
-    await wait_until(default_service_account, f"the default service account of {name}", timeout=60)
+    # Pods are refused until the namespace's default ServiceAccount exists. kube-controller-manager
+    # creates it, seconds (once 57 s) later when it is busy emptying the namespaces of earlier
+    # tests; made here it is there at once, and the controller leaves it as it is.
+    try:
+        await kube.create(ServiceAccount.from_dict({"metadata": {"name": "default"}}), namespace=name)  # type: ignore[attr-defined]
+    except ApiError as err:
+        if err.status.code != 409:  # the controller was first
+            raise
     yield name
     dev_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

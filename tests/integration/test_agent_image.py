@@ -6,12 +6,18 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.runner import sandbox_dir
 from kustos.images import agent_image
 from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
+
+pytestmark = pytest.mark.process_runner(
+    "tests the runner's own mapping of kustos's image to this checkout (the built image: test_dev_up)"
+)
 
 
 def agent_pod(name: str, *containers: dict[str, Any]) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 It starts a dev cluster of its own with the default real nodes, builds kustos's image if
 this tree's is not built, installs the chart so that both operator pods run that image on
 real nodes, and returns once the sample EtcdCluster is Ready on real nodes. Then what a
-newcomer would try on it: a webhook's answer, a restricted member writing its volume, the
-kwok node group's NodeImage rollout and a stopped node cleared by node maintenance.
+newcomer would try on it: a backup (its agent pod on a real node), a webhook's answer, a
+restricted member writing its volume, the kwok node group's NodeImage rollout and a stopped
+node cleared by node maintenance.
 
 The cluster is this module's own (``devup-<pid>``), so it runs the command exactly as
 `make dev-up` does; it starts real nodes, so run it under the machine's real-node lock.
@@ -28,12 +29,15 @@ from kustos.devcluster import operator as dev_operator
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig
 from kustos.devcluster.nodeimages import NONROOT, etcd_image
 from kustos.devcluster.realnode import REAL_NODE_LABEL
+from kustos.etcd.backup import AGENT_CONTAINER, BACKUP_LABEL, SAVE_CONTAINER
 from kustos.etcd.pods import member_claim, member_pod
 from kustos.images import agent_image
 from kustos.nodes.cloud.kwok import GROUP_LABEL, IMAGE_ANNOTATION
 from tests.integration.conftest import remove_abandoned_clusters
 
-pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
+# `kustos dev up` alone is the first test's setup: 240 s when it builds the image (any change
+# to what the Dockerfile copies), past the suite's 300 s at a load of 14.
+pytestmark = [pytest.mark.integration, pytest.mark.real_nodes, pytest.mark.timeout(600)]
 
 PREFIX = "devup-"
 NAME = f"{PREFIX}{os.getpid()}"
@@ -122,6 +126,33 @@ def test_the_sample_runs_the_etcd_image_on_real_nodes(up: Up) -> None:
     version = sample["spec"].get("version") or sample["status"]["currentVersion"]
     assert {p["status"]["containerStatuses"][0]["image"] for p in members} == {etcd_image(version)}
     assert "etcdctl" in output and "export KUBECONFIG=" in output
+
+
+def test_a_backup_of_the_sample_runs_its_agent_on_a_real_node(up: Up) -> None:
+    """An agent pod (the etcdctl that saves, then kustos's image that stores) goes where the
+    cluster's members may go: the sample is held to the real nodes, so its backup runs on
+    one, from the images a kubelet pulled, and never waits on a kwok node nothing runs."""
+    cluster, _, _ = up
+    backup = {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdBackup",
+              "metadata": {"name": "sample-backup", "namespace": "default"},
+              "spec": {"clusterName": "example"}}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(backup))
+
+    def finished() -> dict[str, Any] | None:
+        status = get(cluster, "etcdbackup", "sample-backup").get("status") or {}
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    status = wait_for(finished, "the sample's backup to finish", timeout=150)
+    agents = get(cluster, "pods", "-l", f"{BACKUP_LABEL}=sample-backup")["items"]
+    assert status["phase"] == "Succeeded", (status, [p.get("status") for p in agents])
+    assert status["location"].startswith("pvc://")
+    assert agents and {p["spec"]["nodeName"] for p in agents} <= real_node_names(cluster)
+    for pod in agents:
+        statuses = pod["status"]["initContainerStatuses"] + pod["status"]["containerStatuses"]
+        assert {s["name"] for s in statuses} == {SAVE_CONTAINER, AGENT_CONTAINER}
+        assert all(s["containerID"].startswith("containerd://") for s in statuses)
+        agent = next(s for s in statuses if s["name"] == AGENT_CONTAINER)
+        assert agent["image"] == agent_image() and agent["state"]["terminated"]["exitCode"] == 0
 
 
 def test_the_webhooks_are_answered_by_the_operator_pods(up: Up) -> None:

@@ -31,6 +31,10 @@ from tests.integration.operator import OperatorProcess
 from tests.integration.test_etcd_recovery import take_backup
 from tests.integration.test_security import secret_values
 
+pytestmark = pytest.mark.process_runner(
+    "etcd users and roles are etcd's and kustos's; restricted pods on runc: test_real_nodes_lifecycle"
+)
+
 FIRST = "first-password-of-app"
 SECOND = "second-password-of-app"
 

@@ -25,6 +25,10 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
+pytestmark = pytest.mark.process_runner(
+    "schedules, retention and S3 errors are kustos's; agents on runc: test_real_nodes_lifecycle"
+)
+
 BUCKET = "etcd-backups"
 
 

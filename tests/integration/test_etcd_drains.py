@@ -30,6 +30,10 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
+pytestmark = pytest.mark.process_runner(
+    "drains move members over more nodes than real nodes fit; evictions are the API server's"
+)
+
 
 @pytest.fixture
 def operator(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kustos.etcd.client import Compacted, EtcdClient, EtcdTLS, NoSpace
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
@@ -23,6 +25,10 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 from tests.integration.test_etcd_tls import user_client_certificate
+
+pytestmark = pytest.mark.process_runner(
+    "compaction and defragmentation are etcd's, driven by kustos's client"
+)
 
 MiB = 2**20
 VALUE = b"x" * (64 * 1024)

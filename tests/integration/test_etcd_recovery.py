@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kustos.etcd.client import EtcdClient
 from kustos.etcd.recovery import BUMP_REVISION
 from tests.integration.conftest import Kubectl
@@ -24,6 +26,10 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 from tests.integration.test_etcd_backup import BUCKET, s3, s3_secret, s3_storage  # noqa: F401  (fixture)
 from tests.integration.test_etcd_tls import user_client_certificate
+
+pytestmark = pytest.mark.process_runner(
+    "many majorities killed at once, one per scenario; quorum loss on runc: test_real_nodes_lifecycle"
+)
 
 AUTOMATIC = {"automatic": True, "delay": "3s"}
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from cryptography import x509
 
 from kustos.etcd import tls
@@ -28,6 +29,10 @@ from tests.integration.etcd_support import (
 )
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
+
+pytestmark = pytest.mark.process_runner(
+    "certificates and handshakes are etcd's; a TLS cluster on runc: test_real_nodes_lifecycle"
+)
 
 
 def secret_data(kubectl: Kubectl, name: str) -> dict[str, bytes]:

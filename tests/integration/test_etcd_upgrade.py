@@ -23,6 +23,10 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
+pytestmark = pytest.mark.process_runner(
+    "upgrade order over three etcd versions; 3.6 <-> 3.7 on runc: test_real_nodes_lifecycle"
+)
+
 OLDEST, OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
 
 
@@ -87,7 +91,8 @@ async def roll(kubectl: Kubectl, name: str, storage: str, start: str, to: str) -
     finally:
         await writer.stop()
     status = await wait_healthy(kubectl, name, 3)
-    print(f"{name}: {start} -> {to} rolled in {seconds:.1f} s, {during} writes acknowledged meanwhile")
+    print(f"{name}: {start} -> {to} rolled in {seconds:.1f} s, {during} writes acknowledged meanwhile, "
+          f"longest write outage {writer.longest_outage():.2f} s")  # fmt: skip
     return Roll(status, seen, leader, pods_before, restarts, during, writer, seconds)
 
 

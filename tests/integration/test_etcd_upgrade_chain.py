@@ -1,6 +1,7 @@
 """Changes of spec.version across several minors in one change (issue 22 item 2): 3.5 -> 3.7
 through the newest proven 3.6 under a writer, across an operator restart; 3.7 -> 3.5 back one
-minor at a time through etcd's downgrade; and a path kustos cannot walk, refused."""
+minor at a time through etcd's downgrade; a step that cannot run, halted with a condition; and
+a path kustos cannot walk, refused."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kustos.devcluster.binaries import ETCD_VERSIONS
 from kustos.devcluster.cluster import DevClusterError
+from kustos.images import DEFAULT_ETCD_REPOSITORY, etcd_image
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
     Writer,
@@ -24,6 +27,11 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, start_chart_operator
 from tests.integration.test_etcd_upgrade import condition, pod_versions
+from tests.integration.test_maintenance_extras import policy
+
+pytestmark = pytest.mark.process_runner(
+    "chained minors across an operator restart are kustos's plan; one minor on runc: lifecycle"
+)
 
 OLDEST, OLD, NEW = (v.lstrip("v") for v in ETCD_VERSIONS)
 
@@ -195,3 +203,67 @@ async def test_a_path_through_a_minor_kustos_proves_no_patch_of_is_refused_namin
     status = await wait_healthy(kubectl, name, 1)
     assert status["currentVersion"] == NEW and "versionPath" not in status
     assert condition(status, "VersionAccepted").get("status") == "True"
+
+
+@pytest.mark.timeout(600)
+async def test_a_step_whose_image_cannot_be_pulled_halts_the_chain_and_the_cluster_keeps_serving(
+    crds: None, kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """3.5 -> 3.7 where the middle version's image is not there: the user's mirror (a pod image
+    override, the product's own) lacks etcd 3.6. The first member rolled onto 3.6 never comes
+    back; the chain stops at that step with a condition that says so and how to go on, and the two
+    members still on 3.5 keep quorum and every acknowledged write."""
+    name = "chain-halt"
+    middle = etcd_image(DEFAULT_ETCD_REPOSITORY, OLD)
+    missing = f"mirror.invalid/etcd:v{OLD}"
+    operator = start_operator_again(kubectl, tmp_path / "operator")
+    kubectl.cluster.kubectl(
+        "apply", "-f", "-", input_text=yaml.safe_dump(policy(podImageOverrides=[f"{middle}={missing}"]))
+    )
+    try:
+
+        async def overriding() -> bool:
+            found = kubectl.cluster.kubectl(
+                "get", "mutatingwebhookconfiguration", "-o", "jsonpath={..webhooks[*].name}"
+            )
+            return "overrides.pod.kustos.dev" in found
+
+        await wait_until(overriding, "the pod image override webhook", timeout=60)
+        kubectl.apply(etcd_cluster(name, 3, version=OLDEST, storage={"type": "pvc"}))
+        status = await wait_healthy(kubectl, name, 3)
+        writer = Writer([m["clientUrl"] for m in status["members"]])
+        writer.start()
+        seen: list[dict[str, Any]] = []
+        try:
+            kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{NEW}"}}}}')
+
+            async def halted() -> dict[str, Any] | None:
+                current = status_of(kubectl, name)
+                writer.update(current)
+                seen.append(current)
+                return current if condition(current, "Degraded").get("reason") == "UpgradeHalted" else None
+
+            status = await wait_until(halted, "the chain halted", timeout=240, interval=0.5,
+                                      cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+            written_at_halt = len(writer.acknowledged)
+            await asyncio.sleep(5)  # still serving, on the members that kept 3.5
+            assert len(writer.acknowledged) > written_at_halt
+        finally:
+            await writer.stop()
+        message = condition(status, "Degraded")["message"]
+        assert OLD in message and "spec.version" in message, message
+        assert status["versionPath"]["step"] == OLD
+        # The member that stopped the chain is the one the mirror could not serve: no etcd came
+        # back in its pod (the dev cluster's node leaves a pod of an image it cannot run empty).
+        pods = kubectl.get("pods", "-l", f"kustos.dev/cluster={name}")["items"]
+        stopped = [p["metadata"]["name"] for p in pods if p["spec"]["containers"][0]["image"] == missing]
+        assert len(stopped) == 1 and stopped[0] in message, (stopped, message)
+        assert [m["name"] for m in status["members"] if not m["healthy"]] == stopped, status["members"]
+        assert [v for v in pod_versions(kubectl, name).values() if v == OLDEST], "no member kept 3.5"
+        assert not any(s.get("phase") == "QuorumLost" for s in seen)
+        lost = await writer.missing(next(m["clientUrl"] for m in status["members"] if m["healthy"]))
+        assert lost == [] and len(writer.acknowledged) > 10
+        print(f"\n{name}: halted at step {OLD} with: {message}; {len(writer.acknowledged)} writes, 0 lost")
+    finally:
+        operator.stop()
+        kubectl.cluster.kubectl("delete", "maintenancepolicy", "default", "--ignore-not-found")

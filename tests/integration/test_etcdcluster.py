@@ -25,6 +25,10 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 
+pytestmark = pytest.mark.process_runner(
+    "create, scale and status over ~40 clusters are kustos's; on runc: test_real_nodes_lifecycle"
+)
+
 
 @pytest.mark.parametrize("size", [1, 3, 5])
 async def test_create(size: int, kubectl: Kubectl, operator: OperatorProcess) -> None:

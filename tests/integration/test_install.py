@@ -34,6 +34,10 @@ from tests.integration.operator import (
     service_account_kubeconfig,
 )
 
+pytestmark = pytest.mark.process_runner(
+    "the chart's objects against the API server; its pods on runc: test_dev_up, test_real_nodes_lifecycle"
+)
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "kustos"
 MANIFEST = REPO / "deploy" / "manifests" / "kustos.yaml"

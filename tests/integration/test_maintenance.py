@@ -33,6 +33,10 @@ from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
 from tests.integration.kube import is_ready, wait_until
 from tests.integration.operator import OperatorProcess, start_chart_operator
 
+pytestmark = pytest.mark.process_runner(
+    "fencing and claim release across kwok nodes; a real node's: test_real_nodes_lifecycle"
+)
+
 FENCED = "kustos.dev/fenced"
 
 

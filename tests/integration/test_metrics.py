@@ -14,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from kustos.etcd.client import EtcdClient, NoSpace
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import etcd_cluster, wait_healthy
@@ -21,6 +23,10 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 from tests.integration.prometheus import render_dashboard, running_prometheus
 from tests.integration.test_maintenance import fence, last_action, policy, restored, unreachable
+
+pytestmark = pytest.mark.process_runner(
+    "metrics and alert rules follow status; members are killed to fire alerts, nothing runc enforces"
+)
 
 PICTURE = Path(__file__).resolve().parents[2] / "docs" / "metrics-dashboard.png"
 

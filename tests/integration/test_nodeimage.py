@@ -39,6 +39,10 @@ from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
 from tests.integration.kube import budget_breach, wait_until
 from tests.integration.operator import OperatorProcess, start_chart_operator
 
+pytestmark = pytest.mark.process_runner(
+    "rollouts over 10 provider nodes, more real nodes than 2 cores can run"
+)
+
 OLD, NEW = "kwok-os:v1", "kwok-os:v2"
 ETCDCLUSTERS = EtcdCluster.crd.ref
 NODEIMAGES = NodeImage.crd.ref

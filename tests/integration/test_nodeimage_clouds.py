@@ -59,7 +59,10 @@ from tests.integration.etcd_support import Writer, etcd_cluster, wait_healthy
 from tests.integration.kube import budget_breach, wait_until
 from tests.integration.operator import chart_identity, start_chart_operator
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.process_runner("the cloud fakes' instances are kwok nodes; no real machine backs them"),
+]
 
 ETCDCLUSTERS = EtcdCluster.crd.ref
 NODEIMAGES = NodeImage.crd.ref

@@ -13,6 +13,10 @@ from tests.integration.etcd_support import assert_rejected
 from tests.integration.kube import condition, wait_until
 from tests.integration.operator import OperatorProcess
 
+pytestmark = pytest.mark.process_runner(
+    "jobs on many kwok nodes at once; the script needs nothing a kubelet enforces"
+)
+
 IMAGE = f"{KUSTOS_IMAGE_REPOSITORY}:dev"
 
 

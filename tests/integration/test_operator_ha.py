@@ -20,6 +20,10 @@ from tests.integration.kube import wait_until
 from tests.integration.operator import CHART_NAMESPACE, CHART_RELEASE, reset_chart_identity
 from tests.integration.test_kubectl_plugin import kubectl_kustos
 
+pytestmark = pytest.mark.process_runner(
+    "failover of this checkout's kustos, unbuilt; the chart's image failing over: test_real_nodes_lifecycle"
+)
+
 REPLICAS = 2
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from kustos.etcd.client import EtcdClient, EtcdError
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
@@ -26,6 +28,10 @@ from tests.integration.etcd_support import (
 )
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
+
+pytestmark = pytest.mark.process_runner(
+    "partitions of several nodes at once; one real node's partition: test_real_nodes"
+)
 
 # Pods that stay bound to an unreachable node (no eviction while the test runs): only the
 # operator's memberFailureTimeout decides whether a member is replaced.

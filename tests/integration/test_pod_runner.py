@@ -12,11 +12,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.devcluster.cluster import DevCluster
 from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import is_ready, wait_until
+
+pytestmark = pytest.mark.process_runner(
+    "tests the process runner itself, which kwok nodes' allow-listed pods still run on"
+)
 
 
 def etcdctl(ip: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

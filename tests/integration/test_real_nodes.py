@@ -28,7 +28,13 @@ from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import is_ready, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.real_nodes,
+    pytest.mark.process_runner(
+        "the Service's endpoint: a member the runner runs answers a client on the real node"
+    ),
+]
 
 RESTRICTED: dict[str, Any] = {
     "runAsNonRoot": True,

@@ -8,9 +8,10 @@ only there (``spec.pod``: the real nodes' label and taint); the operator is the 
 scenarios that leave it whole (create, resize, member loss, backup); the others make their
 own and delete it. Every scenario runs the ``Writer`` and ends with no acknowledged write lost.
 
-The namespace enforces the baseline Pod Security level and warns on restricted (the members'
-and agents' restricted pods are proven in test_security.py; the out-of-service scenario's
-StatefulSet here is the test's own, plain pod).
+The module's namespace enforces the restricted Pod Security level, and so does the chart's
+namespace while its pods run here: every pod of these scenarios (members, backup and restore
+agents, the operator's, the test's own StatefulSet) is admitted as restricted and runs so
+under runc.
 The last test runs the chart's pods from kustos's image, which real nodes import at their
 start once `kustos dev image` has built it.
 """
@@ -39,6 +40,7 @@ from kustos.devcluster.realnode import REAL_NODE_LABEL, RealNode
 from kustos.devcluster.s3 import S3Server
 from kustos.etcd.backup import AGENT_CONTAINER, BACKUP_LABEL, SAVE_CONTAINER
 from kustos.etcd.client import EtcdClient, EtcdTLS, EtcdTLSError
+from kustos.etcd.pods import restricted
 from kustos.images import agent_image
 from kustos.maintenance.planner import OUT_OF_SERVICE_TAINT
 from tests.integration.conftest import Kubectl
@@ -82,6 +84,8 @@ POOL_LABEL = "kustos.dev/pool"
 LEASE = ("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
 # A container the kubelet restarts is back within seconds; a node stopped is replaced after this.
 FAILURE_TIMEOUT = "20s"
+# The API server refuses any pod in the namespace that is not restricted.
+ENFORCE_RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
 
 
 def on_real_nodes(name: str, size: int, anti_affinity: str = "preferred", **spec: Any) -> dict[str, Any]:
@@ -116,11 +120,10 @@ def real_nodes(dev_cluster: DevCluster) -> Iterator[list[RealNode]]:
 
 @pytest.fixture(scope="module")
 def kubectl(dev_cluster: DevCluster, real_nodes: list[RealNode]) -> Iterator[Kubectl]:
-    """One namespace for the module (its clusters outlive a test), baseline enforced."""
+    """One namespace for the module (its clusters outlive a test), restricted enforced."""
     name = f"rn-{uuid.uuid4().hex[:8]}"
     dev_cluster.kubectl("create", "namespace", name)
-    dev_cluster.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=baseline",
-                        "pod-security.kubernetes.io/warn=restricted")  # fmt: skip
+    dev_cluster.kubectl("label", "namespace", name, ENFORCE_RESTRICTED)
 
     def default_service_account() -> bool:
         return bool(dev_cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).strip())
@@ -344,6 +347,7 @@ async def test_a_stopped_real_node_loses_its_member_then_is_cleared_out_of_servi
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(policy()))
     pinned = statefulset("pinned", beside=life)
     pinned["spec"]["template"]["spec"].update(ON_REAL_NODES)
+    restricted(pinned["spec"]["template"])  # the namespace admits nothing else
     kubectl.apply(pinned)
     first = await running(kubectl, "pinned-0")
     node = first["spec"]["nodeName"]
@@ -544,6 +548,10 @@ async def test_the_charts_operator_pods_on_real_nodes_fail_over_when_the_leader_
     for node in real_nodes:
         cluster.kubectl("label", "node", node.name, f"{POOL_LABEL}=real", "--overwrite")
     reset_chart_identity(cluster)
+    # The chart's namespace enforces restricted while its pods run here (the suite's other
+    # modules share it, so the label goes again at the end).
+    cluster.kubectl("create", "namespace", CHART_NAMESPACE, check=False)
+    cluster.kubectl("label", "namespace", CHART_NAMESPACE, ENFORCE_RESTRICTED, "--overwrite")
     on_real = [
         f"nodeSelector.{POOL_LABEL.replace('.', chr(92) + '.')}=real",
         f"tolerations[0].key={REAL_NODE_LABEL}",
@@ -596,3 +604,4 @@ async def test_the_charts_operator_pods_on_real_nodes_fail_over_when_the_leader_
                              CHART_NAMESPACE)  # fmt: skip
         dev_operator.wait_gone(cluster, timeout=120)
         reset_chart_identity(cluster)
+        cluster.kubectl("label", "namespace", CHART_NAMESPACE, "pod-security.kubernetes.io/enforce-")

@@ -30,6 +30,8 @@ from tests.integration.etcd_support import assert_rejected, etcd_cluster, runnin
 from tests.integration.kube import claim, wait_until
 from tests.integration.operator import CHART_ENV, CHART_RELEASE, REPO, OperatorProcess, free_port
 
+pytestmark = pytest.mark.process_runner("its etcd cluster only needs to exist beside Rook's simulated pods")
+
 KINDS = (
     "namespaces,serviceaccounts,clusterroles,clusterrolebindings,secrets,configmaps,csidrivers,"
     "storageclasses,services,ingresses,daemonsets,statefulsets,deployments"

@@ -9,7 +9,9 @@ from typing import Any
 from kustos.api.backup import BackupStorage, EtcdBackup, PVCStorage, S3Storage
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd import backup as plan
-from kustos.etcd.snapshot import DirectoryDestination, SnapshotResult, parse_error, parse_result, to_prune
+from kustos.etcd import backup_planner as planner
+from kustos.etcd.agent_report import SnapshotResult, parse_error, parse_result
+from kustos.etcd.snapshot import DirectoryDestination, to_prune
 
 S3 = {
     "endpoint": "http://127.0.0.1:9000",
@@ -66,7 +68,7 @@ def test_the_snapshot_streams_from_a_healthy_follower() -> None:
 
 
 def test_retries_back_off_from_ten_seconds_to_five_minutes() -> None:
-    delays = [plan.retry_delay(n).total_seconds() for n in range(1, 8)]
+    delays = [planner.retry_delay(n).total_seconds() for n in range(1, 8)]
     assert delays == [10, 20, 40, 80, 160, 300, 300]
 
 
@@ -177,9 +179,11 @@ def test_the_failure_is_read_from_etcdctl_when_it_did_not_save() -> None:
 def test_the_schedule_by_interval_and_by_cron() -> None:
     last = datetime(2026, 11, 22, 12, 7, 30, tzinfo=UTC)
     hourly = cluster({"interval": "1h30m"}).spec.backup
-    assert hourly is not None and plan.next_scheduled(hourly, last) == last + timedelta(minutes=90)
+    assert hourly is not None and planner.next_scheduled(hourly, last) == last + timedelta(minutes=90)
     cron = cluster({"schedule": "0 */6 * * *"}).spec.backup
-    assert cron is not None and plan.next_scheduled(cron, last) == datetime(2026, 11, 22, 18, 0, tzinfo=UTC)
+    assert cron is not None and planner.next_scheduled(cron, last) == datetime(
+        2026, 11, 22, 18, 0, tzinfo=UTC
+    )
 
 
 def test_expired_keeps_the_newest_successes_whatever_fails_and_never_a_running_one() -> None:
@@ -192,14 +196,14 @@ def test_expired_keeps_the_newest_successes_whatever_fails_and_never_a_running_o
         obj("c", "2026-11-22T03:00:00Z", "Succeeded"),
         obj("d", "2026-11-22T04:00:00Z", "Running"),
     ]
-    assert plan.expired(backups, 2) == []
-    assert [b["metadata"]["name"] for b in plan.expired(backups, 1)] == ["a"]
+    assert planner.expired(backups, 2) == []
+    assert [b["metadata"]["name"] for b in planner.expired(backups, 1)] == ["a"]
     failing = [
         *backups,
         obj("e", "2026-11-22T05:00:00Z", "Failed"),
         obj("f", "2026-11-22T06:00:00Z", "Failed"),
     ]
-    assert [b["metadata"]["name"] for b in plan.expired(failing, 2)] == ["b"]
+    assert [b["metadata"]["name"] for b in planner.expired(failing, 2)] == ["b"]
 
 
 def test_retention_prunes_only_this_clusters_scheduled_snapshots() -> None:

@@ -7,9 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 from kustos.api.etcd import EtcdCluster
-from kustos.etcd import maintenance as m
+from kustos.etcd import defragmentation as m
 from kustos.etcd.pods import MAX_QUOTA, backend_quota, member_pod, space_shortage
-from tests.unit.test_etcd_maintenance import MiB, member, observed
+from tests.unit.test_etcd_defragmentation import MiB, member, observed
 
 
 def full(name: str, leader: bool = False) -> m.MemberView:

@@ -13,13 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kustos.etcd import bolt
-from kustos.etcd.snapshot import (
-    DirectoryDestination,
-    SnapshotCorrupt,
-    parse_result,
-    store_snapshot,
-    verify_snapshot,
-)
+from kustos.etcd.agent_report import parse_result
+from kustos.etcd.snapshot import DirectoryDestination, SnapshotCorrupt, store_snapshot, verify_snapshot
 
 PAGE = 4096
 

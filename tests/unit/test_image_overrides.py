@@ -270,3 +270,38 @@ async def test_manager_applies_shared_configurations_without_the_own_one() -> No
         "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]
     }
     await raw.aclose()
+
+
+def test_the_configuration_exists_exactly_while_there_is_a_usable_override() -> None:
+    from kustos.maintenance.image_overrides import (
+        ApplyConfiguration,
+        ConfigurationView,
+        RemoveConfiguration,
+        Unavailable,
+        configuration_notes,
+        configuration_requeue,
+        plan_configuration,
+    )
+    from kustos.runtime.steps import Done, Wait
+
+    usable = parse(["nginx=mirror/nginx"])
+    applied = plan_configuration(ConfigurationView(usable, serving=True, server_ready=True))
+    assert applied == ApplyConfiguration(1)
+    assert configuration_requeue(applied) == 300.0  # applied again: a renewed CA, a hand deletion
+    starting = plan_configuration(ConfigurationView(usable, serving=True, server_ready=False))
+    assert isinstance(starting, Wait) and configuration_requeue(starting) == 1.0
+    for empty in (parse([]), parse(["bad image=x"])):
+        assert (
+            plan_configuration(ConfigurationView(empty, serving=True, server_ready=True))
+            == RemoveConfiguration()
+        )
+    # No webhook the API server can reach: none made, none to remove, and the user is told.
+    off = ConfigurationView(usable, serving=False, server_ready=False)
+    assert plan_configuration(off) == Unavailable()
+    assert [n.reason for n in configuration_notes(off, Unavailable())] == ["ImageOverridesUnavailable"]
+    assert plan_configuration(ConfigurationView(parse([]), serving=False, server_ready=False)) == Done()
+    # A skipped entry is said, naming it, whatever else the pass does.
+    mixed = ConfigurationView(parse(["nginx=mirror/nginx", "a=b=c"]), serving=True, server_ready=True)
+    notes = configuration_notes(mixed, plan_configuration(mixed))
+    assert [(n.reason, n.type) for n in notes] == [("InvalidImageOverrides", "Warning")]
+    assert "spec.podImageOverrides[1]" in notes[0].message

@@ -9,8 +9,9 @@ import typer
 import yaml
 
 from kustos.etcd import kubeadm
+from kustos.maintenance import purge_planner as pp
 from kustos.maintenance import rook
-from kustos.maintenance.purge import STEPS, PurgeOptions, steps_for
+from kustos.maintenance.purge import PurgeOptions, node_view
 from kustos.maintenance.purge_cli import load_spec, with_flags
 from kustos.runtime.errors import ReconcileError
 
@@ -91,11 +92,11 @@ def test_addresses_prefer_cluster_status_then_the_apiserver_annotation_then_the_
 
 
 def test_steps_by_role_and_rook() -> None:
-    worker, control = node("w", "1.1.1.1", False), node("c", "1.1.1.2")
-    assert steps_for(worker, PurgeOptions()) == ("Node",)
-    assert steps_for(control, PurgeOptions()) == ("Address", "ControlPlaneEndpoint", "EtcdMember", "Node")
-    assert steps_for(control, PurgeOptions(maintain_rook=True)) == STEPS
-    assert steps_for(None, PurgeOptions()) == ()
+    worker, control = node_view(node("w", "1.1.1.1", False)), node_view(node("c", "1.1.1.2"))
+    assert pp.steps_for(worker, False) == ("Node",)
+    assert pp.steps_for(control, False) == ("Address", "ControlPlaneEndpoint", "EtcdMember", "Node")
+    assert pp.steps_for(control, True) == pp.STEPS
+    assert pp.steps_for(None, False) == ()
 
 
 def test_rook_storage_nodes_and_osd_deployments() -> None:
@@ -108,16 +109,11 @@ def test_rook_storage_nodes_and_osd_deployments() -> None:
     }
     assert rook.osd_of(deployment, "a") == "4"
     assert rook.osd_of(deployment, "b") is None
-    assert rook.commands(["4"], "a") == [
+    assert pp.ceph_commands(["4"], "a") == [
         ["ceph", "osd", "down", "osd.4"],
         ["ceph", "osd", "purge", "4", "--yes-i-really-mean-it"],
         ["ceph", "osd", "crush", "rm", "a"],
     ]
-
-
-async def test_without_a_toolbox_the_ceph_commands_are_reported_to_run_by_hand() -> None:
-    message = await rook.purge_osds(None, ["4"], "a")
-    assert "run by hand" in message and "ceph osd purge 4 --yes-i-really-mean-it" in message
 
 
 def test_the_cli_reads_a_policy_or_its_spec_and_flags_override(tmp_path: Path) -> None:
@@ -209,24 +205,21 @@ def test_a_volume_is_pinned_only_by_one_required_hostname() -> None:
     assert pinned_node(None) is None
 
 
-async def test_a_ceph_command_that_could_not_run_is_reported_and_the_purge_goes_on() -> None:
-    """An exec refused (403) or timed out is a ReconcileError: said per command, not raised."""
-    from kustos.runtime.errors import ReconcileError
-
-    ran: list[list[str]] = []
+async def test_a_ceph_command_that_could_not_run_is_said_and_stops_the_purge_unless_it_is_down() -> None:
+    """An exec refused (403) or timed out is a ReconcileError: said as the command's failure, not
+    raised; only `ceph osd down` may fail and the purge go on (a dead node's OSDs are down)."""
 
     class Refusing:
         async def run(self, argv: list[str]) -> tuple[int, str, str]:
-            ran.append(list(argv))
-            if argv[2] == "down":
-                raise ReconcileError("exec in pod rook-ceph/tools: HTTP 403: forbidden", "Forbidden")
-            return 0, "", ""
+            raise ReconcileError("exec in pod rook-ceph/tools: HTTP 403: forbidden", "Forbidden")
 
-    message = await rook.purge_osds(Refusing(), ["4"], "a")
-    assert len(ran) == 3
-    assert "ceph osd down osd.4: failed (-1: exec in pod rook-ceph/tools: HTTP 403: forbidden)" in message
-    assert "ceph osd purge 4 --yes-i-really-mean-it: ok" in message
-    assert message.endswith("ceph osd crush rm a: ok")
+    clause, go_on = await rook.run_one(Refusing(), ["ceph", "osd", "down", "osd.4"])
+    assert (
+        go_on
+        and clause == "ceph osd down osd.4: failed (-1: exec in pod rook-ceph/tools: HTTP 403: forbidden)"
+    )
+    clause, go_on = await rook.run_one(Refusing(), ["ceph", "osd", "purge", "4", "--yes-i-really-mean-it"])
+    assert not go_on and "HTTP 403: forbidden" in clause
 
 
 async def test_the_api_toolbox_finds_no_running_toolbox_pod() -> None:

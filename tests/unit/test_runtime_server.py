@@ -211,3 +211,29 @@ async def test_readyz_notes_are_said_without_failing(
     assert response.text == "ok\ncontrollers: controller ghost waits for ghosts.example.kustos.dev"
     waiting["text"] = ""
     assert (await http.get(url)).text == "ok"
+
+
+async def test_a_reloaded_certificate_is_presented_on_the_same_port_without_a_restart() -> None:
+    names, ips = ["kustos-webhook.kustos-system.svc"], ["127.0.0.1"]
+    old, new = ServingCertificate.self_signed(names, ips), ServingCertificate.self_signed(names, ips)
+    server = WebhookServer("127.0.0.1:0", old)
+    server.register(Webhook("vetcd.kustos.dev", "/validate", "validating", [], _validate))
+    await server.start()
+
+    async def presented(ca: ServingCertificate) -> int:
+        context = ssl.create_default_context(cadata=ca.ca_pem.decode())
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+        async with httpx.AsyncClient(verify=context, trust_env=False, timeout=5) as client:
+            body = {"request": {"uid": "u", "object": {"spec": {"replicas": 1}}}}
+            return (await client.post(f"https://127.0.0.1:{server.port}/validate", json=body)).status_code
+
+    try:
+        port = server.port
+        assert await presented(old) == 200
+        server.reload(new)
+        assert server.port == port and server.serving
+        assert await presented(new) == 200
+        with pytest.raises(httpx.ConnectError):  # the old CA no longer verifies what is served
+            await presented(old)
+    finally:
+        await server.stop()

@@ -401,3 +401,53 @@ def test_status_marks_a_restored_workload_unless_deleting() -> None:
     assert up.status(observed("ScaleUp", previous=previous), up.ScaleUp(w, 2), NOW).workloads[0].restored
     deleting = observed("ScaleUp", previous=previous, deleting=True)
     assert not up.status(deleting, up.ScaleUp(w, 2), NOW).workloads[0].restored
+
+
+def test_an_upgrade_without_its_finalizer_gets_it_before_holding_anything() -> None:
+    assert up.plan(observed(None, cluster=ClusterView("c", OLD), has_finalizer=False)) == up.AddFinalizer()
+    # Being deleted, it gives back what it holds, finalizer or not.
+    gone = observed("ScaleUp", deleting=True, has_finalizer=False, cluster=ClusterView("c", OLD))
+    assert up.plan(gone) == up.Release()
+
+
+def test_the_events_of_a_pass_say_what_was_done_not_that_a_pass_ran() -> None:
+    entering = observed(None, cluster=ClusterView("c", OLD))
+    step = up.plan(entering)
+    said = up.notes(entering, step, up.status(entering, step, NOW))
+    assert [n.reason for n in said] == ["PullImage"] and NEW in said[0].message
+    w = WorkloadView("Deployment", "ns", "app", 0, remembered=2, owner=ME, uses_cluster=True)
+    restored = up.notes(observed("ScaleUp"), up.ScaleUp(w, 2), StorageUpgradeStatus())
+    assert [(n.reason, n.message) for n in restored] == [
+        ("WorkloadRestored", "Deployment ns/app scaled back to 2")
+    ]
+    leaving = up.notes(observed("Completed", deleting=True), up.ClearMaintenance(), StorageUpgradeStatus())
+    assert [n.reason for n in leaving] == ["MaintenanceOff"]
+    failing = observed("PullImage", pull_job_exists=True, pull_job_failure="bad")
+    fail = up.plan(failing)
+    assert [(n.reason, n.type) for n in up.notes(failing, fail, up.status(failing, fail, NOW))] == [
+        ("UpgradeFailed", "Warning")
+    ]
+
+
+def test_a_missing_cluster_is_an_event_once() -> None:
+    missing = observed(
+        "PullImage", cluster=None, cluster_problem="StorageCluster c not found in namespace ns"
+    )
+    step = up.plan(missing)
+    first = up.status(missing, step, NOW)
+    assert [n.reason for n in up.notes(missing, step, first)] == ["ClusterNotFound"]
+    again = replace(missing, previous=first)
+    assert up.notes(again, step, up.status(again, step, NOW)) == []
+
+
+def test_an_invalid_spec_is_an_event_once() -> None:
+    failed = up.failed(
+        StorageUpgradeStatus(), ME, "invalid spec: spec.newImage: required", NOW, 1, "InvalidSpec"
+    )
+    new = failed.model_dump(by_alias=True)
+    said = up.rejection_notes({}, new)
+    assert [(n.reason, n.type) for n in said] == [("InvalidSpec", "Warning")]
+    assert "spec.newImage" in said[0].message
+    assert up.rejection_notes(new, new) == []
+    other = up.failed(StorageUpgradeStatus(), ME, "pull failed", NOW, 1).model_dump(by_alias=True)
+    assert up.rejection_notes({}, other) == []

@@ -1,5 +1,6 @@
-"""Backups, the pure part: where a backup goes, which member it streams from, the agent
-pod that takes it, the retry backoff and the schedule (no I/O here).
+"""Backups, the manifests: where a backup goes, which member it streams from, the agent
+pod that takes it and the EtcdBackup a schedule creates (no I/O here; what to do next is
+``backup_planner``'s).
 
 The agent pod has two steps. The init container ``etcdctl`` (the cluster's etcd image)
 saves the snapshot over gRPC, at etcd's own speed: straight onto the backup claim (next
@@ -14,9 +15,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cronsim import CronSim
-
-from kustos.api.backup import BackupSchedule, BackupStorage, EtcdBackup, PVCStorage
+from kustos.api.backup import BackupStorage, EtcdBackup, PVCStorage
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.auth import ROOT
 from kustos.etcd.authsync import PASSWORD_KEY, root_secret_name
@@ -24,8 +23,6 @@ from kustos.etcd.certs import CLIENT_DIR, client_secret_name
 from kustos.etcd.pods import CLUSTER_LABEL, current_version, restricted
 from kustos.etcd.pods import image as etcd_image
 from kustos.etcd.snapshot import SNAPSHOT_SUFFIX
-from kustos.runtime import objects
-from kustos.runtime.times import parse_duration
 
 Obj = dict[str, Any]
 
@@ -34,7 +31,6 @@ AGENT_CLUSTER_LABEL = CLUSTER_LABEL + "-backup"  # an agent pod's cluster (its N
 SCHEDULED_LABEL = "kustos.dev/scheduled"
 AGENT_CONTAINER = "snapshot"
 SAVE_CONTAINER = "etcdctl"
-MAX_ATTEMPTS = 5
 BACKUP_MOUNT = "/backups"
 SCRATCH_MOUNT = "/scratch"
 # etcdctl's save has no timeout of its own: a member that stalls mid-stream would hold the pod
@@ -78,11 +74,6 @@ def source_member(cluster: EtcdCluster) -> tuple[str, str] | None:
         return None
     chosen = min(members, key=lambda m: (m.leader, m.name))
     return chosen.name, chosen.client_url
-
-
-def retry_delay(attempts: int) -> timedelta:
-    """After the n-th failed attempt: 10 s, 20 s, 40 s ... at most 5 minutes."""
-    return timedelta(seconds=min(10 * 2 ** max(0, attempts - 1), 300))
 
 
 def agent_pod_name(backup: str, attempt: int) -> str:
@@ -206,14 +197,6 @@ def s3_credentials_env(secret: str) -> list[Obj]:
     ]
 
 
-def next_scheduled(schedule: BackupSchedule, last: datetime) -> datetime:
-    """When the next scheduled backup is due, after one taken (or the cluster created) at ``last``."""
-    if schedule.interval:
-        return last + parse_duration(schedule.interval)
-    assert schedule.schedule is not None
-    return next(CronSim(schedule.schedule, last))
-
-
 def scheduled_backup(cluster: EtcdCluster, name: str) -> Obj:
     """An EtcdBackup the schedule creates; not owned by the cluster, so its record outlives it."""
     return {
@@ -226,17 +209,6 @@ def scheduled_backup(cluster: EtcdCluster, name: str) -> Obj:
         },
         "spec": {"clusterName": cluster.metadata["name"]},
     }
-
-
-def expired(backups: list[Obj], keep: int) -> list[Obj]:
-    """Scheduled backups beyond the newest ``keep`` successes, and beyond the newest ``keep``
-    failures: failures never push a good backup out, and a running one is never deleted."""
-    old: list[Obj] = []
-    for phase in ("Succeeded", "Failed"):
-        done = [b for b in backups if (b.get("status") or {}).get("phase") == phase]
-        done.sort(key=lambda b: (b["metadata"].get("creationTimestamp", ""), objects.name(b)))
-        old += done[: max(0, len(done) - keep)]
-    return old
 
 
 def placed_like_members(pod: Obj, cluster: EtcdCluster) -> Obj:

@@ -46,9 +46,9 @@ def snapshot(
     """
     from datetime import datetime
 
+    from kustos.etcd.agent_report import ERROR_MARKER
     from kustos.etcd.client import EtcdTLS
     from kustos.etcd.snapshot import (
-        ERROR_MARKER,
         Destination,
         DirectoryDestination,
         S3Destination,
@@ -105,8 +105,9 @@ def fetch_snapshot(
 
     S3 credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
     """
+    from kustos.etcd.agent_report import ERROR_MARKER
     from kustos.etcd.client import EtcdTLS
-    from kustos.etcd.snapshot import ERROR_MARKER, fetch_snapshot, s3_store
+    from kustos.etcd.snapshot import fetch_snapshot, s3_store
 
     s3 = (s3_store(s3_endpoint, s3_bucket, s3_region, s3_path_style), s3_key) if s3_endpoint else None
     tls = EtcdTLS(cacert, cert, key) if endpoint and endpoint.startswith("https://") else None

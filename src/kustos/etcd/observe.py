@@ -1,6 +1,6 @@
 """What an etcd cluster looks like this pass: its pods (as the planner sees them), its
 volumes, and what its members themselves say. The one place that asks etcd before a
-decision: the EtcdCluster controller, the rebuild and the maintenance controller all
+decision: the EtcdCluster controller, the rebuild and the defragmentation controller all
 observe through here, and none of them imports another to do it.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import chain, maintenance, membership, planner
+from kustos.etcd import chain, defragmentation, membership, planner
 from kustos.etcd.certs import CertificateManager, ClusterTLS
 from kustos.etcd.client import (
     CREDENTIALS,
@@ -137,8 +137,8 @@ async def ask_cluster_version(statuses: dict[str, Status], tls: EtcdTLS | None =
     return ""
 
 
-async def member_health(name: str, url: str, tls: EtcdTLS | None = None) -> maintenance.MemberView:
-    """Status and health of one member (for maintenance); anything that does not answer in
+async def member_health(name: str, url: str, tls: EtcdTLS | None = None) -> defragmentation.MemberView:
+    """Status and health of one member (for defragmentation); anything that does not answer in
     time is unhealthy."""
     try:
         async with EtcdClient(url, tls, timeout=HEALTH_TIMEOUT) as client:
@@ -149,8 +149,8 @@ async def member_health(name: str, url: str, tls: EtcdTLS | None = None) -> main
             other_errors = [e for e in status.errors if not no_space_alarm(e)]
             healthy = not other_errors and (no_space or await client.health(serializable=True))
     except (EtcdError, OSError, TimeoutError):
-        return maintenance.MemberView(name, url, healthy=False)
-    return maintenance.MemberView(
+        return defragmentation.MemberView(name, url, healthy=False)
+    return defragmentation.MemberView(
         name, url, healthy=healthy, learner=status.is_learner, leader=status.is_leader,
         db_size=status.db_size, db_size_in_use=status.db_size_in_use, no_space=no_space,
         member_id=status.member_id, revision=status.revision,

@@ -8,7 +8,7 @@ from typing import Any
 
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.certs import secure_member_pod
-from kustos.etcd.maintenance import compaction_args, parse_quantity
+from kustos.etcd.defragmentation import compaction_args, parse_quantity
 from kustos.etcd.planner import dns_name, peer_service, pod_name
 from kustos.images import NONROOT_UID, etcd_image
 from kustos.runtime import objects

@@ -19,11 +19,12 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from kustos.etcd.agent_report import RESULT_MARKER, SnapshotResult
 from kustos.etcd.bolt import BoltError, snapshot_revision
 from kustos.etcd.client import SNAPSHOT_SHA256_SIZE, EtcdClient, EtcdTLS
 from kustos.runtime.times import rfc3339
@@ -31,8 +32,6 @@ from kustos.runtime.times import rfc3339
 if TYPE_CHECKING:
     from obstore.store import S3Store
 
-RESULT_MARKER = "KUSTOS_RESULT "
-ERROR_MARKER = "KUSTOS_ERROR "
 SNAPSHOT_SUFFIX = ".db"
 UPLOAD_PART = 8 * 1024 * 1024
 UPLOAD_CONCURRENCY = 4
@@ -50,37 +49,6 @@ def to_prune(names: list[str], cluster: str, keep: int) -> list[str]:
     pattern = re.compile(rf"^{re.escape(cluster)}-\d{{8}}-\d{{6}}{re.escape(SNAPSHOT_SUFFIX)}$")
     scheduled = sorted(n for n in names if pattern.match(n))
     return scheduled[: max(0, len(scheduled) - keep)]
-
-
-@dataclass(frozen=True)
-class SnapshotResult:
-    location: str
-    member: str
-    revision: int
-    size: int
-    sha256: str
-    start_time: str
-    completion_time: str
-    duration_seconds: float
-    pruned: list[str] = field(default_factory=list)
-
-    def line(self) -> str:
-        return RESULT_MARKER + json.dumps(asdict(self), sort_keys=True)
-
-
-def parse_result(log: str) -> SnapshotResult | None:
-    """The agent's result from its log, or None if it did not get that far."""
-    for line in reversed(log.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            return SnapshotResult(**json.loads(line[len(RESULT_MARKER) :]))
-    return None
-
-
-def parse_error(log: str) -> str | None:
-    for line in reversed(log.splitlines()):
-        if line.startswith(ERROR_MARKER):
-            return line[len(ERROR_MARKER) :]
-    return None
 
 
 class Destination(Protocol):

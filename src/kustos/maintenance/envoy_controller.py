@@ -6,29 +6,32 @@ not ready. A change to a selected pod, or to the policy, wakes it; a pending dea
 re-queue. What it counts lives on the pods (``envoy.NOT_READY_ANNOTATION``), written with the
 pod's resourceVersion as a precondition so a stale cache never restarts the count.
 
-It records no status: the policy's status belongs to the node-maintenance controller, and
-the policy may be absent (the defaults apply), so it is not a ``runtime.reconciler`` family.
-What it does is an Event on the pod and one on the policy (when there is one); unusable
-settings are an Event on the policy and a ``TerminalError`` (the policy's next change wakes it).
+It records no status (``policy_follower``: the policy's status belongs to the node-maintenance
+controller, and the policy may be absent). What it does is an Event on the pod and one on the
+policy (when there is one); unusable settings are a Warning Event on the policy and a
+``TerminalError`` (the policy's next change wakes it).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from kustos.api.maintenance import POLICY_NAME, MaintenancePolicy, MaintenancePolicySpec
 from kustos.maintenance import envoy
+from kustos.maintenance.policy_follower import PolicyFollower
 from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.controller import Controller, Result
+from kustos.runtime.controller import Controller
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError, TerminalError
-from kustos.runtime.events import NORMAL, WARNING
+from kustos.runtime.events import WARNING
 from kustos.runtime.manager import Manager
+from kustos.runtime.record import Note
 from kustos.runtime.resources import NODES, PODS
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration, rfc3339
@@ -40,45 +43,33 @@ NAME = "envoyrestart"
 AFTER_STEP = 0.2  # seconds: the next pass after a step, once the watch has shown its effect
 
 
-class EnvoyRestartReconciler:
+class EnvoyRestartReconciler(PolicyFollower[envoy.Observed, envoy.Step]):
     def __init__(self, manager: Manager, deps: Deps) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = deps.clock
-        self.policies = manager.informer(POLICIES)
+        super().__init__(manager, deps)
+        self.policies = self.cache
         self.pods = manager.informer(PODS)
         self.nodes = manager.informer(NODES)
         self.restarted: str | None = None
         """The uid of the pod deleted last: until the cache shows it terminating (or gone), it
         counts as terminating, so a lagging cache never lets a second restart through."""
 
-    def spec(self) -> tuple[MaintenancePolicySpec, dict[str, Any] | None, str | None]:
-        """The policy's spec (defaults when absent), the raw policy, and why it is unusable."""
-        raw = self.policies.get(POLICY_NAME)
-        if raw is None:
-            return MaintenancePolicySpec(), None, None
-        try:
-            return MaintenancePolicy.model_validate(raw).spec, raw, None
-        except ValidationError as err:
-            return MaintenancePolicySpec(), raw, f"invalid spec: {err}"
-
     def selector(self) -> dict[str, str] | None:
-        spec, _, problem = self.spec()
-        if problem is not None:
-            return None
+        """The Envoy pod selector of the policy as cached (None: unusable), for the pod watch."""
+        raw = self.policies.get(POLICY_NAME)
         try:
+            spec = MaintenancePolicy.model_validate(raw).spec if raw is not None else MaintenancePolicySpec()
             return envoy.parse_selector(spec.envoy_pod_selector)
-        except envoy.SelectorError:
+        except (ValidationError, envoy.SelectorError):
             return None
 
-    def observe(self) -> tuple[envoy.Observed, dict[str, Any] | None]:
-        spec, raw, problem = self.spec()
-        now = self.clock.now()
+    async def observe(self, policy: MaintenancePolicy, now: datetime) -> envoy.Observed:
+        spec = policy.spec
         enabled = not spec.should_disable_restart_failed_envoy_pods
+        problem = None
         try:
             selector = envoy.parse_selector(spec.envoy_pod_selector)
         except envoy.SelectorError as err:
-            problem = problem or str(err)
+            problem = str(err)
             selector = {}
         pods: list[envoy.EnvoyPod] = []
         if problem is None and enabled:
@@ -95,7 +86,7 @@ class EnvoyRestartReconciler:
                 if view.uid == self.restarted and not view.deleting:
                     view = replace(view, deleting=True, running=False)
                 pods.append(view)
-        observed = envoy.Observed(
+        return envoy.Observed(
             enabled=enabled,
             duration=parse_duration(spec.envoy_pods_not_ready_duration),
             pods=tuple(pods),
@@ -103,30 +94,35 @@ class EnvoyRestartReconciler:
             selector_error=problem,
             container=spec.envoy_container_name,
         )
-        return observed, raw
 
-    async def reconcile(self, key: str) -> Result | None:
-        if key != POLICY_NAME:
-            return None  # only the policy named default is acted on
-        observed, policy = self.observe()
-        step = envoy.plan(observed)
+    def plan(self, observed: envoy.Observed) -> envoy.Step:
+        return envoy.plan(observed)
+
+    async def act(
+        self, policy: MaintenancePolicy, observed: envoy.Observed, step: envoy.Step, notes: list[Note]
+    ) -> envoy.Step:
         match step:
             case Done():
-                return None
+                pass
             case Wait(reason=reason, seconds=seconds):
                 log.debug("waiting %.0fs: %s", seconds, reason)
-                return Result(requeue_after=seconds)
             case envoy.Invalid(message=message):
-                if policy is not None:
-                    await self.manager.events.record(policy, WARNING, "InvalidEnvoySettings", message)
                 raise TerminalError(f"envoy restarts: {message}", "InvalidEnvoySettings")
             case envoy.Mark(pod=pod, since=since):
                 await self._annotate(pod, rfc3339(since))
             case envoy.Unmark(pod=pod):
                 await self._annotate(pod, None)
             case envoy.Restart():
-                await self._restart(step, observed, policy)
-        return Result(requeue_after=AFTER_STEP)
+                await self._restart(step, observed, notes)
+        return step
+
+    def requeue_after(self, observed: envoy.Observed, step: envoy.Step) -> float | None:
+        match step:
+            case Done():
+                return None
+            case Wait(seconds=seconds):
+                return seconds
+        return AFTER_STEP
 
     # ---- act ---------------------------------------------------------------------------
 
@@ -150,9 +146,7 @@ class EnvoyRestartReconciler:
             raise
         log.info("step: %s %s", "Mark" if value else "Unmark", pod.key)
 
-    async def _restart(
-        self, step: envoy.Restart, observed: envoy.Observed, policy: dict[str, Any] | None
-    ) -> None:
+    async def _restart(self, step: envoy.Restart, observed: envoy.Observed, notes: list[Note]) -> None:
         pod = step.pod
         raw = self.pods.get(pod.key)
         message = envoy.event_message(step, observed.container, observed.duration)
@@ -168,8 +162,7 @@ class EnvoyRestartReconciler:
         self.restarted = pod.uid
         if raw is not None:
             await self.manager.events.record(raw, WARNING, "EnvoyRestarted", message)
-        if policy is not None:
-            await self.manager.events.record(policy, NORMAL, "EnvoyRestarted", message)
+        notes.append(Note("EnvoyRestarted", message))  # on the policy, when there is one
 
 
 def register(manager: Manager, deps: Deps) -> None:

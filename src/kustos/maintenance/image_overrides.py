@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kustos.runtime.steps import Done, Note, Wait
+
 # distribution/reference's grammar (the one container runtimes parse image names with).
 _ALNUM = r"[a-z0-9]+"
 _SEPARATOR = r"(?:[._]|__|[-]+)"
@@ -125,4 +127,93 @@ def rewritten(patch: Sequence[Mapping[str, Any]], pod: Mapping[str, Any]) -> lis
     return result
 
 
-__all__ = ["FIELD", "Overrides", "mutation", "parse", "reference_problem", "rewritten"]
+# ---- the configuration's planner ------------------------------------------------------------
+
+RESYNC = 300.0  # seconds: the configuration is applied again (a renewed CA, a hand deletion)
+STARTING = 1.0  # seconds: the next look while the webhook server is not serving yet
+WARNING = "Warning"  # runtime.events.WARNING (an I/O module a planner may not import)
+
+
+@dataclass(frozen=True)
+class ConfigurationView:
+    """What decides the mutating webhook's configuration."""
+
+    overrides: Overrides
+    """The policy's usable overrides and the problems of the rest (none: no policy)."""
+    serving: bool
+    """The API server can reach the webhook (kustos run has a webhook URL or Service)."""
+    server_ready: bool
+    """The webhook server serves, so its configuration (with the CA) can be built."""
+
+
+@dataclass(frozen=True)
+class ApplyConfiguration:
+    images: int
+
+
+@dataclass(frozen=True)
+class RemoveConfiguration:
+    """No usable override: no pod goes through kustos."""
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Overrides asked for while the webhook cannot be reached: pods keep their images."""
+
+
+ConfigurationStep = ApplyConfiguration | RemoveConfiguration | Unavailable | Wait | Done
+
+
+def plan_configuration(o: ConfigurationView) -> ConfigurationStep:
+    """The configuration exists exactly while there is a usable override and a webhook to call."""
+    if not o.serving:
+        # Never made a configuration to remove (nor may: no RBAC for it without a webhook).
+        return Unavailable() if o.overrides.images else Done()
+    if not o.overrides.images:
+        return RemoveConfiguration()
+    if not o.server_ready:
+        return Wait("the webhook server is starting", seconds=STARTING)
+    return ApplyConfiguration(len(o.overrides.images))
+
+
+def configuration_notes(o: ConfigurationView, step: ConfigurationStep) -> list[Note]:
+    """The Events a pass owes the policy: skipped entries, and overrides that cannot apply."""
+    notes = []
+    if o.overrides.problems:
+        notes.append(
+            Note("InvalidImageOverrides", "entries skipped: " + "; ".join(o.overrides.problems), WARNING)
+        )
+    if isinstance(step, Unavailable):
+        message = (
+            f"{FIELD}: the webhook is off (kustos run has no --webhook-url or webhook Service), "
+            "so pods keep their images"
+        )
+        notes.append(Note("ImageOverridesUnavailable", message, WARNING))
+    return notes
+
+
+def configuration_requeue(step: ConfigurationStep) -> float | None:
+    match step:
+        case ApplyConfiguration():
+            return RESYNC
+        case Wait(seconds=seconds):
+            return seconds
+    return None
+
+
+__all__ = [
+    "FIELD",
+    "ApplyConfiguration",
+    "ConfigurationStep",
+    "ConfigurationView",
+    "Overrides",
+    "RemoveConfiguration",
+    "Unavailable",
+    "configuration_notes",
+    "configuration_requeue",
+    "mutation",
+    "parse",
+    "plan_configuration",
+    "reference_problem",
+    "rewritten",
+]

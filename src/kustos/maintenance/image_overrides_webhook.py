@@ -1,5 +1,6 @@
-"""Pod image overrides (issue #16 item 6): the webhooks, and the controller (``imageoverrides``)
-that keeps the mutating webhook's configuration present exactly while there are overrides.
+"""Pod image overrides (issue #16 item 6): the webhooks. The controller that keeps the mutating
+webhook's configuration present exactly while there are overrides is
+``image_overrides_controller`` (``imageoverrides``).
 
 - The mutating webhook (``overrides.pod.kustos.dev``, failurePolicy Ignore: an operator that is
   down never stops pods being created; they keep their images) rewrites images by the
@@ -24,41 +25,37 @@ from typing import Any
 from kustos.api.maintenance import POLICY_NAME, MaintenancePolicy
 from kustos.maintenance import envoy, image_overrides
 from kustos.runtime import objects
-from kustos.runtime.api import ApiStatusError
-from kustos.runtime.controller import Controller, Result
-from kustos.runtime.deps import Deps
-from kustos.runtime.errors import ReconcileError
-from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import Informer
-from kustos.runtime.manager import Manager
-from kustos.runtime.webhook import MUTATING, AdmissionResponse, Webhook
+from kustos.runtime.webhook import AdmissionResponse, Webhook
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
 POLICIES = MaintenancePolicy.crd.ref
-NAME = "imageoverrides"
 MUTATE_NAME = "overrides.pod.kustos.dev"
 MUTATE_PATH = "/mutate-v1-pod-image-overrides"
 VALIDATE_NAME = "overrides.maintenancepolicy.kustos.dev"
 VALIDATE_PATH = "/validate-kustos-dev-v1alpha1-maintenancepolicy-overrides"
 APPLIED_ANNOTATION = "kustos.dev/image-overrides"
 """Written on a pod whose images the webhook rewrote: ``container: old -> new``, one a line."""
-RESYNC = 300.0  # seconds: the configuration is applied again (a renewed CA, a hand deletion)
 
 
 def configuration_name(base: str) -> str:
     return f"{base}-image-overrides"
 
 
+def overrides_of(policy: Obj | None) -> image_overrides.Overrides:
+    """The overrides of a policy (none when it is absent or being deleted)."""
+    if policy is None or objects.deleting(policy):
+        return image_overrides.Overrides({})
+    entries = (policy.get("spec") or {}).get("podImageOverrides") or []
+    return image_overrides.parse([str(e) for e in entries])
+
+
 def policy_overrides(policies: Informer) -> image_overrides.Overrides:
     """The overrides of the policy named default, from the cache (none when absent)."""
-    raw = policies.get(POLICY_NAME)
-    if raw is None or objects.deleting(raw):
-        return image_overrides.Overrides({})
-    entries = (raw.get("spec") or {}).get("podImageOverrides") or []
-    return image_overrides.parse([str(e) for e in entries])
+    return overrides_of(policies.get(POLICY_NAME))
 
 
 # ---- the webhooks --------------------------------------------------------------------------------
@@ -150,93 +147,13 @@ def webhooks(policies: Informer, base_name: str = "kustos") -> list[Webhook]:
     ]
 
 
-# ---- the configuration's controller -----------------------------------------------------------
-
-
-class ImageOverridesReconciler:
-    def __init__(self, manager: Manager) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.policies = manager.informer(POLICIES)
-        self.configuration = configuration_name(manager.options.webhook_configuration_name)
-        self.serving = bool(manager.options.webhook_url or manager.options.webhook_service)
-
-    async def reconcile(self, key: str) -> Result | None:
-        if key != POLICY_NAME:
-            return None
-        raw = self.policies.get(POLICY_NAME)
-        overrides = policy_overrides(self.policies)
-        if raw is not None and overrides.problems:
-            message = "entries skipped: " + "; ".join(overrides.problems)
-            await self.manager.events.record(raw, WARNING, "InvalidImageOverrides", message)
-        if not self.serving:
-            if raw is not None and overrides.images:
-                await self.manager.events.record(
-                    raw, WARNING, "ImageOverridesUnavailable",
-                    "spec.podImageOverrides: the webhook is off (kustos run has no --webhook-url or "
-                    "webhook Service), so pods keep their images",
-                )  # fmt: skip
-            return None  # and never made a configuration to remove (nor may: no RBAC for it)
-        if not overrides.images or raw is None:
-            await self._remove()
-            return None
-        configurations = self.manager.own_webhook_configurations(self.configuration)
-        if not configurations:
-            return Result(requeue_after=1.0)  # the webhook server is still starting
-        for ref, obj in configurations:
-            obj["metadata"]["ownerReferences"] = [
-                {
-                    "apiVersion": MaintenancePolicy.crd.api_version,
-                    "kind": MaintenancePolicy.crd.kind,
-                    "name": objects.name(raw),
-                    "uid": objects.uid(raw),
-                }
-            ]
-            try:
-                await self.api.apply(ref, obj)
-            except ApiStatusError as err:
-                raise ReconcileError(f"applying {self.configuration}: {err.message}", "ApplyFailed") from err
-        log.info("image overrides on: %d image(s) rewritten", len(overrides.images))
-        return Result(requeue_after=RESYNC)
-
-    async def _remove(self) -> None:
-        try:
-            gone = await self.api.delete(MUTATING, None, self.configuration)
-        except ApiStatusError as err:
-            raise ReconcileError(f"deleting {self.configuration}: {err.message}", "DeleteFailed") from err
-        if gone:
-            log.info("image overrides off: MutatingWebhookConfiguration %s deleted", self.configuration)
-            raw = self.policies.get(POLICY_NAME)
-            if raw is not None:
-                await self.manager.events.record(
-                    raw, NORMAL, "ImageOverridesOff",
-                    f"spec.podImageOverrides is empty: MutatingWebhookConfiguration "
-                    f"{self.configuration} deleted",
-                )  # fmt: skip
-
-
-def register(manager: Manager, deps: Deps) -> None:
-    """The webhooks (when the API server can reach them) and the configuration's controller."""
-    del deps  # no clock: nothing here waits
-    reconciler = ImageOverridesReconciler(manager)
-    if reconciler.serving:
-        for webhook in webhooks(reconciler.policies, manager.options.webhook_configuration_name):
-            manager.add_webhook(webhook)
-    else:
-        log.warning(
-            "the pod image override webhook is off: the API server could not reach it "
-            "(give kustos run --webhook-url, or run it in the cluster behind a webhook Service)"
-        )
-    manager.add_controller(Controller(NAME, POLICIES, reconciler.reconcile))
-
-
 __all__ = [
     "APPLIED_ANNOTATION",
     "MUTATE_NAME",
-    "NAME",
     "VALIDATE_NAME",
     "configuration_name",
+    "overrides_of",
     "policy_denials",
-    "register",
+    "policy_overrides",
     "webhooks",
 ]

@@ -9,9 +9,10 @@ As EKCO does (pkg/cluster/rook_ceph.go): the node leaves every CephCluster's
 The toolbox is an interface (``CephToolbox``): running a command in the toolbox pod is an
 exec through the API server; ``ApiToolbox`` does it itself (runtime.podexec: the operator's
 purge, RBAC ``pods/exec`` get+create in Rook's namespace), ``KubectlToolbox`` with kubectl (the
-CLI's purge). A failed Ceph command, or one that could not be run, is reported and the purge
-goes on, as in EKCO (the OSD is most likely down already); with no toolbox pod the commands
-are reported for a person to run.
+CLI's purge). Which command runs next, and what to say with no toolbox pod (the commands, for
+a person to run), is ``purge_planner``'s. Unlike EKCO, only a failed ``ceph osd down`` lets the
+purge go on (a dead node's OSDs are down already); any other failure, or a command that could
+not run, stops it there (``run_one``).
 """
 
 from __future__ import annotations
@@ -93,16 +94,6 @@ async def osd_deployments(api: Api, namespace: str, node: str) -> list[tuple[str
     return sorted(found)
 
 
-def commands(ids: Sequence[str], node: str) -> list[list[str]]:
-    """EKCO's sequence: each OSD down then purged, then the host out of the CRUSH map."""
-    result = []
-    for osd in ids:
-        result.append(["ceph", "osd", "down", f"osd.{osd}"])
-        result.append(["ceph", "osd", "purge", osd, "--yes-i-really-mean-it"])
-    result.append(["ceph", "osd", "crush", "rm", node])
-    return result
-
-
 async def run_one(toolbox: CephToolbox, argv: Sequence[str]) -> tuple[str, bool]:
     """Run one Ceph command: what happened, as a clause, and whether the purge may go on.
 
@@ -119,35 +110,13 @@ async def run_one(toolbox: CephToolbox, argv: Sequence[str]) -> tuple[str, bool]
     return f"{' '.join(argv)}: {outcome}", tolerated
 
 
-async def purge_osds(toolbox: CephToolbox | None, ids: Sequence[str], node: str) -> str:
-    """Run the Ceph commands until one fails; what happened, one clause per command (the
-    operator runs one command per pass instead, see ``purge.Purger``)."""
-    todo = commands(ids, node)
-    if toolbox is None:
-        return by_hand(todo)
-    said = []
-    for argv in todo:
-        clause, go_on = await run_one(toolbox, argv)
-        said.append(clause)
-        if not go_on:
-            break
-    return "; ".join(said)
-
-
-def by_hand(todo: Sequence[Sequence[str]]) -> str:
-    return "no Ceph toolbox: run by hand in the toolbox pod: " + "; ".join(" ".join(c) for c in todo)
-
-
 __all__ = [
     "CEPH_CLUSTERS",
     "ApiToolbox",
     "CephToolbox",
     "KubectlToolbox",
-    "by_hand",
-    "commands",
     "osd_deployments",
     "osd_of",
-    "purge_osds",
     "remove_storage_node",
     "run_one",
     "storage_nodes_without",

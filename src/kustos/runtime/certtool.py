@@ -104,9 +104,10 @@ def inspect(cert_pem: str) -> dict[str, Any]:
     try:
         san = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         dns_names = san.get_values_for_type(x509.DNSName)
+        ips = [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
     except x509.ExtensionNotFound:
-        dns_names = []
-    return {"not_after": parsed.not_valid_after_utc.isoformat(), "dns_names": dns_names}
+        dns_names, ips = [], []
+    return {"not_after": parsed.not_valid_after_utc.isoformat(), "dns_names": dns_names, "ips": ips}
 
 
 def _answer(request: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from kustos.runtime.leader import LeaderElectionConfig, LeaderElector
 from kustos.runtime.metrics import Metrics
 from kustos.runtime.observations import Observations
 from kustos.runtime.server import ProbeServer, WebhookServer
-from kustos.runtime.webhook import ServingCertificate, Webhook, webhook_configurations
+from kustos.runtime.webhook import CertificateSource, ServingCertificate, Webhook, webhook_configurations
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,11 @@ class ManagerOptions:
     webhook_service: dict[str, Any] | None = None  # {namespace, name, port} inside the cluster
     webhook_configuration_name: str = "kustos"
     certificate: ServingCertificate | None = None
+    certificate_source: CertificateSource | None = None
+    """Read again every ``certificate_check_interval`` seconds: a new certificate is served at
+    once and a new CA bundle written into the webhook configurations (None: ``certificate``
+    for the process's life)."""
+    certificate_check_interval: float = 60.0
     shutdown_timeout: float = 30.0
     cache_sync_timeout: float = 120.0
     """Seconds /readyz waits for every cache; after it a controller still waiting is reported."""
@@ -77,6 +83,8 @@ class Manager:
         self._started_at: float | None = None
         self._webhooks: list[Webhook] = []
         self.webhook_server: WebhookServer | None = None
+        self._applied_ca_bundle: str | None = None  # what the leader last wrote in its configurations
+        self._ca_bundle_listeners: list[Callable[[], None]] = []
         self._stop = asyncio.Event()
         self.elector: LeaderElector | None = None
         self.probes.add_readiness_check("informers", self._informers_synced)
@@ -153,6 +161,11 @@ class Manager:
     def add_webhook(self, webhook: Webhook) -> None:
         self._webhooks.append(webhook)
 
+    def on_ca_bundle_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` when the served CA bundle changes (a rotation), so that a family
+        keeping a configuration of its own (``own_webhook_configurations``) applies it again."""
+        self._ca_bundle_listeners.append(listener)
+
     def _informers_synced(self) -> tuple[bool, str]:
         """Not ready while caches sync; past the sync timeout a cache still waiting (a CRD that is
         absent) no longer fails readiness: the controllers that do not need it run."""
@@ -199,6 +212,8 @@ class Manager:
         if self._webhooks:
             await self._start_webhooks()
         informer_tasks = [asyncio.create_task(i.run()) for i in self._informers.values()]
+        if self.webhook_server is not None and self.options.certificate_source is not None:
+            informer_tasks.append(asyncio.create_task(self._keep_certificate_current()))
         lost = False
         try:
             if self.options.leader_election:
@@ -320,6 +335,31 @@ class Manager:
         server = self.webhook_server
         self.probes.add_readiness_check("webhooks", lambda: (server.serving, "webhook server not serving"))
 
+    async def _keep_certificate_current(self) -> None:
+        """Serve what the certificate source says, and (leader) point the API server at its CA."""
+        source, server = self.options.certificate_source, self.webhook_server
+        assert source is not None and server is not None
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.options.certificate_check_interval)
+            if self._stop.is_set():
+                return
+            # Only a leader whose configurations are in place may rotate: each step must reach them.
+            leading = self._applied_ca_bundle is not None and (self.elector is None or self.elector.is_leader)
+            try:
+                fresh = await source.current(leading)
+                if fresh.cert_pem != server.certificate.cert_pem:
+                    log.info("webhook certificate reloaded (valid until %s)", fresh.not_after.date())
+                server.reload(fresh)
+                if leading and self._applied_ca_bundle != fresh.ca_bundle:
+                    await self._apply_webhook_configurations()
+                    log.info("webhook configurations now trust the CA bundle of %d certificate(s)",
+                             fresh.ca_pem.count(b"BEGIN CERTIFICATE"))  # fmt: skip
+                    for listener in self._ca_bundle_listeners:
+                        listener()
+            except Exception as err:  # an API blip: the served certificate stays, checked again later
+                log.warning("checking the webhook certificate failed: %s", err)
+
     async def _apply_webhook_configurations_until_done(self) -> None:
         """Apply the webhook configurations, retrying with capped backoff: a refusal (RBAC, an
         invalid configuration) is logged and shown in /readyz, never taken for a lost lease."""
@@ -346,15 +386,17 @@ class Manager:
             for webhook in self._webhooks:
                 webhook.namespace_selector = webhook.namespace_selector or selector
         shared = [w for w in self._webhooks if w.configuration is None]
+        bundle = self.webhook_server.certificate.ca_bundle
         configurations = webhook_configurations(
             self.options.webhook_configuration_name,
             shared,
-            self.webhook_server.certificate.ca_bundle,
+            bundle,
             base_url=self.options.webhook_url,
             service=self.options.webhook_service,
         )
         for ref, obj in configurations:
             await self.api.apply(ref, obj)
+        self._applied_ca_bundle = bundle
 
     def own_webhook_configurations(self, configuration: str) -> list[tuple[ResourceRef, dict[str, Any]]]:
         """The configurations of the webhooks that belong to ``configuration`` (their family

@@ -139,8 +139,12 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
 
     # ---- the reconcile -----------------------------------------------------------------------
 
+    def fetch(self, key: str) -> Obj | None:
+        """The object ``key`` names (default: the cache's copy; None: gone, nothing to do)."""
+        return self.cache.get(key)
+
     async def reconcile(self, key: str) -> Result | None:
-        raw = self.cache.get(key)
+        raw = self.fetch(key)
         if raw is None:
             return None
         if objects.deleting(raw) and not self.plans_deletion:

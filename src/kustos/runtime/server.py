@@ -80,6 +80,7 @@ class WebhookServer:
         self.certificate = certificate
         self._webhooks: dict[str, Webhook] = {}
         self._server: HttpServer | None = None
+        self._context: ssl.SSLContext | None = None
         self.port = 0
         self.serving = False
 
@@ -92,7 +93,9 @@ class WebhookServer:
 
     async def start(self) -> None:
         host, port = split_address(self._address)
-        self._server = HttpServer(host, port, ssl_context=self._ssl_context())
+        self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._load(self._context)
+        self._server = HttpServer(host, port, ssl_context=self._context)
         for path in self._webhooks:
             self._server.route("POST", path, self._review)
         await self._server.start()
@@ -104,15 +107,21 @@ class WebhookServer:
         if self._server is not None:
             await self._server.stop()
 
-    def _ssl_context(self) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    def reload(self, certificate: ServingCertificate) -> None:
+        """Serve ``certificate`` from the next TLS handshake on, without a restart: the listening
+        socket keeps its context, whose chain is replaced; open connections keep the old one."""
+        if self._context is not None and certificate.cert_pem != self.certificate.cert_pem:
+            self._load(self._context, certificate)
+        self.certificate = certificate
+
+    def _load(self, context: ssl.SSLContext, certificate: ServingCertificate | None = None) -> None:
+        certificate = certificate or self.certificate
         # ssl loads chains from files only; the key never leaves a private temporary dir.
         with tempfile.TemporaryDirectory() as scratch:
             cert, key = Path(scratch) / "tls.crt", Path(scratch) / "tls.key"
-            cert.write_bytes(self.certificate.cert_pem)
-            key.write_bytes(self.certificate.key_pem)
+            cert.write_bytes(certificate.cert_pem)
+            key.write_bytes(certificate.key_pem)
             context.load_cert_chain(cert, key)
-        return context
 
     async def _review(self, request: Request) -> Response:
         try:

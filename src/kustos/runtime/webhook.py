@@ -10,7 +10,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kustos.runtime import certtool
 from kustos.runtime.informer import ResourceRef
@@ -145,6 +145,14 @@ class ServingCertificate:
     @property
     def ca_bundle(self) -> str:
         return base64.b64encode(self.ca_pem).decode()
+
+
+class CertificateSource(Protocol):
+    """Where a running operator's serving certificate comes from (install/certs.py: the Secret its
+    replicas share). The manager asks it every ``certificate_check_interval``; ``leader``: the
+    caller also keeps the webhook configurations current, so it may rotate the CA."""
+
+    async def current(self, leader: bool) -> ServingCertificate: ...
 
 
 def webhook_configurations(

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,10 +28,9 @@ from kustos.runtime.conditions import is_true
 from kustos.runtime.controller import Controller, Result
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.events import WARNING
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.manager import Manager
-from kustos.runtime.reconciler import invalid_spec
+from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
 from kustos.runtime.record import Note, record
 from kustos.runtime.resources import CLAIMS, DAEMONSETS, DEPLOYMENTS, PODS, STATEFULSETS, STORAGE_CLASSES
 from kustos.runtime.steps import Done, Wait
@@ -54,6 +56,9 @@ NODEJOBS = NodeJob.crd.ref
 WORKLOAD_KINDS = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS}
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 
+AFTER_STEP = 0.2  # seconds: the next pass after a step, once the watch has shown its effect
+Obj = dict[str, Any]
+
 PULL_SCRIPT = "echo done; trap 'exit 0' TERM; while true; do sleep 1; done"
 
 
@@ -61,12 +66,21 @@ def pull_job_name(upgrade: str) -> str:
     return f"{upgrade}-pull"[:63].rstrip("-.")
 
 
-class StorageUpgradeReconciler:
+@dataclass(frozen=True)
+class Seen:
+    """What a pass saw: the planner's observation, and the cluster its steps act on."""
+
+    observed: Observed
+    cluster: StorageCluster | None
+
+
+class StorageUpgradeReconciler(FamilyReconciler[StorageUpgrade, Seen, up.Step]):
+    model = StorageUpgrade
+    plans_deletion = True  # the planner gives back what the upgrade holds, then releases it
+
     def __init__(self, manager: Manager, deps: Deps) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = deps.clock
-        self.upgrades = manager.informer(STORAGEUPGRADES)
+        super().__init__(manager, deps)
+        self.upgrades = self.cache
         self.clusters = manager.informer(STORAGECLUSTERS)
         self.jobs = manager.informer(NODEJOBS)
 
@@ -176,9 +190,8 @@ class StorageUpgradeReconciler:
                 )  # fmt: skip
         return tuple(views)
 
-    async def observe(
-        self, upgrade: StorageUpgrade, cluster: StorageCluster | None, problem: str
-    ) -> Observed:
+    async def observe(self, upgrade: StorageUpgrade, now: datetime) -> Seen:
+        cluster, problem = self._cluster_of(upgrade)
         status = upgrade.status or StorageUpgradeStatus()
         namespace, name = str(objects.namespace(upgrade)), objects.name(upgrade)
         deleting = objects.deleting(upgrade)
@@ -202,11 +215,11 @@ class StorageUpgradeReconciler:
                 daemon_set = await self._daemon_set(cluster)
             if active or deleting:
                 workloads = await self._workloads(cluster, count_pods=status.step == "ScaleDown")
-        return Observed(
+        observed = Observed(
             upgrade=f"{namespace}/{name}",
             new_image=upgrade.spec.new_image,
             step=status.step,
-            now=self.clock.now(),
+            now=now,
             step_started=parse_rfc3339(status.step_start_time),
             timeout=parse_duration(upgrade.spec.step_timeout),
             cluster=cluster_view,
@@ -221,101 +234,88 @@ class StorageUpgradeReconciler:
             generation=objects.generation(upgrade),
             cluster_problem=problem,
             pull_job_progress=_job_progress(job) if status.step == "PullImage" else "",
+            has_finalizer=up.FINALIZER in _finalizers(upgrade.metadata),
         )
+        return Seen(observed, cluster)
 
     # ---- reconcile -------------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> Result | None:
-        raw = self.upgrades.get(key)
-        if raw is None:
-            return None
-        deleting = objects.deleting(raw)
-        if deleting and up.FINALIZER not in (raw["metadata"].get("finalizers") or []):
-            return None
-        try:
-            upgrade = StorageUpgrade.model_validate(raw)
-        except ValidationError as err:
-            if deleting:
-                await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
-                return None
-            invalid = invalid_spec(err)
-            now, generation = self.clock.now(), objects.generation(raw)
-            try:  # what earlier passes recorded (the workloads scaled down) stays
-                previous = StorageUpgradeStatus.model_validate(raw.get("status") or {})
+        """The base's pass, but for an upgrade being deleted whose spec the model refuses:
+        nothing of it can be planned, so it is released (not held for ever)."""
+        raw = self.cache.get(key)
+        if raw is not None and objects.deleting(raw) and up.FINALIZER in _finalizers(raw):
+            try:
+                StorageUpgrade.model_validate(raw)
             except ValidationError:
-                previous = StorageUpgradeStatus()
-            status = up.failed(previous, objects.key(raw), invalid.message, now, generation, "InvalidSpec")
-            news = (raw.get("status") or {}).get("message") != status.message
-            await self._record(
-                raw, status, [Note("InvalidSpec", status.message or "", WARNING)] if news else []
-            )
-            raise invalid from None
-        if not deleting and up.FINALIZER not in (raw["metadata"].get("finalizers") or []):
-            updated = await self.api.add_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
-            raw["metadata"]["resourceVersion"] = updated["metadata"]["resourceVersion"]
-            raw["metadata"]["finalizers"] = updated["metadata"].get("finalizers")
-        cluster, why = self._cluster_of(upgrade)
-        observed = await self.observe(upgrade, cluster, why)
-        step = up.plan(observed)
+                await self._release(raw)
+                return None
+        return await super().reconcile(key)
+
+    def settled(self, upgrade: StorageUpgrade) -> bool:
+        """Being deleted and released: nothing left to give back."""
+        return objects.deleting(upgrade) and up.FINALIZER not in _finalizers(upgrade.metadata)
+
+    def plan(self, seen: Seen) -> up.Step:
+        step = up.plan(seen.observed)
         if isinstance(step, Wait | Done):
             log.debug("planned %s", step)
         else:
             log.info("step: %s", step)
-        if isinstance(step, Done):
-            return None
-        failure: ReconcileError | None = None
-        notes: list[Note] = []
+        return step
+
+    def status(self, seen: Seen, step: up.Step, now: datetime, failure: ReconcileError | None) -> Obj:
+        return up.status(seen.observed, step, now, failure).model_dump(by_alias=True)
+
+    def rejected(self, raw: Obj, failure: InvalidSpec, now: datetime) -> Obj:
+        """Failed for good, saying how to give back the workloads earlier passes scaled down."""
         try:
-            notes = await self.act(raw, upgrade, cluster, step)
-        except ReconcileError as err:
-            failure = err
-        if failure is None and not isinstance(step, Wait | up.Fail | up.Advance):
-            faults.exit_after(type(step).__name__)  # acted, not yet recorded
-        status = up.status(observed, step, observed.now, failure)
-        notes += self._notes(observed, step, status, failure)
-        try:
-            await self._record(raw, status, notes)
-        except ApiStatusError as err:
-            # A workload's restored mark is progress only: the workload itself says it is restored
-            # (its annotation is gone), and completing marks every recorded workload restored.
-            if not (isinstance(step, up.ScaleUp) and err.conflict and failure is None):
-                raise
-        if failure is not None:
-            raise failure
-        if isinstance(step, up.Advance | up.Fail):
-            faults.exit_after(f"Advance{step.to}" if isinstance(step, up.Advance) else "Fail")
+            previous = StorageUpgradeStatus.model_validate(raw.get("status") or {})
+        except ValidationError:
+            previous = StorageUpgradeStatus()
+        key, generation = objects.key(raw), objects.generation(raw)
+        status = up.failed(previous, key, failure.message, now, generation, "InvalidSpec")
+        return status.model_dump(by_alias=True)
+
+    def requeue_after(self, seen: Seen, step: up.Step) -> float | None:
         match step:
             case Wait(seconds=seconds):
-                return Result(requeue_after=seconds)
-            case up.Fail() | up.Release():
+                return seconds
+            case Done() | up.Fail() | up.Release() | up.Advance(to="Completed"):
                 return None
-            case up.Advance(to=to):
-                return None if to == "Completed" else Result(requeue_after=0.2)
-        return Result(requeue_after=0.2)
+        return AFTER_STEP
 
-    def _notes(
-        self, o: Observed, step: up.Step, status: StorageUpgradeStatus, failure: ReconcileError | None
-    ) -> list[Note]:
-        """The Events of this pass: entering a step, failing, a missing cluster (when news)."""
-        if failure is not None:
-            return []
-        match step:
-            case Wait() if o.cluster is None and o.cluster_problem and status.message != o.previous.message:
-                return [Note("ClusterNotFound", o.cluster_problem, WARNING)]
-            case up.Fail():
-                return [Note("UpgradeFailed", (status.message or "")[:1000], WARNING)]
-            case up.Advance():
-                reason, message = up.enter_message(o, step, len(status.workloads))
-                return [Note(reason, message)]
-        return []
+    async def write_status(self, raw: Obj, status: Obj, notes: list[Note]) -> None:
+        """The one write, with an invalid spec's Event when it is news. A conflict on a write
+        that records no new step (a workload's restored mark, a wait's message) is left to
+        the next pass, which sees the same and says it again; a new step is retried."""
+        old = raw.get("status") or {}
+        told = [*notes, *up.rejection_notes(old, status)]
+        try:
+            await record(self.api, STORAGEUPGRADES, raw, status, self.manager.events, notes=told, announce=())
+        except ApiStatusError as err:
+            if not (err.conflict and status.get("step") == old.get("step")):
+                raise
 
-    async def act(
-        self, raw: dict[str, Any], upgrade: StorageUpgrade, cluster: StorageCluster | None, step: up.Step
-    ) -> list[Note]:
-        """Take ``step`` (Wait, Fail and Advance are only recorded); the Events it makes."""
+    # ---- act -------------------------------------------------------------------------------
+
+    async def act(self, upgrade: StorageUpgrade, seen: Seen, step: up.Step, notes: list[Note]) -> up.Step:
+        """Take ``step`` (Wait, Fail and Advance are only recorded), then say it in ``notes``."""
+        await self._take(upgrade, seen.cluster, step)
+        if not isinstance(step, Wait | Done | up.Fail | up.Advance):
+            faults.exit_after(type(step).__name__)  # acted, not yet recorded
+        o = seen.observed
+        notes.extend(up.notes(o, step, up.status(o, step, o.now)))
+        return step
+
+    async def _take(self, upgrade: StorageUpgrade, cluster: StorageCluster | None, step: up.Step) -> None:
         namespace, name = str(objects.namespace(upgrade)), objects.name(upgrade)
         patch: dict[str, Any]
         match step:
+            case up.AddFinalizer():
+                raw = self.cache.get(objects.key(upgrade))
+                if raw is not None:
+                    await self.api.add_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
             case up.CreatePullJob():
                 assert cluster is not None
                 try:
@@ -339,7 +339,6 @@ class StorageUpgradeReconciler:
                 await self.api.patch(
                     STORAGECLUSTERS, namespace, objects.name(cluster), patch_ops, kind="json"
                 )
-                return [Note("MaintenanceOff", f"Cluster {cluster.metadata['name']} left maintenance mode")]
             case up.ScaleDown(workload=w, remember=remember):
                 patch = {
                     "metadata": {
@@ -357,9 +356,6 @@ class StorageUpgradeReconciler:
                     "spec": {"replicas": replicas},
                 }
                 await self.api.patch(WORKLOAD_KINDS[w.kind], w.namespace, w.name, patch)
-                return [
-                    Note("WorkloadRestored", f"{w.kind} {w.namespace}/{w.name} scaled back to {replicas}")
-                ]
             case up.PatchDaemonSet(image=image):
                 assert cluster is not None
                 ds_namespace, ds_name = names.node_daemonset(cluster)
@@ -379,18 +375,16 @@ class StorageUpgradeReconciler:
                 patch = {"spec": {"images": {"nodeContainer": image}}}
                 await self.api.patch(STORAGECLUSTERS, namespace, objects.name(cluster), patch)
             case up.Release():
-                try:
-                    await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
-                except ApiStatusError as err:
-                    if not err.not_found:  # a stale cache: an earlier pass released it already
-                        raise
-        return []
+                raw = self.cache.get(objects.key(upgrade))
+                if raw is not None:
+                    await self._release(raw)
 
-    # ---- record -----------------------------------------------------------------------------
-
-    async def _record(self, raw: dict[str, Any], status: StorageUpgradeStatus, notes: list[Note]) -> None:
-        await record(self.api, STORAGEUPGRADES, raw, status.model_dump(by_alias=True), self.manager.events,
-                     notes=notes, announce=())  # fmt: skip
+    async def _release(self, raw: Obj) -> None:
+        try:
+            await self.api.remove_finalizer(STORAGEUPGRADES, raw, up.FINALIZER)
+        except ApiStatusError as err:
+            if not err.not_found:  # a stale cache: an earlier pass released it already
+                raise
 
 
 def pull_job(upgrade: StorageUpgrade, cluster: StorageCluster) -> dict[str, Any]:
@@ -423,6 +417,11 @@ def pull_job(upgrade: StorageUpgrade, cluster: StorageCluster) -> dict[str, Any]
             "tolerations": cluster.spec.tolerations,
         },
     }
+
+
+def _finalizers(obj: Mapping[str, Any]) -> list[str]:
+    meta = obj.get("metadata", obj)
+    return list(meta.get("finalizers") or [])
 
 
 def _job_failure(job: dict[str, Any] | None) -> str | None:

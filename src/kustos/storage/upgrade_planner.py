@@ -31,7 +31,7 @@ from kustos.api.common import Condition
 from kustos.api.storageupgrade import StorageUpgradeStatus, UpgradeStep, WorkloadStatus
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.steps import Done, Wait
+from kustos.runtime.steps import Done, Note, Wait
 from kustos.runtime.times import rfc3339
 
 REPLICAS_ANNOTATION = "kustos.dev/upgrade-replicas"
@@ -133,6 +133,8 @@ class Observed:
     """Why no single StorageCluster was found (not found, several, invalid)."""
     pull_job_progress: str = ""
     """The pre-pull NodeJob's progress, as its status says it (`` (2/3 nodes: ...)``)."""
+    has_finalizer: bool = True
+    """The upgrade carries ``FINALIZER``: deleting it gives back what it holds first."""
 
 
 # ---- what to do ------------------------------------------------------------------------------
@@ -201,9 +203,14 @@ class Release:
     """Everything the upgrade held is given back: remove its finalizer."""
 
 
+@dataclass(frozen=True)
+class AddFinalizer:
+    """Before the upgrade holds anything, so that deleting it gives everything back."""
+
+
 Step = (
-    Wait | Done | Advance | Fail | CreatePullJob | DeletePullJob | SetMaintenance | ClearMaintenance
-    | ScaleDown | ScaleUp | PatchDaemonSet | DeleteNodePod | SetClusterImage | Release
+    Wait | Done | AddFinalizer | Advance | Fail | CreatePullJob | DeletePullJob | SetMaintenance
+    | ClearMaintenance | ScaleDown | ScaleUp | PatchDaemonSet | DeleteNodePod | SetClusterImage | Release
 )  # fmt: skip
 
 
@@ -299,6 +306,8 @@ def plan_deletion(o: Observed) -> Step:
 def plan(o: Observed) -> Step:
     if o.deleting:
         return plan_deletion(o)
+    if not o.has_finalizer:
+        return AddFinalizer()
     if o.step in ("Completed", "Failed"):
         return Done()
     if o.cluster is None:
@@ -550,3 +559,32 @@ def status(
                 if (recorded.kind, recorded.namespace, recorded.name) == w.key:
                     recorded.restored = True
     return result
+
+
+WARNING = "Warning"  # runtime.events.WARNING (an I/O module a planner may not import)
+
+
+def notes(o: Observed, step: Step, result: StorageUpgradeStatus) -> list[Note]:
+    """The Events of a step taken (a failed one has its condition): entering a step, failing
+    for good, a missing cluster (when that is news)."""
+    match step:
+        case Wait() if o.cluster is None and o.cluster_problem and result.message != o.previous.message:
+            return [Note("ClusterNotFound", o.cluster_problem, WARNING)]
+        case Fail():
+            return [Note("UpgradeFailed", (result.message or "")[:1000], WARNING)]
+        case Advance():
+            reason, message = enter_message(o, step, len(result.workloads))
+            return [Note(reason, message)]
+        case ScaleUp(workload=w, replicas=replicas):
+            return [Note("WorkloadRestored", f"{w.kind} {w.namespace}/{w.name} scaled back to {replicas}")]
+        case ClearMaintenance() if o.cluster is not None:
+            return [Note("MaintenanceOff", f"Cluster {o.cluster.name} left maintenance mode")]
+    return []
+
+
+def rejection_notes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Note]:
+    """An invalid spec's Event, once: when the status says it anew."""
+    failed = next((c for c in new.get("conditions") or [] if c.get("type") == "Failed"), None) or {}
+    if failed.get("reason") != "InvalidSpec" or new.get("message") == old.get("message"):
+        return []
+    return [Note("InvalidSpec", str(new.get("message") or ""), WARNING)]

@@ -13,8 +13,17 @@ from datetime import datetime, timedelta
 
 from cronsim import CronSim, CronSimError
 
-from kustos.api.etcd import AutoCompactionSpec, DefragmentationSpec, MaintenanceSpec
+from kustos.api.etcd import (
+    AutoCompactionSpec,
+    DefragmentationRecord,
+    DefragmentationSpec,
+    MaintenanceSpec,
+    MaintenanceStatus,
+    NoSpaceRecovery,
+)
 from kustos.runtime import quantity
+from kustos.runtime.errors import ReconcileError
+from kustos.runtime.steps import Note
 from kustos.runtime.steps import Wait as Wait  # the shared step, in this planner's Step union
 
 
@@ -225,3 +234,145 @@ def plan(o: Observed) -> Step:
 
 def settings(spec: MaintenanceSpec | None) -> DefragmentationSpec:
     return spec.defragmentation if spec is not None else DefragmentationSpec()
+
+
+# ---- what a step did, and the record of it ------------------------------------------------
+#
+# The controller acts on a step and returns what it did (an outcome below); ``record`` turns
+# the recorded ``status.maintenance`` and that outcome into the next one, and ``notes`` into
+# the Events said once.
+
+WARNING = "Warning"  # runtime.events.WARNING: the planner stays clear of the Events client
+
+
+@dataclass(frozen=True)
+class Started:
+    """The intent, recorded before a defragmentation starts: nothing else starts meanwhile,
+    and an operator that stops in the middle leaves a record the next one finishes."""
+
+    member: MemberView
+    reason: str
+    at: str
+
+
+@dataclass(frozen=True)
+class Defragmented:
+    """A defragmentation ended (``error``: how it failed; ``seconds`` None: it was started by
+    an operator that then stopped, and is finished from the member's answer)."""
+
+    started: DefragmentationRecord
+    after: MemberView
+    error: str | None
+    seconds: float | None
+    at: str
+
+
+@dataclass(frozen=True)
+class Compacted:
+    revision: int
+    at: str
+
+
+@dataclass(frozen=True)
+class Disarmed:
+    shortage: str | None
+    """What the cluster needs when its live data would fill the quota again (None: it fits)."""
+
+
+@dataclass(frozen=True)
+class Say:
+    """Nothing done; ``message`` is worth recording (a wait a user may wonder about, a spec
+    error): written only when it changed."""
+
+    message: str
+    invalid: bool = False
+    seconds: float | None = None
+
+
+Outcome = Started | Defragmented | Compacted | Disarmed | FinishSpace | Say
+
+
+def started(recorded: MaintenanceStatus, step: Started) -> MaintenanceStatus:
+    s = recorded.model_copy(deep=True)
+    member = step.member
+    s.in_progress = DefragmentationRecord(
+        member=member.name, started_at=step.at, db_size_before=member.db_size, leader=member.leader
+    )
+    s.message = f"defragmenting {step.reason}"
+    return s
+
+
+def record(
+    recorded: MaintenanceStatus, outcome: Outcome | Step, failure: ReconcileError | None
+) -> MaintenanceStatus:
+    """``status.maintenance`` after ``outcome`` (a step left as planned changes nothing)."""
+    s = recorded.model_copy(deep=True)
+    if failure is not None:
+        s.message = f"{failure.reason}: {failure.message}"
+        return s
+    match outcome:
+        case Started():
+            return started(recorded, outcome)
+        case Defragmented(started=start, after=after, error=error, at=at):
+            done = start.model_copy(update={"completed_at": at, "error": error})
+            if after.db_size:
+                done.db_size_after = after.db_size
+                done.reclaimed = max(0, done.db_size_before - after.db_size)
+            s.in_progress = None
+            if error is None and s.no_space is not None and done.member not in s.no_space.defragmented:
+                s.no_space.defragmented.append(done.member)
+            s.defragmentations = [*(d for d in s.defragmentations if d.member != done.member), done]
+            s.message = defragmented_message(outcome, done)
+        case Compacted(revision=revision, at=at):
+            s.no_space = NoSpaceRecovery(started_at=at, compacted_revision=revision)
+            s.message = f"NOSPACE: compacted the history to revision {revision}"
+        case Disarmed(shortage=shortage):
+            message = disarmed_message(recorded)
+            s.no_space, s.message = None, f"{message}; {shortage}" if shortage else message
+        case FinishSpace():
+            s.no_space, s.message = None, "the NOSPACE alarm is no longer raised"
+        case Say(message=message):
+            s.message = message
+    return s
+
+
+def notes(recorded: MaintenanceStatus, outcome: Outcome | Step) -> list[Note]:
+    """The Events ``outcome`` says once."""
+    match outcome:
+        case Defragmented(error=None):
+            return [Note("Defragmented", record(recorded, outcome, None).message or "")]
+        case Defragmented():
+            return [Note("DefragmentationFailed", record(recorded, outcome, None).message or "", WARNING)]
+        case Compacted(revision=revision):
+            message = (
+                f"etcd's NOSPACE alarm is raised: compacted to revision {revision}; "
+                "defragmenting each member, then disarming"
+            )
+            return [Note("NoSpaceRecovering", message, WARNING)]
+        case Disarmed(shortage=shortage):
+            said = [Note("SpaceRecovered", disarmed_message(recorded))]
+            return [*said, Note("VolumeTooSmall", shortage, WARNING)] if shortage else said
+        case FinishSpace():
+            return [Note("SpaceRecovered", "the NOSPACE alarm is no longer raised")]
+        case Say(message=message, invalid=True) if message != recorded.message:
+            return [Note("MaintenanceInvalid", message, WARNING)]
+    return []
+
+
+def defragmented_message(outcome: Defragmented, done: DefragmentationRecord) -> str:
+    if outcome.error is not None:
+        return f"defragmenting {done.member} failed: {outcome.error}"
+    took = f" in {outcome.seconds:.1f}s" if outcome.seconds is not None else ""
+    role = "leader" if done.leader else "follower"
+    return (
+        f"defragmented {role} {done.member}{took}: "
+        f"{done.db_size_before} -> {done.db_size_after} bytes ({done.reclaimed} reclaimed)"
+    )
+
+
+def disarmed_message(recorded: MaintenanceStatus) -> str:
+    done = recorded.no_space or NoSpaceRecovery(started_at="")
+    return (
+        f"NOSPACE alarm disarmed after compacting to revision {done.compacted_revision} and "
+        f"defragmenting {', '.join(done.defragmented) or 'no member'}: writes are accepted again"
+    )

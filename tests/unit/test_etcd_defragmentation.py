@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from kustos.api.etcd import EtcdCluster, MaintenanceSpec
-from kustos.etcd import maintenance as m
+from kustos.api.etcd import DefragmentationRecord, EtcdCluster, MaintenanceSpec, MaintenanceStatus
+from kustos.etcd import defragmentation as m
 from kustos.etcd.pods import member_pod
+from kustos.runtime.errors import ReconcileError
 
 MiB = 2**20
 
@@ -291,3 +292,64 @@ def test_rounds_visit_each_fragmented_member_once_one_at_a_time_leader_last(o: m
     assert len(order) == len(expected)
     leaders = [i for i, x in enumerate(order) if x.leader]
     assert leaders in ([], [len(order) - 1])
+
+
+# ---- the record a step leaves in status.maintenance -------------------------------------
+
+
+def test_a_defragmentation_records_its_intent_then_its_outcome_once() -> None:
+    follower = member("b", size=100 * MiB, in_use=10 * MiB)
+    empty = MaintenanceStatus()
+    intent = m.started(empty, m.Started(follower, "follower b", "t0"))
+    assert intent.in_progress is not None and intent.in_progress.member == "b"
+    assert intent.in_progress.db_size_before == 100 * MiB
+    after = replace(follower, db_size=12 * MiB)
+    outcome = m.Defragmented(intent.in_progress, after, None, 1.5, "t1")
+    done = m.record(intent, outcome, None)
+    assert done.in_progress is None and len(done.defragmentations) == 1
+    (d,) = done.defragmentations
+    assert (d.completed_at, d.db_size_after, d.reclaimed) == ("t1", 12 * MiB, 88 * MiB)
+    assert (
+        done.message
+        == f"defragmented follower b in 1.5s: {100 * MiB} -> {12 * MiB} bytes ({88 * MiB} reclaimed)"
+    )
+    assert [n.reason for n in m.notes(intent, outcome)] == ["Defragmented"]
+    # A second round replaces the member's record: one per member.
+    again = m.record(done, replace(outcome, at="t2"), None)
+    assert [r.completed_at for r in again.defragmentations] == ["t2"]
+
+
+def test_a_failed_defragmentation_is_recorded_with_its_error_and_warned() -> None:
+    started = DefragmentationRecord(member="a", started_at="t0", db_size_before=MiB, leader=True)
+    outcome = m.Defragmented(started, member("a", healthy=False, size=0), "deadline exceeded", 600.0, "t1")
+    done = m.record(MaintenanceStatus(in_progress=started), outcome, None)
+    assert done.defragmentations[0].error == "deadline exceeded" and done.in_progress is None
+    assert [(n.reason, n.type) for n in m.notes(done, outcome)] == [("DefragmentationFailed", "Warning")]
+
+
+def test_nospace_recovery_is_recorded_step_by_step() -> None:
+    compacted = m.record(MaintenanceStatus(), m.Compacted(500, "t0"), None)
+    assert compacted.no_space is not None and compacted.no_space.compacted_revision == 500
+    assert [n.reason for n in m.notes(MaintenanceStatus(), m.Compacted(500, "t0"))] == ["NoSpaceRecovering"]
+    started = DefragmentationRecord(member="a", started_at="t1", db_size_before=8 * MiB)
+    defragmented = m.record(compacted, m.Defragmented(started, member("a"), None, 1.0, "t2"), None)
+    assert defragmented.no_space is not None and defragmented.no_space.defragmented == ["a"]
+    disarmed = m.record(defragmented, m.Disarmed("give it 64Mi"), None)
+    assert disarmed.no_space is None and disarmed.message is not None
+    assert "revision 500" in disarmed.message and disarmed.message.endswith("; give it 64Mi")
+    assert [n.reason for n in m.notes(defragmented, m.Disarmed("give it 64Mi"))] == [
+        "SpaceRecovered", "VolumeTooSmall",
+    ]  # fmt: skip
+
+
+def test_a_wait_is_said_once_and_a_failure_keeps_the_record() -> None:
+    invalid = m.Say("spec.maintenance.defragmentation.schedule: bad", invalid=True)
+    said = m.record(MaintenanceStatus(), invalid, None)
+    assert said.message == invalid.message
+    assert [n.reason for n in m.notes(MaintenanceStatus(), invalid)] == ["MaintenanceInvalid"]
+    assert m.notes(said, invalid) == []  # said already: no second Event
+    started = DefragmentationRecord(member="a", started_at="t0")
+    failed = m.record(
+        MaintenanceStatus(in_progress=started), m.Disarm(), ReconcileError("refused", "EtcdError")
+    )
+    assert failed.in_progress == started and failed.message == "EtcdError: refused"

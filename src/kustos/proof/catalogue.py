@@ -1,0 +1,89 @@
+"""Every operator action the proof suite must run under load (issue 25), one entry each.
+
+A scenario records its history under its entry's ``title``, so the report can say, for every
+action, whether a checked history proves it this run, or that no scenario exists yet (and why).
+The order is the order of the work: cheapest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kustos.proof.check import Verdict
+
+__all__ = ["ACTIONS", "Action", "action", "coverage_table"]
+
+
+@dataclass(frozen=True)
+class Action:
+    key: str
+    title: str  # the scenario name its history carries (the report's row)
+    test: str | None = None  # the test in tests/integration/test_proof.py that records it
+    missing: str = ""  # why no scenario exists yet
+
+
+_SOON = "not yet: a scenario of its own"
+_REAL = "not yet: needs the dev cluster's real nodes (kubelet) under the machine-wide lock"
+
+ACTIONS: tuple[Action, ...] = (
+    Action("etcd-killed", "etcd process killed (no operator)",
+           "test_a_member_killed_under_load_leaves_a_linearizable_history"),
+    Action("create", "create (members join under load)",
+           "test_create_and_resize_under_load_leave_linearizable_histories"),
+    Action("scale-up", "scale up 3 to 5",
+           "test_create_and_resize_under_load_leave_linearizable_histories"),
+    Action("scale-down", "scale down 5 to 3",
+           "test_create_and_resize_under_load_leave_linearizable_histories"),
+    Action("pod-deleted", "member pod deleted (operator replaces it)",
+           "test_a_member_pod_deleted_under_load_leaves_a_linearizable_history"),
+    Action("container-killed", "member container killed (restarted in place)",
+           "test_a_member_container_killed_under_load_leaves_a_linearizable_history"),
+    Action("operator-killed", "operator killed mid-step (after AddMember), next one finishes",
+           "test_the_operator_killed_mid_step_under_load_leaves_a_linearizable_history"),
+    Action("soak", "soak: pod deletions in a loop, operator sampled",
+           "test_a_soak_keeps_histories_linearizable_and_the_operator_flat"),
+    Action("node-stopped", "node stopped (member replaced elsewhere)", missing=_SOON),
+    Action("node-partitioned", "node partitioned and healed", missing=_SOON),
+    Action("leader-partitioned", "etcd leader's node partitioned", missing=_SOON),
+    Action("defragmentation", "defragmentation", missing=_SOON),
+    Action("upgrade-rollback", "upgrade and rollback", missing=_SOON),
+    Action("chained-upgrade", "chained upgrade", missing=_SOON),
+    Action("ca-rotation", "CA rotation", missing=_SOON),
+    Action("backup", "backup under load", missing=_SOON),
+    Action("restore", "restore",
+           missing="the documented exception: a restore replaces the data, so no history spans it"),
+    Action("quorum-rebuild", "quorum-loss rebuild, approved", missing=_SOON),
+    Action("quorum-rebuild-unapproved", "quorum-loss rebuild, waiting for approval", missing=_SOON),
+    Action("drain", "node drain with member migration", missing=_REAL),
+    Action("nodeimage", "NodeImage rollout with etcd members on the nodes", missing=_REAL),
+    Action("dead-node", "dead-node clearing with etcd members on the nodes", missing=_REAL),
+)  # fmt: skip
+
+
+def action(key: str) -> Action:
+    for entry in ACTIONS:
+        if entry.key == key:
+            return entry
+    raise KeyError(f"no proof action {key!r}")
+
+
+def coverage_table(verdicts: Iterable[Verdict], actions: tuple[Action, ...] = ACTIONS) -> str:
+    """Which actions a checked history proved in this run, which failed or did not run, and
+    which have no scenario yet (Markdown)."""
+    by_title: dict[str, list[Verdict]] = {}
+    for v in verdicts:
+        by_title.setdefault(v.scenario, []).append(v)
+    lines = ["| action | scenario | this run |", "|---|---|---|"]
+    for entry in actions:
+        if entry.test is None:
+            lines.append(f"| {entry.title} | — | {entry.missing} |")
+            continue
+        runs = by_title.get(entry.title, [])
+        if not runs:
+            outcome = "not run"
+        else:
+            passed = sum(v.passed for v in runs)
+            outcome = f"{passed} of {len(runs)} histories proven" if len(runs) > 1 else runs[0].verdict
+        lines.append(f"| {entry.title} | `{entry.test}` | {outcome} |")
+    return "\n".join(lines)
