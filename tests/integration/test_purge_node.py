@@ -16,6 +16,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -150,22 +151,25 @@ def apiserver_pod(node: str, ip: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def stacked(dev_cluster: DevCluster, tmp_path: Path) -> Iterator[tuple[list[Member], Path]]:
-    """Three control-plane Nodes, each with its kubeadm-style etcd member on its InternalIP."""
+@contextmanager
+def stacked_control_plane(
+    dev_cluster: DevCluster, directory: Path, prefix: str = "purge", first_index: int = FIRST_INDEX
+) -> Iterator[tuple[list[Member], Path]]:
+    """Three control-plane Nodes, each with its kubeadm-style etcd member on its InternalIP
+    (``<cluster>-<prefix>-<i>``, node indices from ``first_index``); all gone at the end."""
     slot = dev_cluster.slot
-    names = [f"{dev_cluster.config.name}-purge-{i}" for i in range(3)]
+    names = [f"{dev_cluster.config.name}-{prefix}-{i}" for i in range(3)]
     manifests = []
     for i, name in enumerate(names):
-        node = node_manifest(name, slot, FIRST_INDEX + i, control_plane=True)
+        node = node_manifest(name, slot, first_index + i, control_plane=True)
         node["spec"]["taints"].append(TEST_TAINT)
         manifests.append(node)
     members = [
-        Member(n["metadata"]["name"], n["status"]["addresses"][0]["address"], tmp_path / f"data-{i}")
+        Member(n["metadata"]["name"], n["status"]["addresses"][0]["address"], directory / f"data-{i}")
         for i, n in enumerate(manifests)
     ]
-    pki = kubeadm_pki(tmp_path / "pki", members)
-    logs = tmp_path / "logs"
+    pki = kubeadm_pki(directory / "pki", members)
+    logs = directory / "logs"
     logs.mkdir()
     for member in members:
         start_etcd(member, members, pki, logs)
@@ -187,6 +191,12 @@ def stacked(dev_cluster: DevCluster, tmp_path: Path) -> Iterator[tuple[list[Memb
             dev_cluster.kubectl(
                 "delete", "pod", "-n", "kube-system", pod, "--grace-period=0", "--force", check=False
             )
+
+
+@pytest.fixture
+def stacked(dev_cluster: DevCluster, tmp_path: Path) -> Iterator[tuple[list[Member], Path]]:
+    with stacked_control_plane(dev_cluster, tmp_path) as control_plane:
+        yield control_plane
 
 
 async def test_purge_of_a_stacked_etcd_control_plane_node_keeps_quorum(

@@ -41,6 +41,7 @@ from typing import Any, BinaryIO, NamedTuple, Self, TypeAlias, cast
 
 import httpx2 as httpx  # the API client's httpx2: one HTTP stack loaded, not two
 
+from kustos.runtime import crashpoints
 from kustos.runtime.errors import ReconcileError
 
 __all__ = [
@@ -944,6 +945,7 @@ class EtcdClient:
             raise EtcdError(f"{path}: not JSON: {response.text[:200]!r}", None, self.endpoint) from exc
         if not isinstance(payload, dict):
             raise EtcdError(f"{path}: unexpected answer {payload!r:.200}", None, self.endpoint)
+        crashpoints.etcd_write(self.endpoint, path, body)  # every call goes through here
         return payload
 
     # ----------------------------------------------------------------- cluster

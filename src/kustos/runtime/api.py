@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx2
 
+from kustos.runtime import crashpoints
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.kube import FIELD_MANAGER, api_path
@@ -108,11 +109,16 @@ class Api:
             del self._status_writes[key]
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx2.Response:
-        """One request; a transport failure (connect, read, timeout) raises ``ApiUnreachable``."""
+        """One request; a transport failure (connect, read, timeout) raises ``ApiUnreachable``.
+
+        Every request goes through here, so it is where an accepted write is counted (a crash
+        point of the proof suite's crash tests)."""
         try:
-            return await self._raw.request(method, path, **kwargs)
+            response = await self._raw.request(method, path, **kwargs)
         except httpx2.TransportError as err:
             raise ApiUnreachable(method, path, err) from err
+        crashpoints.api_write(method, path, response.status_code)
+        return response
 
     @staticmethod
     def path(ref: ResourceRef, namespace: str | None, name: str = "", sub: str = "") -> str:

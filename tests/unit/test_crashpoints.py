@@ -1,0 +1,66 @@
+"""Crash points: a process exits right after its k-th accepted write, and logs what it wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kustos.runtime.crashpoints import EXIT_CODE, CrashPoints, logged_writes
+
+# What an operator's pass might send: reads and refusals between accepted writes.
+CALLS = """
+from kustos.runtime import crashpoints as c
+c.api_write("GET", "/api/v1/pods", 200)
+c.api_write("PATCH", "/apis/kustos.dev/v1/etcdclusters/a/status", 200)
+c.api_write("POST", "/api/v1/pods", 409)
+c.etcd_write("http://m:2379", "/v3/cluster/member/list", {})
+c.etcd_write("http://m:2379", "/v3/maintenance/alarm", {"action": "GET"})
+c.etcd_write("http://m:2379", "/v3/cluster/member/add", {"peerURLs": []})
+c.api_write("DELETE", "/api/v1/pods/a-1", 200)
+c.etcd_write("http://m:2379", "/v3/maintenance/alarm", {"action": "DEACTIVATE"})
+print("finished")
+"""
+WRITES = [
+    "api PATCH /apis/kustos.dev/v1/etcdclusters/a/status",
+    "etcd /v3/cluster/member/add http://m:2379",
+    "api DELETE /api/v1/pods/a-1",
+    "etcd /v3/maintenance/alarm http://m:2379",
+]
+
+
+def run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KUSTOS_")}
+    return subprocess.run(
+        [sys.executable, "-c", CALLS], env={**clean, **env}, capture_output=True, text=True, check=False
+    )
+
+
+def test_a_clean_run_logs_every_accepted_write_and_nothing_else(tmp_path: Path) -> None:
+    log = tmp_path / "writes"
+    result = run({"KUSTOS_WRITE_LOG": str(log)})
+    assert result.returncode == 0 and "finished" in result.stdout
+    assert logged_writes(log) == WRITES
+
+
+@pytest.mark.parametrize("k", range(1, len(WRITES) + 1))
+def test_the_process_exits_right_after_write_k(k: int, tmp_path: Path) -> None:
+    log = tmp_path / "writes"
+    result = run({"KUSTOS_CRASH_AFTER_WRITE": str(k), "KUSTOS_WRITE_LOG": str(log)})
+    assert result.returncode == EXIT_CODE and "finished" not in result.stdout
+    assert logged_writes(log) == WRITES[:k]
+    assert f"exiting after write {k} ({WRITES[k - 1]})" in result.stderr
+
+
+def test_without_the_variables_nothing_is_counted() -> None:
+    assert not CrashPoints.from_env({}).active
+    assert run({}).returncode == 0
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_write_number_is_refused_naming_the_variable(value: str) -> None:
+    with pytest.raises(ValueError, match="KUSTOS_CRASH_AFTER_WRITE"):
+        CrashPoints.from_env({"KUSTOS_CRASH_AFTER_WRITE": value})
