@@ -141,7 +141,7 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
         # Within one pass (a key is never reconciled twice at once): what ``act`` learnt that the
         # base's record and requeue need, the status recorded as the step's intent and when to
         # look again (an etcd refusal asks sooner, a wait as long as it said).
-        self._intents: dict[str, Obj] = {}
+        self._intents: dict[str, Obj | None] = {}  # None: the intent could not be recorded
         self._look_again: dict[str, float] = {}
 
     def _saw_pod(self, _kind: str, pod: dict[str, Any], _old: dict[str, Any] | None) -> None:
@@ -224,6 +224,9 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
         the newest copy of this generation: what another writer (the maintenance controller)
         recorded meanwhile is kept. A newer spec waits for the next pass."""
         key = objects.key(raw)
+        if key in self._intents and self._intents[key] is None:
+            del self._intents[key]
+            return  # the step's intent was refused (a conflict): the pass fails as it stood
         onto = self._intents.pop(key, None)
         if onto is None:
             onto = raw
@@ -328,9 +331,11 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
         # Before the step: one that starts a change must find evictions already refused.
         await self._ensure_budget(cluster, seen.observed, step)
         if needs_intent(step):
-            # The step's own recorded intent: a conflict here fails the pass before anything acts.
-            new = status(seen, step, observed.now)
-            self._intents[key] = await record(self.api, self.ref, raw, new, None)
+            # The step's own recorded intent: a conflict here fails the pass before anything acts,
+            # and nothing of the pass is recorded (a member index reserved for a member never
+            # added would be skipped).
+            self._intents[key] = None
+            self._intents[key] = await record(self.api, self.ref, raw, status(seen, step, observed.now), None)
         try:
             self._look_again[key] = await self._act(raw, cluster, seen, step)
         finally:
