@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kustos.etcd import disruption, planner
-from kustos.etcd.membership import quorum
 from kustos.etcd.planner import MemberView, Observed, PodView
+from kustos.etcd.quorum import quorum
 from tests.unit.test_etcd_planner import healthy_cluster, observed
 
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from kustos.etcd import membership
 from kustos.etcd.client import Member, MemberList, Status
-from kustos.etcd.membership import quorum, removal_keeps_quorum, removal_refusal
+from kustos.etcd.membership import removal_refusal
+from kustos.etcd.quorum import quorum, removal_keeps_quorum
 
 
 def status(member_id: int, leader_id: int, learner: bool = False, errors: tuple[str, ...] = ()) -> Status:

@@ -12,17 +12,15 @@ from kustos.api.etcd import EtcdCluster, RecoveryStatus
 from kustos.etcd import planner, recovery
 from kustos.etcd import status as report
 from kustos.etcd.client import Member, MemberList, Status
+from kustos.etcd.cluster_planner import Blocked, ExternalMember, StartAdoption, StartRebuild
 from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import MemberView, Observed, PodView
 from kustos.etcd.pods import PodRefused
 from kustos.etcd.recovery import Source
 from kustos.etcd.status import (
-    Blocked,
-    InvalidSpec,
     Rebuild,
     Seen,
-    StartAdoption,
-    StartRebuild,
+    invalid_spec_notes,
     needs_intent,
     notes,
     status,
@@ -30,6 +28,7 @@ from kustos.etcd.status import (
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.conditions import get_condition
 from kustos.runtime.errors import ReconcileError
+from kustos.runtime.reconciler import InvalidSpec, previous_with_failure
 from kustos.runtime.steps import Done, Wait
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -189,9 +188,10 @@ def test_a_pass_that_could_not_observe_keeps_the_status_and_says_why() -> None:
     assert status(seen, report.Unobserved(), NOW) == seen.previous
 
 
-def test_an_invalid_spec_is_degraded_and_nothing_else_changes() -> None:
-    seen = Seen({"phase": "Running", "ready": "3/3"}, 4)
-    result = status(seen, InvalidSpec("invalid spec: size"), NOW)
+def test_an_invalid_spec_keeps_the_status_and_is_said_once_naming_the_field() -> None:
+    raw = {"metadata": {"generation": 4}, "status": {"phase": "Running", "ready": "3/3"}}
+    refused = InvalidSpec("invalid spec: spec.size: Input should be greater than 0")
+    result = previous_with_failure(raw, refused, NOW, "Degraded")
     assert result["phase"] == "Running" and result["ready"] == "3/3"
     degraded = condition(result, "Degraded")
     assert (degraded["status"], degraded["reason"], degraded["observedGeneration"]) == (
@@ -199,9 +199,10 @@ def test_an_invalid_spec_is_degraded_and_nothing_else_changes() -> None:
         "InvalidSpec",
         4,
     )
-    assert [n.reason for n in notes(seen, InvalidSpec("invalid spec: size"), result)] == ["InvalidSpec"]
-    settled = replace(seen, previous=result)
-    assert notes(settled, InvalidSpec("invalid spec: size"), result) == []
+    assert [(n.reason, n.message) for n in invalid_spec_notes(raw["status"], result)] == [
+        ("InvalidSpec", "invalid spec: spec.size: Input should be greater than 0")
+    ]
+    assert invalid_spec_notes(result, result) == []
 
 
 def test_a_restore_or_adoption_that_cannot_start_says_why() -> None:
@@ -282,9 +283,8 @@ def test_a_finished_rebuild_is_a_one_member_cluster_of_the_new_epoch() -> None:
 
 
 def test_an_adoption_records_the_original_members() -> None:
-    listed = MemberList(0xC1, 1, [Member(1, "a", ("http://a:2380",), ("http://a:2379",), False)])
     seen = Seen({}, 1, cluster())
-    step = StartAdoption(listed, "3.6.16")
+    step = StartAdoption(0xC1, (ExternalMember(1, "a", ("http://a:2379",)),), "3.6.16")
     result = status(seen, step, NOW)
     assert (
         result["phase"] == "Scaling" and result["clusterId"] == "c1" and result["currentVersion"] == "3.6.16"

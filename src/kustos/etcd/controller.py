@@ -1,16 +1,16 @@
-"""The EtcdCluster controller: observe (caches and etcd), plan, act one step, record once.
+"""The EtcdCluster controller, on the shared reconcile (``runtime.reconciler``): observe
+(caches and etcd), plan (``cluster_planner``, or ``recovery`` while a rebuild runs), act one
+step, record once.
 
 Nothing lives in memory between passes: the pods (with the member ID each became),
 the claims, the etcd membership and the status (next member index, when each
 member was first seen unhealthy) are all the controller knows, so a restarted
 operator plans the same next step as the one that stopped.
 
-Every pass, whatever it does (grow, heal, start or carry on a rebuild, start an
-adoption, refuse a spec), ends in one record: ``status.status(seen, step, now,
-failure)`` written by ``runtime.record.record``. A step whose act depends on progress
-recorded first (a member index, a rebuild's seed) records that same status before
-acting (``status.needs_intent``); the record after the act then writes nothing
-unless the act failed.
+Every pass ends in one record: ``status.status(seen, step, now, failure)``. A step whose
+act depends on progress recorded first (a member index, a rebuild's seed) records that
+same status before acting (``status.needs_intent``); the record after the act then writes
+nothing unless the act failed.
 """
 
 from __future__ import annotations
@@ -18,18 +18,26 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.etcd import disruption, evictions, membership, network, planner, published, recovery, webhook
+from kustos.api.etcd import EtcdCluster
+from kustos.etcd import (
+    cluster_planner,
+    disruption,
+    evictions,
+    membership,
+    network,
+    planner,
+    published,
+    webhook,
+)
 from kustos.etcd.authsync import AuthSync, root_credentials
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
 from kustos.etcd.client import LearnerNotReady
-from kustos.etcd.observe import EtcdView, Observer, adoption_check
+from kustos.etcd.cluster_planner import Blocked, StartAdoption, StartRebuild
+from kustos.etcd.observe import EtcdView, Observer, adoption_answers
 from kustos.etcd.planner import Observed
 from kustos.etcd.pods import (
     CLUSTER_LABEL,
@@ -44,35 +52,31 @@ from kustos.etcd.pods import (
     services,
     submit_pod,
 )
-from kustos.etcd.rebuild import Rebuilder, requested_recovery
+from kustos.etcd.rebuild import Rebuilder, RebuildSeen, rebuild_step, requested_recovery
 from kustos.etcd.resources import ETCDBACKUPS, ETCDCLUSTERS
 from kustos.etcd.status import (
-    Blocked,
     ClusterStep,
-    InvalidSpec,
     Rebuild,
     Seen,
-    StartAdoption,
-    StartRebuild,
     Unobserved,
+    invalid_spec_notes,
     needs_intent,
-    notes,
     status,
 )
+from kustos.etcd.status import notes as status_notes
 from kustos.etcd.stuck import LOG_TAIL, Stuck, classify, volume_stuck, with_log
 from kustos.etcd.versions import creation_version, rollback, target_version, version_refusal
 from kustos.images import configured_agent_image
 from kustos.runtime import faults, objects
-from kustos.runtime.api import ApiStatusError
-from kustos.runtime.conditions import get_condition
 from kustos.runtime.controller import Controller, Result, label_keys
 from kustos.runtime.deps import Deps
-from kustos.runtime.errors import ReconcileError, as_reconcile_error
+from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.expectations import Expectations
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import record
+from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec, previous_with_failure
+from kustos.runtime.record import Note, record
 from kustos.runtime.resources import (
     CLAIMS,
     DISRUPTION_BUDGETS,
@@ -83,9 +87,10 @@ from kustos.runtime.resources import (
     SERVICES,
 )  # fmt: skip
 from kustos.runtime.steps import Done, Wait
-from kustos.runtime.times import parse_duration, parse_rfc3339
 
 log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
 
 
 STEADY_RESYNC = 10.0
@@ -94,14 +99,26 @@ RESTORE_WAIT = 10.0
 ADOPTION_WAIT = 5.0
 
 
-class EtcdClusterReconciler:
-    resource = ETCDCLUSTERS
+@dataclass(frozen=True)
+class Pass:
+    """What a pass observed: the status inputs (``Seen``) and the planner's input, either a
+    rebuild under way (``rebuild``) or ``cluster_planner``'s (``planned``)."""
 
-    def __init__(self, manager: Manager, deps: Deps | None = None, agent_image: str | None = None) -> None:
-        self.manager = manager
-        self.api = manager.api
-        self.clock = (deps or Deps()).clock
-        self.clusters = manager.informer(ETCDCLUSTERS)
+    raw: Obj
+    seen: Seen
+    now: datetime
+    planned: cluster_planner.ClusterObserved | None = None
+    rebuild: RebuildSeen | None = None
+
+
+class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
+    model = EtcdCluster
+    failure_condition = "Progressing"
+    announce = ()  # every Event is a note (``status.notes``): one per change, not per condition
+
+    def __init__(self, manager: Manager, deps: Deps, agent_image: str | None = None) -> None:
+        super().__init__(manager, deps)
+        self.clusters = self.cache
         self.backups = manager.informer(ETCDBACKUPS)
         self.pods = manager.informer(PODS, InformerOptions(label_selector=CLUSTER_LABEL))
         self.nodes = manager.informer(NODES)
@@ -121,6 +138,11 @@ class EtcdClusterReconciler:
             self.api, self.observer, self.backups, self.event, agent_image or configured_agent_image(),
             self.expected,
         )  # fmt: skip
+        # Within one pass (a key is never reconciled twice at once): what ``act`` learnt that the
+        # base's record and requeue need, the status recorded as the step's intent and when to
+        # look again (an etcd refusal asks sooner, a wait as long as it said).
+        self._intents: dict[str, Obj | None] = {}  # None: the intent could not be recorded
+        self._look_again: dict[str, float] = {}
 
     def _saw_pod(self, _kind: str, pod: dict[str, Any], _old: dict[str, Any] | None) -> None:
         cluster = objects.labels(pod).get(CLUSTER_LABEL)
@@ -136,106 +158,91 @@ class EtcdClusterReconciler:
             self.observer.credentials.pop(key, None)
             self.manager.observations.forget_etcd(*key.split("/", 1))
             return None  # owner references take everything it owned along
-        now = self.clock.now()
-        try:
-            cluster = EtcdCluster.model_validate(raw)
-        except ValidationError as err:
-            seen = Seen(dict(raw.get("status") or {}), objects.generation(raw))
-            await self._record(raw, seen, InvalidSpec(f"invalid spec: {err}"), now, None)
-            return None
         unseen = self.expected.unseen(key)
         if unseen:  # the pod's own watch event wakes this cluster again
             log.debug("waiting for the pods cache to show %s", ", ".join(unseen))
             return Result(requeue_after=1.0)
-        try:
-            await self._ensure_services(cluster)
-            await self._ensure_network_policy(cluster)
-            # Before anything asks etcd: with authentication on, every client logs in as root.
-            self.observer.credentials[key] = root_credentials(await self.auth.identity(cluster, now))
-            seen, step = await self.plan(raw, cluster, now)
-            # Before the step: one that starts a change must find evictions already refused.
-            await self._ensure_budget(cluster, seen.observed, step)
-        except Exception as err:  # nothing to plan from: the record says why, as it stood
-            unobserved = as_reconcile_error(err)
-            if unobserved is not err:
-                log.warning("observing %s failed", key, exc_info=err)
-            seen = Seen(dict(raw.get("status") or {}), objects.generation(raw), cluster)
-            await self._record_failure(raw, seen, Unobserved(), now, unobserved)
-            raise unobserved from err
-        shown = step.step if isinstance(step, Rebuild) else step
-        if isinstance(shown, Wait | Done):
-            log.debug("planned %s", shown)
-        else:
-            log.info("step: %s", shown)
-        written = raw
-        if needs_intent(step):
-            # The step's own recorded intent: a conflict here fails the pass before anything acts.
-            written = await self._record(raw, seen, step, now, None, announce=False)
-        failure: ReconcileError | None = None
-        requeue = AFTER_STEP
-        try:
-            requeue = await self.act(raw, cluster, seen, step)
-        except Exception as err:  # an API blip or a bug as much as an etcd refusal: recorded
-            failure = as_reconcile_error(err)
-            if failure is not err:
-                log.warning("step %s failed", shown, exc_info=err)
-        faults.exit_after(type(shown).__name__)
-        if written is raw:
-            fresh = self.clusters.get(key)
-            if fresh is not None and fresh is not raw and objects.generation(fresh) == seen.generation:
-                # What another writer (the maintenance controller) recorded meanwhile is kept.
-                # A newer spec waits for the next pass: this status was planned for this one.
-                written, seen = fresh, replace(seen, previous=dict(fresh.get("status") or {}))
-        await self._record_failure(written, seen, step, now, failure)
-        if failure is not None:
-            raise failure
-        return Result(requeue_after=requeue)
+        return await super().reconcile(key)
 
-    async def _record_failure(
-        self,
-        obj: dict[str, Any],
-        seen: Seen,
-        step: ClusterStep,
-        now: datetime,
-        failure: ReconcileError | None,
-    ) -> None:
-        """The final record; a conflict on it must not hide the step's own failure."""
-        try:
-            await self._record(obj, seen, step, now, failure)
-        except ApiStatusError as conflict:
-            if failure is None:
-                raise
-            log.warning("could not record the failure of %s (%s): %s", objects.key(obj), conflict, failure)
-            raise failure from conflict
-
-    async def plan(
-        self, raw: dict[str, Any], cluster: EtcdCluster, now: datetime
-    ) -> tuple[Seen, ClusterStep]:
-        """Observe, and choose the pass's one step: a rebuild's, the start of a restore, an
-        adoption or a rebuild, or the planner's."""
-        base = Seen(
-            dict(raw.get("status") or {}),
-            objects.generation(raw),
-            cluster,
-            stuck=await self._stuck(cluster, now),
-        )
+    async def observe(self, cluster: EtcdCluster, now: datetime) -> Pass:
+        """The Services and NetworkPolicy first (cheap, and members need them), then etcd as
+        root, and what the planner of this pass reads: a rebuild's, or the cluster's."""
+        key = objects.key(cluster)
+        self._intents.pop(key, None)  # a pass that ended in a bug left them: never carried over
+        self._look_again.pop(key, None)
+        raw = self.clusters.get(key) or cluster.model_dump(by_alias=True)
+        await self._ensure_services(cluster)
+        await self._ensure_network_policy(cluster)
+        # Before anything asks etcd: with authentication on, every client logs in as root.
+        credentials = root_credentials(await self.auth.identity(cluster, now))
+        self.observer.credentials[key] = credentials
+        seen = Seen(dict(raw.get("status") or {}), objects.generation(raw), cluster,
+                    stuck=await self._stuck(cluster, now))  # fmt: skip
         rebuild = cluster.status.recovery if cluster.status else None
         if rebuild is not None and rebuild.phase == "Running":
-            return base, await self.rebuilder.plan(cluster, rebuild, now)
+            return Pass(raw, seen, now, rebuild=await self.rebuilder.observe(cluster, rebuild, now))
         observed, etcd, client_urls = await self.observer.observe(cluster, now)
         self._publish(cluster, etcd)
-        seen = replace(base, observed=observed, etcd=etcd, client_urls=client_urls)
-        step: ClusterStep = planner.plan(observed)
-        if cluster.spec.restore is not None and isinstance(step, planner.CreateSeed):
-            return seen, self._restore(cluster)
-        if cluster.spec.adopt is not None and isinstance(step, planner.CreateSeed):
-            verdict = await adoption_check(cluster.spec.adopt.endpoints, cluster.spec.version)
-            if isinstance(verdict, str):
-                return seen, Blocked("AdoptionWaiting", f"spec.adopt: {verdict}", verdict)
-            return seen, StartAdoption(*verdict)
-        if isinstance(step, planner.QuorumLost):
-            return seen, self._consider_recovery(raw, cluster, observed, etcd, client_urls, step, now)
-        return seen, step
+        adoption = (
+            await adoption_answers(cluster.spec.adopt.endpoints)
+            if cluster.spec.adopt is not None and cluster_planner.needs_adoption_check(cluster, observed)
+            else None
+        )
+        planned = cluster_planner.ClusterObserved(
+            cluster, observed, now, requested_recovery(raw),
+            self.rebuilder.survivors(observed, etcd, client_urls), self.rebuilder.backups_of(cluster),
+            adoption,
+        )  # fmt: skip
+        seen = replace(seen, observed=observed, etcd=etcd, client_urls=client_urls)
+        return Pass(raw, seen, now, planned=planned)
+
+    def plan(self, observed: Pass) -> ClusterStep:
+        """A running rebuild's next step (``recovery``), else ``cluster_planner``'s (the start of a
+        restore, an adoption or a rebuild, or the membership planner's)."""
+        if observed.rebuild is not None:
+            return rebuild_step(observed.rebuild)
+        assert observed.planned is not None
+        return cluster_planner.plan(observed.planned)
+
+    def status(self, observed: Pass, step: ClusterStep, now: datetime, failure: ReconcileError | None) -> Obj:
+        return status(observed.seen, step, now, failure)
+
+    def unobserved(self, raw: Obj, failure: ReconcileError, now: datetime) -> Obj:
+        """The status as it stood, the failure on Progressing (observedGeneration kept)."""
+        seen = Seen(dict(raw.get("status") or {}), objects.generation(raw))
+        return status(seen, Unobserved(), now, failure)
+
+    def rejected(self, raw: Obj, failure: InvalidSpec, now: datetime) -> Obj:
+        """The status as it stood, Degraded naming the field (Progressing would read as progress)."""
+        return previous_with_failure(raw, failure, now, "Degraded")
+
+    def requeue_after(self, observed: Pass, step: ClusterStep) -> float | None:
+        return self._look_again.pop(objects.key(observed.raw), AFTER_STEP)
+
+    async def write_status(self, raw: Obj, new: Obj, notes: list[Note]) -> None:
+        """The pass's one record, onto the step's recorded intent when there was one, else onto
+        the newest copy of this generation: what another writer (the maintenance controller)
+        recorded meanwhile is kept. A newer spec waits for the next pass."""
+        key = objects.key(raw)
+        if key in self._intents and self._intents[key] is None:
+            del self._intents[key]
+            return  # the step's intent was refused (a conflict): the pass fails as it stood
+        onto = self._intents.pop(key, None)
+        if onto is None:
+            onto = raw
+            fresh = self.clusters.get(key)
+            if (
+                fresh is not None
+                and fresh is not raw
+                and objects.generation(fresh) == objects.generation(raw)
+            ):
+                onto = fresh
+                kept = (fresh.get("status") or {}).get("maintenance")
+                new = {**new, "maintenance": kept} if kept is not None else {
+                    k: v for k, v in new.items() if k != "maintenance"
+                }  # fmt: skip
+        notes = [*notes, *invalid_spec_notes(dict(raw.get("status") or {}), new)]
+        await record(self.api, self.ref, onto, new, self.manager.events, notes=notes, announce=())
 
     def _publish(self, cluster: EtcdCluster, etcd: EtcdView) -> None:
         """Backend sizes, alarms and leader changes for the metrics (memory, not status)."""
@@ -265,66 +272,6 @@ class EtcdClusterReconciler:
             if stuck is not None:
                 found.append(stuck)
         return tuple(found)
-
-    def _restore(self, cluster: EtcdCluster) -> StartRebuild | Blocked:
-        """A new cluster with spec.restore: its seed is rebuilt from the backup."""
-        assert cluster.spec.restore is not None
-        name = cluster.spec.restore.backup
-        backups = self.rebuilder.candidates(self.rebuilder.backups_of(cluster, any_cluster=True))
-        source = recovery.choose_source([], backups, ("backup", name))
-        if isinstance(source, str):
-            return Blocked("RestoreWaiting", f"spec.restore: {source}", f"{source}; waiting for it")
-        status = cluster.status or EtcdClusterStatus()
-        return StartRebuild(source, "spec.restore", status.epoch)
-
-    def _consider_recovery(
-        self, raw: dict[str, Any], cluster: EtcdCluster, o: Observed, etcd: EtcdView,
-        client_urls: dict[str, str], step: planner.QuorumLost, now: datetime,
-    ) -> StartRebuild | planner.QuorumLost:  # fmt: skip
-        """Start a rebuild if a person asked for one or it is automatic and due; otherwise say
-        in the QuorumLost message what a rebuild would use and how to ask for it."""
-        status = cluster.status or EtcdClusterStatus()
-        request = requested_recovery(raw)
-        last = status.recovery
-        gave_up = last is not None and last.phase == "Failed" and last.epoch > status.epoch
-        available = get_condition([c.model_dump(by_alias=True) for c in status.conditions], "Available")
-        lost_since = (
-            parse_rfc3339(available.get("lastTransitionTime"))
-            if status.phase == "QuorumLost" and available and available.get("status") == "False"
-            else None
-        )
-        reason = recovery.should_start(
-            cluster.spec.recovery.automatic and not gave_up, parse_duration(cluster.spec.recovery.delay),
-            lost_since, now, request is not None,
-        )  # fmt: skip
-        source = self.rebuilder.choose(cluster, o, etcd, client_urls, request)
-        if reason is not None and not isinstance(source, str):
-            epoch = max(status.epoch, last.epoch if last else 0) + 1
-            return StartRebuild(source, reason, epoch)
-        name, namespace = objects.name(raw), objects.namespace(raw)
-        if isinstance(source, str):
-            hint = f"cannot rebuild: {source}"
-        elif gave_up:
-            hint = f"the last rebuild failed; `kustos etcd recover {name} -n {namespace}` tries again"
-        elif cluster.spec.recovery.automatic:
-            hint = f"rebuilding from {source.describe()} after {cluster.spec.recovery.delay}"
-        else:
-            hint = f"`kustos etcd recover {name} -n {namespace}` rebuilds it from {source.describe()}"
-        return planner.QuorumLost(f"{step.message}; {hint}", refused=str(source) if request else None)
-
-    # ---- record ------------------------------------------------------------------------
-
-    async def _record(
-        self, obj: dict[str, Any], seen: Seen, step: ClusterStep, now: datetime,
-        failure: ReconcileError | None, announce: bool = True,
-    ) -> dict[str, Any]:  # fmt: skip
-        """The pass's one status, written only when it changed; Events for what changed."""
-        new = status(seen, step, now, failure)
-        news = notes(seen, step, new) if announce else []
-        return await record(
-            self.api, ETCDCLUSTERS, obj, new, self.manager.events if announce else None,
-            notes=news, announce=(),
-        )  # fmt: skip
 
     # ---- act ---------------------------------------------------------------------------
 
@@ -370,11 +317,34 @@ class EtcdClusterReconciler:
             cluster.model_dump(by_alias=True), WARNING if warning else NORMAL, reason, message
         )
 
-    async def act(self, raw: dict[str, Any], cluster: EtcdCluster, seen: Seen, step: ClusterStep) -> float:
+    async def act(
+        self, cluster: EtcdCluster, observed: Pass, step: ClusterStep, notes: list[Note]
+    ) -> ClusterStep:
+        """Carry out one step; its Events are the ones its status is worth (``status.notes``)."""
+        seen, raw, key = observed.seen, observed.raw, objects.key(cluster)
+        shown = step.step if isinstance(step, Rebuild) else step
+        if isinstance(shown, Wait | Done):
+            log.debug("planned %s", shown)
+        else:
+            log.info("step: %s", shown)
+        notes.extend(status_notes(seen, step, status(seen, step, observed.now)))
+        # Before the step: one that starts a change must find evictions already refused.
+        await self._ensure_budget(cluster, seen.observed, step)
+        if needs_intent(step):
+            # The step's own recorded intent: a conflict here fails the pass before anything acts,
+            # and nothing of the pass is recorded (a member index reserved for a member never
+            # added would be skipped).
+            self._intents[key] = None
+            self._intents[key] = await record(self.api, self.ref, raw, status(seen, step, observed.now), None)
+        try:
+            self._look_again[key] = await self._act(raw, cluster, seen, step)
+        finally:
+            faults.exit_after(type(shown).__name__)
+        return step
+
+    async def _act(self, raw: Obj, cluster: EtcdCluster, seen: Seen, step: ClusterStep) -> float:
         """Carry out one step (its status is the record's); return when to look again."""
         match step:
-            case InvalidSpec() | Unobserved():
-                return STEADY_RESYNC
             case Blocked(reason=reason):
                 return RESTORE_WAIT if reason == "RestoreWaiting" else ADOPTION_WAIT
             case StartAdoption():
@@ -389,6 +359,8 @@ class EtcdClusterReconciler:
                         cluster, "RecoveryInProgress", "a rebuild is already under way", warning=True
                     )
                 return await self.rebuilder.act(cluster, step)
+            case Unobserved():  # the base's, for a failed observation: never planned
+                return STEADY_RESYNC
         assert seen.observed is not None and seen.etcd is not None
         if isinstance(step, planner.QuorumLost):
             if step.refused is not None:  # asked for, but impossible: say why, and forget the request

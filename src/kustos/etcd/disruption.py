@@ -34,8 +34,8 @@ member can be evicted only while the budget is met, which it never is outside st
 
 from __future__ import annotations
 
-from kustos.etcd.membership import quorum
 from kustos.etcd.planner import Done, Observed
+from kustos.etcd.quorum import quorum
 
 
 def steady(o: Observed | None, step: object) -> bool:

@@ -1,4 +1,4 @@
-"""Membership calls to an etcd cluster, and the quorum arithmetic that guards a removal.
+"""Membership calls to an etcd cluster, a removal guarded by the quorum arithmetic (``quorum``).
 
 Given endpoints (with what each said in its status) and TLS material, never an
 EtcdCluster: the EtcdCluster controller uses these, and node maintenance will use
@@ -24,6 +24,7 @@ from kustos.etcd.client import (
     Status,
     cluster_health,
 )
+from kustos.etcd.quorum import quorum, removal_keeps_quorum
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +32,6 @@ CALL_TIMEOUT = 5.0
 LIST_TIMEOUT = 2.0
 
 T = TypeVar("T")
-
-
-def quorum(voters: int) -> int:
-    """The majority of ``voters`` that etcd needs to commit anything."""
-    return voters // 2 + 1
-
-
-def removal_keeps_quorum(voters: int, healthy_voters_after: int, learner: bool = False) -> bool:
-    """Would the healthy voters left after a removal still be a majority of the voters left?
-
-    ``voters`` counts the victim when it votes; a learner never counts, so removing one is safe.
-    """
-    if learner:
-        return True
-    return voters > 1 and healthy_voters_after >= quorum(voters - 1)
 
 
 def _voters_first(statuses: Mapping[str, Status]) -> list[str]:
@@ -179,8 +165,6 @@ __all__ = [
     "member_list",
     "move_leader",
     "promote",
-    "quorum",
-    "removal_keeps_quorum",
     "removal_refusal",
     "remove",
     "remove_keeping_quorum",

@@ -25,6 +25,7 @@ from kustos.etcd.client import (
     Status,
     cluster_health,
 )  # fmt: skip
+from kustos.etcd.cluster_planner import AdoptionSeen, EndpointAnswer, ExternalMember
 from kustos.etcd.planner import ClaimView, MemberView, Observed, PodView
 from kustos.etcd.pods import (
     CLUSTER_LABEL,
@@ -34,7 +35,7 @@ from kustos.etcd.pods import (
     VERSION_ANNOTATION,
     pod_epoch,
 )  # fmt: skip
-from kustos.etcd.versions import image_version, rollback_target, upgrade_refusal, version_path
+from kustos.etcd.versions import image_version
 from kustos.runtime import objects
 from kustos.runtime.informer import Informer
 from kustos.runtime.times import parse_duration, parse_rfc3339
@@ -170,37 +171,26 @@ async def seed_answers(url: str, tls: EtcdTLS | None) -> tuple[str, int] | None:
     return members.members[0].name, members.cluster_id
 
 
-async def adoption_check(endpoints: list[str], wanted: str) -> tuple[MemberList, str] | str:
-    """The membership and version of the cluster behind ``endpoints``, or why it cannot be adopted."""
-    statuses: dict[str, Status] = {}
+async def adoption_answers(endpoints: list[str]) -> AdoptionSeen:
+    """What the cluster behind spec.adopt's endpoints says of itself (``cluster_planner``
+    decides whether it can be adopted)."""
+    answers = []
     for url in endpoints:
         try:
             async with EtcdClient(url, timeout=STATUS_TIMEOUT) as client:
-                statuses[url] = await client.status()
+                status = await client.status()
         except (EtcdError, OSError, TimeoutError) as err:
-            return f"{url} does not answer: {err}"
-    if len({s.cluster_id for s in statuses.values()}) != 1:
-        return "the endpoints belong to different etcd clusters"
-    if any(s.errors or not s.has_leader for s in statuses.values()):
-        return "the cluster has no leader or reports errors: " + "; ".join(
-            f"{u}: {', '.join(s.errors) or 'no leader'}"
-            for u, s in statuses.items()
-            if s.errors or not s.has_leader
+            return AdoptionSeen(unreachable=f"{url} does not answer: {err}")
+        answers.append(
+            EndpointAnswer(url, status.cluster_id, status.version, status.has_leader, tuple(status.errors))
         )
-    versions = {s.version for s in statuses.values()}
-    version = min(versions, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit()))
-    refusal = upgrade_refusal(version, wanted)
-    path = version_path(version, wanted)
-    if refusal is None and path and rollback_target(version, path[0]) is not None:
-        # Adoption replaces members by new pods, and a new member of the older minor cannot join.
-        refusal = f"adopt it on etcd {version} first, then roll back to {wanted}"
-    if refusal is not None:
-        return f"its members run etcd {', '.join(sorted(versions))}: {refusal}"
-    async with EtcdClient(endpoints[0], timeout=STATUS_TIMEOUT) as client:
-        members = await client.member_list()
-    if any(not m.name or not m.client_urls for m in members.members):
-        return "a member of it has not started (no name or client URL yet)"
-    return members, version
+    try:
+        async with EtcdClient(endpoints[0], timeout=STATUS_TIMEOUT) as client:
+            listed = await client.member_list()
+    except (EtcdError, OSError, TimeoutError) as err:
+        return AdoptionSeen(unreachable=f"{endpoints[0]} does not list its members: {err}")
+    members = tuple(ExternalMember(m.id, m.name, tuple(m.client_urls)) for m in listed.members)
+    return AdoptionSeen(tuple(answers), members, listed.cluster_id)
 
 
 # ---- pods and volumes -------------------------------------------------------------------------

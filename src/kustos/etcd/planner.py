@@ -59,8 +59,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from kustos.etcd.membership import quorum
-from kustos.etcd.membership import removal_keeps_quorum as _keeps_quorum
+from kustos.etcd.quorum import quorum
+from kustos.etcd.quorum import removal_keeps_quorum as _keeps_quorum
 from kustos.runtime.steps import Done as Done  # the shared steps, in this planner's Step union
 from kustos.runtime.steps import Wait as Wait
 

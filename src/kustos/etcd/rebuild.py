@@ -1,16 +1,17 @@
 """Disaster recovery, the observing and acting part (F-ETCD-8): carry a rebuild out step by step.
 
-The EtcdCluster controller starts a rebuild (``status.StartRebuild``: quorum lost and
-recovery approved or automatic, or ``spec.restore``) and, on every pass while
-``status.recovery`` is running, asks ``Rebuilder.plan`` for the rebuild's next step
-(``status.Rebuild``) and ``Rebuilder.act`` to carry it out; the controller's one
-record reports it. The decisions are ``kustos.etcd.recovery``'s.
+The EtcdCluster controller starts a rebuild (``cluster_planner.StartRebuild``: quorum lost
+and recovery approved or automatic, or ``spec.restore``) and, on every pass while
+``status.recovery`` is running, has ``Rebuilder.observe`` look, ``rebuild_step`` choose the
+rebuild's next step (``status.Rebuild``) and ``Rebuilder.act`` carry it out; the
+controller's one record reports it. The decisions are ``kustos.etcd.recovery``'s.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -51,6 +52,31 @@ def requested_recovery(raw: Obj) -> str | None:
     return objects.annotations(raw).get(recovery.RECOVER_ANNOTATION)
 
 
+@dataclass(frozen=True)
+class RebuildSeen:
+    """What a pass of a running rebuild saw: ``recovery.plan_recovery``'s input, and what its
+    steps carry (the seed's answer, where the snapshot is read from)."""
+
+    rebuild: RecoveryStatus
+    recovery: recovery.RecoveryObserved
+    seed_answers: tuple[str, int] | None  # (member name, cluster ID) once the seed leads
+    seed_url: str
+    where: SnapshotSource | None
+
+
+def rebuild_step(seen: RebuildSeen) -> Rebuild:
+    """The rebuild's next step (``recovery.plan_recovery``), with what carrying it out needs."""
+    step = recovery.plan_recovery(seen.recovery)
+    if isinstance(step, recovery.CreateRestoreSeed):
+        assert seen.where is not None
+        return Rebuild(step, seen.rebuild, where=seen.where)
+    if isinstance(step, recovery.FinishRecovery):
+        assert seen.seed_answers is not None and seen.recovery.seed is not None
+        name, cluster_id = seen.seed_answers
+        return Rebuild(step, seen.rebuild, seen.recovery.seed, name, cluster_id, seen.seed_url)
+    return Rebuild(step, seen.rebuild)
+
+
 class Rebuilder:
     def __init__(
         self,
@@ -70,36 +96,26 @@ class Rebuilder:
 
     # ---- observe -----------------------------------------------------------------------
 
-    def backups_of(self, cluster: EtcdCluster, any_cluster: bool = False) -> list[EtcdBackup]:
-        """Succeeded EtcdBackups in the cluster's namespace: its own (scheduled or on demand),
-        or with ``any_cluster`` every cluster's (a named one may be restored anywhere)."""
-        namespace, name = cluster.metadata["namespace"], cluster.metadata["name"]
+    def backups_of(self, cluster: EtcdCluster) -> tuple[BackupCandidate, ...]:
+        """Succeeded EtcdBackups in the cluster's namespace, every cluster's (a named one may be
+        restored anywhere; ``cluster_planner`` picks)."""
+        namespace = cluster.metadata["namespace"]
         found = []
         for raw in self.backups.list():
-            if objects.namespace(raw) != namespace:
-                continue
-            if not any_cluster and (raw.get("spec") or {}).get("clusterName") != name:
-                continue
-            if (raw.get("status") or {}).get("phase") != "Succeeded":
+            if objects.namespace(raw) != namespace or (raw.get("status") or {}).get("phase") != "Succeeded":
                 continue
             try:
-                found.append(EtcdBackup.model_validate(raw))
+                b = EtcdBackup.model_validate(raw)
             except ValidationError:
                 continue
-        return found
-
-    def candidates(self, backups: list[EtcdBackup]) -> list[BackupCandidate]:
-        return [
-            BackupCandidate(
-                b.metadata["name"],
-                parse_rfc3339(b.status.completion_time if b.status else None),
-                (b.status.revision if b.status else None) or 0,
-            )
-            for b in backups
-        ]
+            found.append(BackupCandidate(
+                b.metadata["name"], parse_rfc3339(b.status.completion_time if b.status else None),
+                (b.status.revision if b.status else None) or 0, b.spec.cluster_name,
+            ))  # fmt: skip
+        return tuple(found)
 
     @staticmethod
-    def survivors(o: planner.Observed, etcd: EtcdView, client_urls: dict[str, str]) -> list[Survivor]:
+    def survivors(o: planner.Observed, etcd: EtcdView, client_urls: dict[str, str]) -> tuple[Survivor, ...]:
         """Members of this epoch that answer, with or without a leader, and are not learners."""
         found = []
         for pod in o.pods:
@@ -107,21 +123,13 @@ class Rebuilder:
             answer = etcd.answered.get(url) if url else None
             if url and answer is not None and not answer.is_learner and not pod.deleting:
                 found.append(Survivor(pod.name, url, answer.revision, answer.raft_applied_index))
-        return found
+        return tuple(found)
 
-    def choose(
-        self, cluster: EtcdCluster, o: planner.Observed, etcd: EtcdView, client_urls: dict[str, str],
-        request: str | None,
-    ) -> Source | str:  # fmt: skip
-        kind, name = recovery.parse_request(request) or (None, None)
-        survivors = self.survivors(o, etcd, client_urls)
-        backups = self.candidates(self.backups_of(cluster, any_cluster=kind == "backup"))
-        return recovery.choose_source(survivors, backups, (kind, name))
+    # ---- observe a running rebuild; its next step -----------------------------------------
 
-    # ---- plan: the next step of a running rebuild -------------------------------------------
-
-    async def plan(self, cluster: EtcdCluster, rebuild: RecoveryStatus, now: datetime) -> Rebuild:
-        """Observe the new epoch's seed and the old epoch's pods; the rebuild's next step."""
+    async def observe(self, cluster: EtcdCluster, rebuild: RecoveryStatus, now: datetime) -> RebuildSeen:
+        """The new epoch's seed (does it answer?), the old epoch's pods, and where the source's
+        snapshot can be read."""
         base = skeleton(cluster, now)
         pods = self.observer.pods_of(cluster)
         views = {
@@ -142,21 +150,16 @@ class Rebuilder:
             answers = await seed_answers(url, client_tls)
         source = Source(rebuild.source_kind, rebuild.source, rebuild.revision)
         status = cluster.status or EtcdClusterStatus()
+        where = self._snapshot_source(cluster, source, old, base) if seed is None else None
         observed = recovery.RecoveryObserved(
             source=source, attempts=rebuild.attempts, next_index=status.next_member_index,
             seed=seed, seed_failed=seed_raw is not None and restore_failed(seed_raw, recovery.SEED_FAILURES),
             seed_answers=answers is not None, old_pods=old,
+            source_problem=where if isinstance(where, str) else None,
         )  # fmt: skip
-        step = recovery.plan_recovery(observed)
-        if isinstance(step, recovery.CreateRestoreSeed):
-            where = self._snapshot_source(cluster, source, old, base)
-            if isinstance(where, str):
-                return Rebuild(recovery.RecoveryFailed(where), rebuild)
-            return Rebuild(step, rebuild, where=where)
-        if isinstance(step, recovery.FinishRecovery):
-            assert answers is not None and seed is not None
-            return Rebuild(step, rebuild, seed, answers[0], answers[1], url or "")
-        return Rebuild(step, rebuild)
+        return RebuildSeen(
+            rebuild, observed, answers, url or "", where if not isinstance(where, str) else None
+        )
 
     def _snapshot_source(
         self,

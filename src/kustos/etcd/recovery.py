@@ -49,11 +49,12 @@ class Survivor:
 
 @dataclass(frozen=True)
 class BackupCandidate:
-    """A succeeded EtcdBackup of this cluster."""
+    """A succeeded EtcdBackup in the cluster's namespace (``cluster``: the one it backs up)."""
 
     name: str
     completed: datetime | None
     revision: int = 0
+    cluster: str = ""
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class RecoveryObserved:
     seed_failed: bool  # its restore failed (init container crash-looping)
     seed_answers: bool  # it answers as a healthy one-member cluster
     old_pods: tuple[PodView, ...]  # pods of earlier epochs
+    source_problem: str | None = None  # why the source's snapshot cannot be read (gone, unreadable)
 
 
 def plan_recovery(o: RecoveryObserved) -> RecoveryStep:
@@ -175,6 +177,8 @@ def plan_recovery(o: RecoveryObserved) -> RecoveryStep:
             return RecoveryFailed(f"member {source_pod}, the source of the rebuild, is gone")
         if o.attempts >= MAX_SEED_ATTEMPTS:
             return RecoveryFailed(f"{o.attempts} seeds could not restore from {o.source.describe()}")
+        if o.source_problem is not None:
+            return RecoveryFailed(o.source_problem)
         return CreateRestoreSeed(o.next_index)
     if o.seed.deleting:
         return Wait(f"seed {o.seed.name} is terminating", 1.0)

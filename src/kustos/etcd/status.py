@@ -28,7 +28,7 @@ from kustos.api.etcd import (
     RecoveryStatus,
 )
 from kustos.etcd import chain, planner, recovery
-from kustos.etcd.client import MemberList
+from kustos.etcd.cluster_planner import Blocked, StartAdoption, StartRebuild
 from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import Observed, Step
 from kustos.etcd.pods import CLUSTER_LABEL, EPOCH_LABEL, PodRefused
@@ -74,40 +74,9 @@ class Seen:
 
 
 @dataclass(frozen=True)
-class InvalidSpec:
-    message: str
-
-
-@dataclass(frozen=True)
 class Unobserved:
     """The pass failed before it could plan (an API or etcd call while observing): the status
     stays as it was, with the failure in Progressing."""
-
-
-@dataclass(frozen=True)
-class Blocked:
-    """spec.restore or spec.adopt cannot start yet: ``reason`` is RestoreWaiting or AdoptionWaiting."""
-
-    reason: str
-    message: str  # for the Degraded condition
-    event: str  # for the Event
-
-
-@dataclass(frozen=True)
-class StartRebuild:
-    """Record a rebuild (quorum lost, asked for, or spec.restore) as the new epoch's intent."""
-
-    source: Source
-    reason: str
-    epoch: int
-
-
-@dataclass(frozen=True)
-class StartAdoption:
-    """Record an existing cluster's members as the original ones the planner replaces."""
-
-    members: MemberList
-    version: str
 
 
 @dataclass(frozen=True)
@@ -124,7 +93,7 @@ class Rebuild:
     where: SnapshotSource | None = None  # CreateRestoreSeed: what the seed restores from
 
 
-ClusterStep = Step | InvalidSpec | Unobserved | Blocked | StartRebuild | StartAdoption | Rebuild
+ClusterStep = Step | Unobserved | Blocked | StartRebuild | StartAdoption | Rebuild
 
 
 def needs_intent(step: ClusterStep) -> bool:
@@ -148,7 +117,7 @@ def describe(step: ClusterStep) -> str:
             return message
         case Done():
             return "the cluster matches its spec"
-        case InvalidSpec(message=message) | Blocked(message=message):
+        case Blocked(message=message):
             return message
         case Rebuild(step=inner):
             return rebuild_message(inner)
@@ -175,8 +144,6 @@ def status(seen: Seen, step: ClusterStep, now: datetime, failure: ReconcileError
     """The whole status to record after ``step`` (a replace: what is left out is cleared)."""
     stamp = rfc3339(now)
     match step:
-        case InvalidSpec(message=message):
-            result = _degraded(seen, "InvalidSpec", message, stamp)
         case Blocked(reason=reason, message=message):
             result = _degraded(seen, reason, message, stamp)
         case Unobserved():
@@ -270,11 +237,11 @@ def _start_adoption(seen: Seen, step: StartAdoption, stamp: str) -> Obj:
     members = step.members
     result = dict(seen.previous)
     result.update({
-        "clusterId": f"{members.cluster_id:x}", "currentVersion": step.version,
+        "clusterId": f"{step.cluster_id:x}", "currentVersion": step.version,
         "storageType": seen.cluster.spec.storage.type, "phase": "Scaling",
         "adoption": AdoptionStatus(
-            external_members=[f"{m.id:x}" for m in members.members],
-            endpoints=sorted({u for m in members.members for u in m.client_urls}),
+            external_members=[f"{m.id:x}" for m in members],
+            endpoints=sorted({u for m in members for u in m.client_urls}),
             started_at=stamp,
         ).model_dump(by_alias=True, exclude_none=True),
     })  # fmt: skip
@@ -573,6 +540,15 @@ def recovered_message(cluster: EtcdCluster, new: Obj) -> str:
     return message
 
 
+def invalid_spec_notes(old: Obj, new: Obj) -> list[Note]:
+    """An Event when a spec the model refuses (``runtime.reconciler.InvalidSpec``) turns
+    Degraded, or its message changes: not on every pass that finds it still invalid."""
+    degraded = _condition(new, "Degraded")
+    if degraded.get("reason") != "InvalidSpec" or not _turned(old, new, "Degraded"):
+        return []
+    return [Note("InvalidSpec", str(degraded.get("message") or "")[:500], WARNING)]
+
+
 def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
     """Events for what changed between the recorded status and ``new`` (none for a pass that
     changes nothing), and for a pass's one-off news (certificates issued)."""
@@ -580,16 +556,14 @@ def notes(seen: Seen, step: ClusterStep, new: Obj) -> list[Note]:
     found: list[Note] = []
     degraded = _condition(new, "Degraded")
     match step:
-        case InvalidSpec(message=message) if _turned(old, new, "Degraded"):
-            found.append(Note("InvalidSpec", message[:500], WARNING))
         case Blocked(reason=reason, event=event) if _turned(old, new, "Degraded"):
             found.append(Note(reason, event, WARNING))
         case StartRebuild(source=source, reason=reason):
             message = f"rebuilding the cluster from {source.describe()} ({reason})"
             found.append(Note("RecoveryStarted", message, WARNING))
-        case StartAdoption(members=members, version=version):
-            names = ", ".join(m.name or format(m.id, "x") for m in members.members)
-            message = f"adopting etcd cluster {members.cluster_id:x} ({names}) on etcd {version}"
+        case StartAdoption(cluster_id=cluster_id, members=members, version=version):
+            names = ", ".join(m.name or format(m.id, "x") for m in members)
+            message = f"adopting etcd cluster {cluster_id:x} ({names}) on etcd {version}"
             found.append(Note("AdoptionStarted", message))
     cluster = seen.cluster
     if cluster is None:
@@ -685,7 +659,6 @@ def _ca_rotation_notes(old: dict[str, Any], new: dict[str, Any]) -> list[Note]:
 
 
 __all__ = [
-    "QUORUM_LOSS_GRACE", "Blocked", "ClusterStep", "InvalidSpec", "Rebuild", "Seen", "StartAdoption",
-    "StartRebuild", "Unobserved", "describe", "needs_intent", "notes", "phase", "quorum_loss_confirmed",
-    "recovered_message", "status",
+    "QUORUM_LOSS_GRACE", "ClusterStep", "Rebuild", "Seen", "Unobserved", "describe", "invalid_spec_notes",
+    "needs_intent", "notes", "phase", "quorum_loss_confirmed", "recovered_message", "status",
 ]  # fmt: skip
