@@ -22,14 +22,13 @@ from kustos.etcd.agent_report import SnapshotResult
 from kustos.runtime import objects
 from kustos.runtime.conditions import note_failure, set_condition
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.steps import Note, Wait
+from kustos.runtime.steps import WARNING, Note, Wait
 from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
 
 Obj = dict[str, Any]
 
 MAX_ATTEMPTS = 5
 WAIT_FOR_CLUSTER = 10.0  # no cluster, or none to stream from: look again this soon
-WARNING = "Warning"  # runtime.events.WARNING: the planner stays clear of the Events client
 WATCH_AGENT = 5.0  # a running agent: its pod's changes wake us, and this in case none comes
 SUCCEEDED = "Succeeded"  # the one condition an EtcdBackup has (True once stored)
 

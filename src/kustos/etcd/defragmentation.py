@@ -23,7 +23,7 @@ from kustos.api.etcd import (
 )
 from kustos.runtime import quantity
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.steps import Note
+from kustos.runtime.steps import WARNING, Note
 from kustos.runtime.steps import Wait as Wait  # the shared step, in this planner's Step union
 
 
@@ -241,8 +241,6 @@ def settings(spec: MaintenanceSpec | None) -> DefragmentationSpec:
 # The controller acts on a step and returns what it did (an outcome below); ``record`` turns
 # the recorded ``status.maintenance`` and that outcome into the next one, and ``notes`` into
 # the Events said once.
-
-WARNING = "Warning"  # runtime.events.WARNING: the planner stays clear of the Events client
 
 
 @dataclass(frozen=True)

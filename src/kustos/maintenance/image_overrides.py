@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kustos.runtime.steps import Done, Note, Wait
+from kustos.runtime.steps import WARNING, Done, Note, Wait
 
 # distribution/reference's grammar (the one container runtimes parse image names with).
 _ALNUM = r"[a-z0-9]+"
@@ -131,7 +131,6 @@ def rewritten(patch: Sequence[Mapping[str, Any]], pod: Mapping[str, Any]) -> lis
 
 RESYNC = 300.0  # seconds: the configuration is applied again (a renewed CA, a hand deletion)
 STARTING = 1.0  # seconds: the next look while the webhook server is not serving yet
-WARNING = "Warning"  # runtime.events.WARNING (an I/O module a planner may not import)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from typing import Any
 
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.informer import ResourceRef
+from kustos.runtime.steps import NORMAL as NORMAL
+from kustos.runtime.steps import WARNING as WARNING
 
 log = logging.getLogger(__name__)
 
 EVENTS = ResourceRef("", "v1", "events", "Event")
-NORMAL = "Normal"
-WARNING = "Warning"
 
 
 class EventRecorder:

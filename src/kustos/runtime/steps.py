@@ -22,6 +22,11 @@ class Done:
     """Everything is as the spec asks: nothing to do until something changes."""
 
 
+# An Event's type, here (pure) so that planners may say it; runtime.events uses the same.
+NORMAL = "Normal"
+WARNING = "Warning"
+
+
 @dataclass(frozen=True)
 class Note:
     """An Event a pass wants emitted once its status is written (e.g. "Upgraded"); pure, so that
@@ -29,7 +34,7 @@ class Note:
 
     reason: str
     message: str
-    type: str = "Normal"  # or "Warning" (runtime.events.NORMAL, WARNING)
+    type: str = NORMAL  # or WARNING
 
 
-__all__ = ["Done", "Note", "Wait"]
+__all__ = ["NORMAL", "WARNING", "Done", "Note", "Wait"]

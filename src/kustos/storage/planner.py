@@ -18,7 +18,7 @@ from typing import Any
 
 from kustos.runtime.conditions import set_condition
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.steps import Done, Note, Wait
+from kustos.runtime.steps import WARNING, Done, Note, Wait
 from kustos.storage.manifests import HASH_ANNOTATION
 
 Obj = dict[str, Any]
@@ -332,7 +332,6 @@ def status_notes(old: Obj, new: Obj) -> list[Note]:
 
 STEADY_RESYNC = 15.0
 AFTER_STEP = 0.2
-WARNING = "Warning"
 
 
 def requeue_after(step: Step) -> float:

@@ -31,7 +31,7 @@ from kustos.api.common import Condition
 from kustos.api.storageupgrade import StorageUpgradeStatus, UpgradeStep, WorkloadStatus
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
-from kustos.runtime.steps import Done, Note, Wait
+from kustos.runtime.steps import WARNING, Done, Note, Wait
 from kustos.runtime.times import rfc3339
 
 REPLICAS_ANNOTATION = "kustos.dev/upgrade-replicas"
@@ -559,9 +559,6 @@ def status(
                 if (recorded.kind, recorded.namespace, recorded.name) == w.key:
                     recorded.restored = True
     return result
-
-
-WARNING = "Warning"  # runtime.events.WARNING (an I/O module a planner may not import)
 
 
 def notes(o: Observed, step: Step, result: StorageUpgradeStatus) -> list[Note]:
