@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,6 +181,11 @@ def main() -> int:
         print("the chart grants permissions no request of any session used and docs/install.md does not "
               "justify:\n" + "\n".join(f"  {g}" for g in unused))  # fmt: skip
         return 1
+    if not failed:
+        # A passing run's sessions leave about 6 GB (etcd data, audit logs); a few runs filled
+        # this machine's disk. A failed run keeps them to read.
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"passed: {out} removed")
     return 1 if failed else 0
 
 
