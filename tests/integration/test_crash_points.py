@@ -58,6 +58,10 @@ from tests.integration.test_purge_node import (
     stop_etcd,
 )
 
+pytestmark = pytest.mark.process_runner(
+    "crashes of kustos's own writes, scenario after scenario: members only need to run, many times"
+)
+
 SHORT_CRASHES = 3
 STAGE_TIMEOUT = 180.0
 START_ATTEMPTS = 3

@@ -43,10 +43,6 @@ from tests.integration.etcd_support import running_operator
 from tests.integration.operator import OperatorProcess
 from tests.schema_strategies import Violation, documents, violations, with_value
 
-pytestmark = pytest.mark.process_runner(
-    "fuzzed specs test validation and status; the pods they make only need to exist"
-)
-
 # The controllers of the namespaced kinds, and the webhooks (the etcd ones come with the etcd
 # controller, MaintenancePolicy's with imageoverrides).
 CONTROLLERS = "etcdcluster,etcdbackup,etcdmaintenance,storagecluster,nodejob,storageupgrade,imageoverrides"

@@ -10,14 +10,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
-
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import etcd_cluster
-
-pytestmark = pytest.mark.process_runner(
-    "the plugin's output is what is tested; the cluster's members only need to exist"
-)
 
 VENV_BIN = Path(sys.executable).parent
 

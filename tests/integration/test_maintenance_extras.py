@@ -27,6 +27,10 @@ from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
 from tests.integration.operator import REFUSED, OperatorProcess, free_port, start_operator
 
+pytestmark = pytest.mark.process_runner(
+    "the policy's Envoy restarts, image overrides and reboot unit decide on kwok nodes' pods"
+)
+
 IMAGE = f"{KUSTOS_IMAGE_REPOSITORY}:dev"
 
 

@@ -327,7 +327,9 @@ async def test_a_new_image_replaces_every_node_of_both_groups(
         assert default["LaunchTemplateData"]["ImageId"] == NEW_IMAGE
     # Within every budget, all along: one extra instance at most per group (maxSurge 1),
     # no node unavailable beyond maxUnavailable 0, no PodDisruptionBudget broken.
-    assert seen.samples > 10
+    # A sample takes a few seconds (two kubectl calls and an AWS call); since the operator got
+    # faster the whole rollout spans about ten. That it watched mid-rollout is the surge it saw.
+    assert seen.samples >= 5
     assert seen.max_instances == {CP: SIZE + 1, WORKERS: SIZE + 1}, seen
     assert seen.max_unavailable == {CP: 0, WORKERS: 0}, seen
     assert not seen.pdb_breaches
