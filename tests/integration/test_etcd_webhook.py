@@ -19,10 +19,6 @@ from tests.integration.etcd_support import etcd_cluster
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, start_operator
 
-pytestmark = pytest.mark.process_runner(
-    "admission answers are the webhook's; the members behind them only need to exist"
-)
-
 
 @pytest.fixture
 def admission(crds: None, kubectl: Kubectl, tmp_path: Path) -> Iterator[OperatorProcess]:

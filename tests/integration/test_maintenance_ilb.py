@@ -48,6 +48,10 @@ from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, chart_maintenance_operator, free_port
 
+pytestmark = pytest.mark.process_runner(
+    "the load balancer's pods on kwok control-plane nodes; its HAProxy and API servers run as processes"
+)
+
 FIRST_INDEX = 221
 
 
