@@ -54,6 +54,7 @@ from tests.integration.test_purge_node import (
     client_tls,
     member_names,
     node_ready,
+    purge_policy,
     stacked_control_plane,
     stop_etcd,
 )
@@ -306,20 +307,9 @@ async def test_a_crash_after_any_write_is_finished_by_the_next_operator(
 
 
 @contextmanager
-def purge_policy(kubectl: Kubectl, pki: Path) -> Iterator[None]:
+def purges_on(kubectl: Kubectl, pki: Path) -> Iterator[None]:
     """Purges on, a node fenced once unreachable past 5 s (test_purge_node's policy)."""
-    policy = {
-        "apiVersion": "kustos.dev/v1alpha1",
-        "kind": "MaintenancePolicy",
-        "metadata": {"name": "default"},
-        "spec": {
-            "shouldEnablePurgeNodes": True,
-            "nodeUnreachableToleration": "5s",
-            "fencing": {"afterToleration": True},
-            "certificatesDir": str(pki),
-            "rotateCerts": False,
-        },
-    }
+    policy = purge_policy(pki)
     kubectl.cluster.kubectl("apply", "-f", "-", input_text=json.dumps(policy))
     try:
         yield
@@ -366,7 +356,7 @@ async def purge_a_dead_node(
             return gone and last.get("node") == dead.node and last.get("outcome") == "Done"
 
         try:
-            with purge_policy(kubectl, pki):
+            with purges_on(kubectl, pki):
                 run = await run_stages(kubectl, [(kill_the_node, purged)], directory / "operators", env)
         finally:
             recorded = await recording if recording is not None else None

@@ -290,19 +290,7 @@ async def test_the_controller_purges_a_dead_control_plane_node_and_resumes_after
             return False
 
     await wait_until(healthy, "three etcd members and three Ready control-plane Nodes", timeout=90)
-    policy = {
-        "apiVersion": "kustos.dev/v1alpha1",
-        "kind": "MaintenancePolicy",
-        "metadata": {"name": "default"},
-        "spec": {
-            "shouldEnablePurgeNodes": True,
-            "nodeUnreachableToleration": "5s",
-            "fencing": {"afterToleration": True},  # EKCO's: past the toleration is fenced
-            "certificatesDir": str(pki),
-            # Its kube-apiserver pods are kubeadm's in name only (no /etc/kubernetes behind them).
-            "rotateCerts": False,
-        },
-    }
+    policy = purge_policy(pki)
     dev_cluster.kubectl("apply", "-f", "-", input_text=json.dumps(policy))
     marker = tmp_path / "fault-marker"
     env = {"KUSTOS_FAULT_EXIT_AFTER": "PurgeEtcdMember", "KUSTOS_FAULT_MARKER": str(marker)}
@@ -340,3 +328,20 @@ async def test_the_controller_purges_a_dead_control_plane_node_and_resumes_after
             await client.put("/after", "the purge")
     finally:
         dev_cluster.kubectl("delete", "maintenancepolicy", "default", "--wait=false", check=False)
+
+
+def purge_policy(pki: Path) -> dict[str, Any]:
+    """Purges on, a node fenced once unreachable past 5 s, kubeadm's etcd certificates in ``pki``."""
+    return {
+        "apiVersion": "kustos.dev/v1alpha1",
+        "kind": "MaintenancePolicy",
+        "metadata": {"name": "default"},
+        "spec": {
+            "shouldEnablePurgeNodes": True,
+            "nodeUnreachableToleration": "5s",
+            "fencing": {"afterToleration": True},  # EKCO's: past the toleration is fenced
+            "certificatesDir": str(pki),
+            # Its kube-apiserver pods are kubeadm's in name only (no /etc/kubernetes behind them).
+            "rotateCerts": False,
+        },
+    }
