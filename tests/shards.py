@@ -140,6 +140,24 @@ def record_seconds(out: Path, sessions: list[Session]) -> None:
     MEASURED_SECONDS.write_text(json.dumps(dict(sorted(figures.items())), indent=1) + "\n")
 
 
+def failures(out: Path, sessions: list[Session]) -> list[str]:
+    """Each failed or erred test of every session, one line each (from its JUnit XML): the
+    sessions' output interleaves, and CI shows only the tail of it."""
+    lines = []
+    for s in sessions:
+        report = out / f"{s.label}.xml"
+        if not report.exists():
+            continue
+        for case in ET.parse(report).iter("testcase"):
+            for kind in ("failure", "error"):
+                found = case.find(kind)
+                if found is not None:
+                    message = (found.get("message") or "").splitlines()[:1]
+                    test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+                    lines.append(f"[{s.label}] {kind.upper()} {test}: {''.join(message)[:300]}")
+    return lines
+
+
 def unused_everywhere(out: Path, sessions: list[Session]) -> list[str]:
     """Permissions that no session used and docs/install.md does not justify (each session that
     started the control plane wrote what it left unused)."""
@@ -175,6 +193,8 @@ def main() -> int:
     took = time.monotonic() - started
     print(f"\n{len(sessions)} sessions in {took:.0f} s; exit codes {codes}; reports in {out}")
     failed = any(codes)
+    if failed:
+        print("\n".join(failures(out, sessions)))
     # Only a whole run that passed can say a permission is never needed.
     unused = [] if failed or args.modules else unused_everywhere(out, sessions)
     if unused:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -70,6 +72,37 @@ def running_operator(
     finally:
         if process.alive():
             process.stop()
+
+
+@contextmanager
+def watched_statuses(kubectl: Kubectl, kind: str, name: str) -> Iterator[list[dict[str, Any]]]:
+    """Every status the API server stored for one object while the block ran, in order, from a
+    watch: a poll can miss a state that lasted less than its interval (a fast rolling step)."""
+    seen: list[dict[str, Any]] = []
+    watch = subprocess.Popen(
+        [str(kubectl.cluster.kubectl_path), "--kubeconfig", str(kubectl.cluster.kubeconfig),
+         "-n", kubectl.namespace, "get", kind, name, "-o", "json", "--watch"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+
+    def read() -> None:
+        assert watch.stdout is not None
+        decoder, buffer = json.JSONDecoder(), ""
+        for line in watch.stdout:
+            buffer += line
+            with contextlib.suppress(json.JSONDecodeError):
+                obj, end = decoder.raw_decode(buffer.lstrip())
+                seen.append(dict(obj.get("status") or {}))
+                buffer = buffer.lstrip()[end:]
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield seen
+    finally:
+        watch.terminate()
+        watch.wait(timeout=10)
+        reader.join(timeout=10)
 
 
 def etcd_cluster(name: str, size: int, **spec: Any) -> dict[str, Any]:

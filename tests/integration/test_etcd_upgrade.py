@@ -19,6 +19,7 @@ from tests.integration.etcd_support import (
     etcd_cluster,
     status_of,
     wait_healthy,
+    watched_statuses,
 )
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
@@ -41,7 +42,7 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 @dataclass
 class Roll:
-    """What a version change looked like from outside, polled through the whole roll."""
+    """What a version change looked like from outside: every status stored through the roll."""
 
     status: dict[str, Any]
     seen: list[dict[str, Any]]
@@ -63,7 +64,6 @@ async def roll(kubectl: Kubectl, name: str, storage: str, start: str, to: str) -
     restarts = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods}
     writer = Writer([m["clientUrl"] for m in status["members"]])
     writer.start()
-    seen: list[dict[str, Any]] = []
     try:
 
         async def writing() -> bool:
@@ -72,22 +72,28 @@ async def roll(kubectl: Kubectl, name: str, storage: str, start: str, to: str) -
         await wait_until(writing, "the writer to get going", timeout=30)
         before = len(writer.acknowledged)
         began = time.monotonic()
-        kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{to}"}}}}')
+        with watched_statuses(kubectl, "etcdcluster", name) as watched:
 
-        async def rolled() -> bool:
-            current = status_of(kubectl, name)
-            writer.update(current)
-            seen.append(current)
-            members = current.get("members") or []
-            return (
-                current.get("currentVersion") == to and current.get("phase") == "Running"
-                and len(members) == 3 and all(m["healthy"] for m in members)
-            )  # fmt: skip
+            async def watching() -> bool:
+                return bool(watched)
 
-        await wait_until(rolled, f"{name} on etcd {to}", timeout=240, cluster=kubectl.cluster,
-                         namespace=kubectl.namespace)  # fmt: skip
-        seconds = time.monotonic() - began
-        during = len(writer.acknowledged) - before
+            await wait_until(watching, f"a watch on {name}", timeout=30)
+            kubectl("patch", "etcdcluster", name, "--type=merge", "-p", f'{{"spec":{{"version":"{to}"}}}}')
+
+            async def rolled() -> bool:
+                current = status_of(kubectl, name)
+                writer.update(current)
+                members = current.get("members") or []
+                return (
+                    current.get("currentVersion") == to and current.get("phase") == "Running"
+                    and len(members) == 3 and all(m["healthy"] for m in members)
+                )  # fmt: skip
+
+            await wait_until(rolled, f"{name} on etcd {to}", timeout=240, cluster=kubectl.cluster,
+                             namespace=kubectl.namespace)  # fmt: skip
+            seconds = time.monotonic() - began
+            during = len(writer.acknowledged) - before
+        seen = list(watched)
     finally:
         await writer.stop()
     status = await wait_healthy(kubectl, name, 3)

@@ -11,7 +11,7 @@ import pytest
 from kustos.api.etcd import EtcdCluster, RecoveryStatus
 from kustos.etcd import planner, recovery
 from kustos.etcd import status as report
-from kustos.etcd.client import Member, MemberList, Status
+from kustos.etcd.client import EtcdError, Member, MemberList, Status, UnhealthyCluster
 from kustos.etcd.cluster_planner import Blocked, ExternalMember, StartAdoption, StartRebuild
 from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import MemberView, Observed, PodView
@@ -132,6 +132,21 @@ def test_a_refused_pod_never_gives_back_an_index_reserved_before() -> None:
     refusal = PodRefused("e-4", ApiStatusError(403, "Forbidden", "exceeded quota"))
     step = planner.CreatePod(4)  # a DNS member etcd knows already: its index was reserved by the add
     assert status(formed(previous={"nextMemberIndex": 9}), step, NOW, refusal)["nextMemberIndex"] == 9
+
+
+@pytest.mark.parametrize(
+    ("failure", "next_index"),
+    [(UnhealthyCluster("etcdserver: unhealthy cluster", 14), 4), (EtcdError("timed out"), 5)],
+    ids=["refused", "timed-out"],
+)
+def test_an_add_etcd_refused_gives_its_index_back_and_one_that_may_have_happened_does_not(
+    failure: EtcdError, next_index: int
+) -> None:
+    # etcd answers "unhealthy cluster" before proposing the add: e-4 was never a member, and
+    # the retry is e-4 again. A timeout may have added it: e-4 stays spent.
+    step = planner.AddMember("e-4", "http://e-4.e-peer.ns.svc:2380", learner=True, index=4)
+    result = status(formed(previous={"nextMemberIndex": 4}), step, NOW, failure)
+    assert result["nextMemberIndex"] == next_index
 
 
 def test_a_refused_rebuild_seed_is_no_attempt_and_keeps_its_index() -> None:

@@ -22,6 +22,7 @@ from kustos.etcd.client import (
     MemberAddResult,
     MemberList,
     Status,
+    UnhealthyCluster,
     cluster_health,
 )
 from kustos.etcd.quorum import quorum, removal_keeps_quorum
@@ -91,8 +92,14 @@ def why_no_member_list(endpoints: Sequence[str], statuses: Mapping[str, Status])
 async def add_member(
     statuses: Mapping[str, Status], tls: EtcdTLS | None, peer_url: str, learner: bool = True
 ) -> MemberAddResult | None:
-    """Add a member (a learner by default: one that never starts then costs no quorum)."""
-    result = await leader_call(statuses, tls, lambda c: c.member_add([peer_url], is_learner=learner))
+    """Add a member (a learner by default: one that never starts then costs no quorum).
+
+    Raises ``UnhealthyCluster`` when etcd refused the add before proposing it (its leader has not
+    been connected to enough peers for 5 s): nothing was added, and the caller may retry the
+    same member. None: every member failed otherwise (the add may or may not have happened)."""
+    result = await leader_call(
+        statuses, tls, lambda c: c.member_add([peer_url], is_learner=learner), UnhealthyCluster
+    )
     return result if isinstance(result, MemberAddResult) else None
 
 

@@ -446,8 +446,9 @@ def plan(o: Observed) -> Step:
         settle = _settling(o, members, pods)
         if settle > 0:
             # etcd refuses a membership change for 5 s after the last one joined ("unhealthy
-            # cluster"): an add now would fail and burn its reserved index (DNS addressing),
-            # or start a pod whose etcd exits and backs off (pod-IP addressing).
+            # cluster"): an add now would fail a pass (DNS addressing; the index is given
+            # back, ``status.made_nothing``), or start a pod whose etcd exits and backs off
+            # (pod-IP addressing).
             return Wait("letting the newest member settle: etcd refuses the next add for 5 s", settle)
         index = max(o.next_index, *(p.index + 1 for p in o.pods)) if o.pods else o.next_index
         if o.addressing == "dns":

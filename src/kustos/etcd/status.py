@@ -28,6 +28,7 @@ from kustos.api.etcd import (
     RecoveryStatus,
 )
 from kustos.etcd import chain, planner, recovery
+from kustos.etcd.client import UnhealthyCluster
 from kustos.etcd.cluster_planner import Blocked, StartAdoption, StartRebuild
 from kustos.etcd.observe import EtcdView
 from kustos.etcd.planner import Observed, Step
@@ -155,7 +156,7 @@ def status(seen: Seen, step: ClusterStep, now: datetime, failure: ReconcileError
         case Rebuild():
             result = _rebuild(seen, step, stamp, isinstance(failure, PodRefused))
         case _:
-            result = _membership(seen, step, now, isinstance(failure, PodRefused))
+            result = _membership(seen, step, now, made_nothing(failure))
     if not isinstance(step, Unobserved):
         result = _stuck(seen, result, step, stamp)
     if failure is not None:
@@ -311,18 +312,25 @@ def _rebuild_conditions(seen: Seen, rebuild: RecoveryStatus, done: bool, stamp: 
     return set_condition(conditions, "Degraded", not done, reason, message, generation, stamp)
 
 
+def made_nothing(failure: ReconcileError | None) -> bool:
+    """Whether a failed step certainly made nothing under the member index it reserved: the API
+    server refused the member's pod, or etcd refused to add the member (it answers
+    ``UnhealthyCluster`` before proposing anything). A timeout may have made it: not this."""
+    return isinstance(failure, PodRefused | UnhealthyCluster)
+
+
 def reserve_index(next_index: int, index: int, refused: bool) -> int:
-    """``status.nextMemberIndex`` once member ``index`` was created: past it, so no name is
-    used twice. ``refused``: the API server refused that pod, so the name was never used and
-    the retry takes the same index (recorded: a restarted operator retries it too). The step's
-    intent reserved it before the create; this final record gives it back, never going below
-    what was recorded before (a DNS member added to etcd keeps its index)."""
+    """``status.nextMemberIndex`` once member ``index`` was made: past it, so no name is used
+    twice. ``refused`` (``made_nothing``): the name was never used and the retry takes the same
+    index (recorded: a restarted operator retries it too). The step's intent reserved it before
+    the call; this final record gives it back, never going below what was recorded before (a
+    DNS member added to etcd keeps its index)."""
     return max(next_index, index if refused else index + 1)
 
 
 def _membership(seen: Seen, step: Step, now: datetime, refused: bool = False) -> Obj:
     """The membership pass: members as etcd reports them, the phase, and the conditions
-    (``refused``: the API server refused the step's pod; ``reserve_index``)."""
+    (``refused``: the step made nothing under its member index; ``made_nothing``)."""
     cluster, o, etcd = seen.cluster, seen.observed, seen.etcd
     assert cluster is not None and o is not None and etcd is not None
     stamp = rfc3339(now)
@@ -333,7 +341,7 @@ def _membership(seen: Seen, step: Step, now: datetime, refused: bool = False) ->
         case planner.CreateSeed(index=index) | planner.CreatePod(index=index):
             status.next_member_index = reserve_index(status.next_member_index, index, refused)
         case planner.AddMember(index=int(index)):
-            status.next_member_index = max(status.next_member_index, index + 1)
+            status.next_member_index = reserve_index(status.next_member_index, index, refused)
     pods_by_name = {p.name: p for p in o.pods}
     members: list[MemberStatus] = []
     for m in o.members or ():
