@@ -80,6 +80,27 @@ def test_the_statefulset_is_made_from_the_deployment() -> None:
     )
 
 
+def test_the_replicas_run_where_the_old_pod_may_run() -> None:
+    """A MinIO pinned to a node pool (its label and taint) keeps to it: replicas elsewhere would
+    stay Pending, or land where the user did not want MinIO."""
+    placement = {
+        "nodeSelector": {"pool": "storage"},
+        "tolerations": [{"key": "pool", "operator": "Exists", "effect": "NoSchedule"}],
+        "imagePullSecrets": [{"name": "registry"}],
+        "securityContext": {"fsGroup": 1000},
+    }
+    hardened = {"allowPrivilegeEscalation": False}
+    containers = [{**TEMPLATE["spec"]["containers"][0], "securityContext": hardened}]
+    template = {**TEMPLATE, "spec": {**TEMPLATE["spec"], **placement, "containers": containers}}
+    old = DeploymentView(uid="u1", template=template, claims=("minio-pv-claim",), source="10.0.0.5:9000")
+    step = minio.plan_minio(SPEC, view(statefulset=None, deployment=old), None).step
+    assert isinstance(step, CreateStatefulSet)
+    pod = step.objects[1]["spec"]["template"]["spec"]
+    assert {key: pod[key] for key in placement} == placement
+    assert pod["containers"][0]["securityContext"] == hardened
+    assert "volumes" not in pod, "the old claim is not mounted by the replicas"
+
+
 def test_no_statefulset_without_credentials_to_copy_with() -> None:
     bare = {"spec": {"containers": [{"name": "minio", "image": "m"}]}}
     decision = minio.plan_minio(SPEC, view(statefulset=None, deployment=DeploymentView("u", bare)), None)
