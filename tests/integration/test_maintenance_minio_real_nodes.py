@@ -9,6 +9,10 @@ rewriting paths, so six distributed replicas would share one drive. MinIO is pla
 nodes by the old Deployment's nodeSelector and toleration, which the StatefulSet inherits.
 The operator runs as the chart's ServiceAccount.
 
+A failed copy is retried: the old MinIO is broken before the move (a flag its server refuses,
+so its pod crash-loops at its address), the copy fails and says so on the policy's Degraded
+condition while MinIO stays offline; once the Deployment is mended, the next try copies it all.
+
 What a user sees is asserted: every object written through the old MinIO's S3 API is readable
 through the Service ``minio`` afterwards with the same checksum; the Service selected no pod
 only while the data was copied; the old Deployment and its claim are gone; two replicas on each
@@ -44,6 +48,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 NODES = 3
 ACCESS, SECRET = "kustos-minio", "kustos-minio-secret"
 BUCKETS = ("kurl-registry", "kotsadm")
+SERVER = ["minio", "server", "--address", ":9000", "/data"]
 ON_REAL_NODES: dict[str, Any] = {
     "nodeSelector": {REAL_NODE_LABEL: "true"},
     "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
@@ -107,7 +112,7 @@ def old_minio(namespace: str) -> list[dict[str, Any]]:
                   "template": {"metadata": {"labels": labels}, "spec": {
                       **ON_REAL_NODES,
                       "containers": [{"name": "minio", "image": MINIO_IMAGE,
-                                      "command": ["minio", "server", "--address", ":9000", "/data"],
+                                      "command": SERVER,
                                       "env": env, "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                                       "readinessProbe": {"httpGet": {"path": "/minio/health/ready",
                                                                      "port": 9000}, "periodSeconds": 2}}],
@@ -128,6 +133,21 @@ def contents(s3: Any) -> dict[str, str]:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
             found[f"{bucket}/{key}"] = hashlib.sha256(body).hexdigest()
     return found
+
+
+def set_command(kubectl: Kubectl, command: list[str]) -> None:
+    patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/command", "value": command}]
+    kubectl("patch", "deployment", "minio", "--type=json", "-p", json.dumps(patch))
+
+
+def policy_status(cluster: DevCluster) -> dict[str, Any]:
+    return dict(
+        json.loads(cluster.kubectl("get", "maintenancepolicy", "default", "-o", "json")).get("status") or {}
+    )
+
+
+def degraded(status: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Degraded"), {})
 
 
 async def test_minio_moves_to_six_replicas_on_three_nodes_with_every_object(
@@ -157,45 +177,67 @@ async def test_minio_moves_to_six_replicas_on_three_nodes_with_every_object(
     written = contents(through_service)
     assert len(written) == 31
 
+    # (phase, the Service's selector) at every look, to show when MinIO was offline.
+    seen: list[tuple[str, str]] = []
+
+    def look() -> dict[str, Any]:
+        # The Service first: the operator writes it before the status that tells of it.
+        selector = json.dumps(kubectl.get("service", "minio")["spec"].get("selector"), sort_keys=True)
+        status = policy_status(cluster)
+        phase = str((status.get("minio") or {}).get("phase") or "")
+        if phase and (not seen or seen[-1] != (phase, selector)):
+            seen.append((phase, selector))
+        return status
+
+    # The old MinIO breaks: its pod is Running at its address, its server exits at once.
+    set_command(kubectl, [*SERVER, "--no-such-flag"])
     kubectl.apply({
         "apiVersion": "kustos.dev/v1alpha1", "kind": "MaintenancePolicy", "metadata": {"name": "default"},
         "spec": {"minioNamespace": kubectl.namespace, "minioStorageClass": STORAGE_CLASS},
     })  # fmt: skip
 
-    # (phase, the Service's selector) at every look, to show when MinIO was offline.
-    seen: list[tuple[str, str]] = []
-
-    async def migrated() -> bool:
-        status = json.loads(cluster.kubectl("get", "maintenancepolicy", "default", "-o", "json")).get(
-            "status"
-        )
-        phase = str(((status or {}).get("minio") or {}).get("phase") or "")
-        selector = json.dumps(kubectl.get("service", "minio")["spec"].get("selector"), sort_keys=True)
-        if phase and (not seen or seen[-1] != (phase, selector)):
-            seen.append((phase, selector))
-        return phase == "Migrated"
+    async def copy_failed() -> dict[str, Any] | None:
+        condition = degraded(look())
+        return condition if condition.get("reason") == "MinioCopyFailed" else None
 
     started = time.monotonic()
+    failure = await wait_until(copy_failed, "the copy to fail", timeout=300, interval=0.5, cluster=cluster,
+                               namespace=kubectl.namespace)  # fmt: skip
+    assert failure["status"] == "True" and "copying MinIO's objects" in failure["message"], failure
+    assert seen[-1] == ("Copying", json.dumps(minio.DISABLED_SELECTOR)), "offline while the copy fails"
+    assert "tried again" in policy_status(cluster)["minio"]["message"]
+    failed_after = time.monotonic() - started
+    set_command(kubectl, SERVER)
+
+    async def migrated() -> bool:
+        return (look().get("minio") or {}).get("phase") == "Migrated"
+
     await wait_until(migrated, "MinIO migrated to its StatefulSet", timeout=600, interval=0.5,
                      cluster=cluster, namespace=kubectl.namespace)  # fmt: skip
-    print(f"\nMinIO moved in {time.monotonic() - started:.1f} s: {seen}")
+    print(
+        f"\ncopy failed after {failed_after:.1f} s; MinIO moved in {time.monotonic() - started:.1f} s: {seen}"
+    )
 
-    # Offline (the Service selects no pod) only while the data was copied and verified.
+    # Offline (the Service selects no pod) once, from the copy's start until the switch: the old
+    # Service's selector before, the StatefulSet's after.
     offline = json.dumps(minio.DISABLED_SELECTOR, sort_keys=True)
-    phases = [phase for phase, _ in seen]
-    assert {phase for phase, selector in seen if selector == offline} <= {"Copying", "Verified"}, seen
-    assert "Copying" in phases and phases[-1] == "Migrated", seen
-    assert all(selector != offline for _, selector in seen[: phases.index("Copying")]), seen
+    selectors = [selector for _, selector in seen]
+    first, last = selectors.index(offline), len(selectors) - 1 - selectors[::-1].index(offline)
+    assert set(selectors[first : last + 1]) == {offline}, seen
+    assert "Copying" in [phase for phase, _ in seen[first : last + 1]], seen
+    assert set(selectors[:first]) == {json.dumps({"app": "minio"})}, seen
+    assert (
+        set(selectors[last + 1 :]) == {json.dumps(minio.STATEFULSET_LABELS)} and seen[-1][0] == "Migrated"
+    ), seen
 
     # Every object, through the Service, with the same checksum.
     service = kubectl.get("service", "minio")
     assert service["spec"]["selector"] == minio.STATEFULSET_LABELS
     assert contents(s3_at(service["spec"]["clusterIP"])) == written
 
-    status = json.loads(cluster.kubectl("get", "maintenancepolicy", "default", "-o", "json"))["status"][
-        "minio"
-    ]
-    assert status["objects"] == status["copied"] == 31, status
+    status = policy_status(cluster)
+    assert status["minio"]["objects"] == status["minio"]["copied"] == 31, status["minio"]
+    assert degraded(status)["status"] == "False", "the failure is cleared once the copy succeeds"
     assert kubectl("get", "deployment", "minio", "--ignore-not-found").strip() == ""
     claim = kubectl("get", "pvc", "minio-pv-claim", "--ignore-not-found", "-o", "name").strip()
     assert not claim or kubectl.get("pvc", "minio-pv-claim")["metadata"].get("deletionTimestamp"), (

@@ -139,6 +139,20 @@ def test_minio_stays_online_until_the_new_cluster_is_healthy() -> None:
     assert isinstance(offline.step, CopyObjects)
 
 
+def test_a_failed_copy_shows_as_copying_offline_with_its_error() -> None:
+    decision = minio.plan_minio(SPEC, view(selector=DISABLED_SELECTOR), None)
+    assert isinstance(decision.step, CopyObjects)
+    # The pass before saw a replica briefly unready: the phase said so, MinIO was offline all along.
+    before = MinioStatus(phase="WaitingForStatefulSet", message="5 of 6 replicas ready", objects=31, copied=4)
+    status = minio.minio_status(decision, None, before, "copying MinIO's objects: could not connect")
+    assert status is not None and status.phase == "Copying"
+    assert "tried again" in status.message and "could not connect" in status.message
+    assert (status.objects, status.copied) == (31, 4)
+    # Another step's failure leaves the phase as it was.
+    made = minio.plan_minio(SPEC, view(statefulset=None), None)
+    assert minio.minio_status(made, None, before, "refused") == before
+
+
 def test_a_service_left_disabled_is_switched_when_the_deployment_is_gone() -> None:
     step = minio.plan_minio(SPEC, view(deployment=None, selector=DISABLED_SELECTOR), None).step
     assert isinstance(step, SetServiceSelector) and dict(step.selector) == STATEFULSET_LABELS

@@ -392,9 +392,20 @@ def bootstrap_args(args: Sequence[str], replicas: int) -> tuple[str, ...]:
 # ---- the status ----------------------------------------------------------------------------
 
 
-def minio_status(decision: Decision, step: object, previous: MinioStatus | None) -> MinioStatus | None:
-    """The policy's status.minio after this pass (``step`` the act's account, e.g. ``Copied``)."""
+def minio_status(
+    decision: Decision, step: object, previous: MinioStatus | None, failure: str | None = None
+) -> MinioStatus | None:
+    """The policy's status.minio after this pass (``step`` the act's account, e.g. ``Copied``;
+    ``failure`` what the act raised)."""
     keep = previous.model_copy() if previous is not None else None
+    if failure is not None:
+        if not isinstance(decision.step, CopyObjects):
+            return keep
+        # Whatever the phase before (a replica that was briefly unready), MinIO is offline now,
+        # for a copy that failed and is tried again.
+        counts = {"objects": keep.objects, "copied": keep.copied} if keep else {}
+        message = f"the copy failed and is tried again (MinIO stays offline meanwhile): {failure}"
+        return MinioStatus(phase="Copying", message=message[:500], **counts)
     match step:
         case Copied(_, objects, copied, verified, message):
             return MinioStatus(phase="Verified" if verified else "Copying", message=message[:500],
