@@ -29,6 +29,10 @@ ETCD_VERSIONS = tuple(f"v{v}" for v in PROVEN_ETCD_VERSIONS)
 KWOK_VERSION = "v0.8.0"
 # The S3-compatible server that etcd backups are written to in tests (F-ETCD-7).
 VERSITYGW_VERSION = "v1.8.0"
+# MinIO (its last module version; MinIO tags no semver releases): the server whose move to a
+# distributed StatefulSet the MaintenancePolicy makes (F-MAINT-12). Built on demand only, by
+# the test that runs it on real nodes: a long build that no other test needs.
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 # Renders, lints and installs the kustos chart (deploy/helm/kustos).
 HELM_VERSION = "v4.3.1"
 # The dev cluster's cluster DNS (kubernetes plugin serving cluster.local on the pod bridge).
@@ -172,6 +176,11 @@ def all_binaries() -> list[Binary]:
             )
         )
     return binaries
+
+
+def minio_binary() -> Binary:
+    """MinIO's server, outside ``all_binaries``: only the MinIO move's test needs it."""
+    return Binary("minio", MINIO_VERSION, "minio", "github.com/minio/minio")
 
 
 def linearizability_checker() -> Binary:
@@ -336,6 +345,8 @@ def _default_version(name: str) -> str:
         return ETCD_VERSIONS[-1]
     if name == "versitygw":
         return VERSITYGW_VERSION
+    if name == "minio":
+        return MINIO_VERSION
     if name == "helm":
         return HELM_VERSION
     if name == "coredns":
