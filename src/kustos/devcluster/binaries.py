@@ -112,8 +112,9 @@ def _etcd_binaries(version: str) -> list[Binary]:
     ]
 
 
-def all_binaries() -> list[Binary]:
-    """Every binary the dev cluster and the tests need, in build order (cheap first)."""
+def all_binaries(with_test_servers: bool = False) -> list[Binary]:
+    """Every binary the dev cluster and the tests need, in build order (cheap first);
+    ``with_test_servers``: MinIO too, a long build that only the suite runs (`make test`)."""
     k8s_flags = tuple(_kubernetes_ldflags(KUBERNETES_VERSION))
     binaries = [
         Binary("kwok", KWOK_VERSION, "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
@@ -175,11 +176,14 @@ def all_binaries() -> list[Binary]:
                 k8s_flags,
             )
         )
+    if with_test_servers:
+        binaries.append(minio_binary())
     return binaries
 
 
 def minio_binary() -> Binary:
-    """MinIO's server, outside ``all_binaries``: only the MinIO move's test needs it."""
+    """MinIO's server, in ``all_binaries`` only with the test servers: only the MinIO move's
+    test runs it, and its build is the longest after Kubernetes's."""
     return Binary("minio", MINIO_VERSION, "minio", "github.com/minio/minio")
 
 
@@ -376,8 +380,9 @@ def ensure_built(binary: Binary, root: Path | None = None, log: Callable[[str], 
     return path
 
 
-def missing_binaries(root: Path | None = None) -> list[Binary]:
-    return [b for b in all_binaries() if not (bin_dir(root) / b.file_name).is_file()]
+def missing_binaries(root: Path | None = None, with_test_servers: bool = False) -> list[Binary]:
+    wanted = all_binaries(with_test_servers=with_test_servers)
+    return [b for b in wanted if not (bin_dir(root) / b.file_name).is_file()]
 
 
 def build_missing(*names: str) -> None:
