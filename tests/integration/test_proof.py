@@ -473,6 +473,7 @@ async def test_defragmentation_under_load_leaves_a_linearizable_history(
     assert sorted(r["member"] for r in done) == sorted(m["name"] for m in status["members"])
 
 
+@full_profile_only
 async def test_a_member_node_stopped_under_load_leaves_a_linearizable_history(
     kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
 ) -> None:

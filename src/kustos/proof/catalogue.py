@@ -24,6 +24,10 @@ class Action:
 
 
 _SOON = "not yet: a scenario of its own"
+_CA = (
+    "not yet: the recorder's TLS is fixed for a run; a rotation needs clients that take each new "
+    "client Secret, as test_etcd_ca_rotation's writer does"
+)
 _REAL = "not yet: needs the dev cluster's real nodes (kubelet) under the machine-wide lock"
 
 ACTIONS: tuple[Action, ...] = (
@@ -54,7 +58,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("upgrade-rollback", "upgrade and rollback",
            "test_an_upgrade_then_a_rollback_under_load_leave_linearizable_histories"),
     Action("chained-upgrade", "chained upgrade", missing=_SOON),
-    Action("ca-rotation", "CA rotation", missing=_SOON),
+    Action("ca-rotation", "CA rotation", missing=_CA),
     Action("backup", "backup under load (restored elsewhere: the state at its revision)",
            "test_a_backup_under_load_restored_elsewhere_holds_every_write_acknowledged_before_it"),
     Action("restore", "restore",
