@@ -48,7 +48,7 @@ from tests.integration.test_etcd_backup import s3, s3_secret, s3_storage  # noqa
 from tests.integration.test_etcd_client import Launcher
 from tests.integration.test_etcd_maintenance import fill_and_free
 from tests.integration.test_etcd_recovery import kill_members, take_backup, wait_recovered
-from tests.integration.test_etcd_upgrade import NEW, OLD
+from tests.integration.test_etcd_upgrade import NEW, OLD, OLDEST
 from tests.integration.test_partition import STAY, node_of
 
 pytestmark = pytest.mark.process_runner(
@@ -660,7 +660,54 @@ async def test_quorum_loss_waits_for_approval_and_the_approved_rebuild_keeps_eve
     assert acknowledged_writes_missing(load_history(lost), after) == []
 
 
-ROLL_LOAD = 90.0  # seconds of load at least around a version change: a whole roll fits in it
+ROLL_LOAD = 90.0  # seconds of load at least around a one-minor change: a whole roll fits in it
+
+
+async def version_changed_under_load(
+    kubectl: Kubectl, name: str, start: str, to: str, key: str, load_seconds: float,
+    histories: Path, checker: Path, report: Report,
+) -> dict[str, Any]:  # fmt: skip
+    """spec.version changed a sixth into a history at least ``load_seconds`` long, whose
+    clients follow etcd's member list (a roll may replace every address they started with);
+    the whole roll must end inside it. The cluster's status after."""
+    status = status_of(kubectl, name)
+    seconds: list[float] = []
+
+    async def change_version() -> None:
+        await asyncio.sleep(profile().duration / 6)
+        patch = f'{{"spec":{{"version":"{to}"}}}}'
+        await asyncio.to_thread(kubectl, "patch", "etcdcluster", name, "--type=merge", "-p", patch)
+        began = time.monotonic()
+
+        async def rolled() -> bool:
+            current = await asyncio.to_thread(status_of, kubectl, name)
+            members = current.get("members") or []
+            return (
+                current.get("currentVersion") == to and current.get("phase") == "Running"
+                and len(members) == 3 and all(m["healthy"] and m.get("version") == to for m in members)
+            )  # fmt: skip
+
+        await wait_until(rolled, f"{name} on etcd {to}", timeout=load_seconds * 2)
+        seconds.append(time.monotonic() - began)
+
+    load = profile()
+    duration = max(load.duration, load_seconds)
+    roll_load = replace(
+        workload(member_urls(status), key),
+        duration=duration,
+        max_operations=int(load.rate * duration * 1.5),
+        follow_members=True,
+    )
+    recording = await proven(
+        roll_load, histories / f"{name}-to-{to}.jsonl", f"etcd {start} -> {to}", checker, report,
+        change_version(),
+    )  # fmt: skip
+    assert seconds, f"the roll to {to} did not finish within the {duration:.0f} s of load"
+    assert felt(recording), "the roll was never felt"
+    status = await wait_healthy(kubectl, name, 3)
+    assert {m["version"] for m in status["members"]} == {to}
+    report.notes.append(f"etcd {start} -> {to} rolled in {seconds[0]:.1f} s under load.")
+    return status
 
 
 @full_profile_only
@@ -669,45 +716,25 @@ async def test_an_upgrade_then_a_rollback_under_load_leave_linearizable_historie
 ) -> None:
     """A 3-member cluster upgraded to the next minor (each member replaced by one of the new
     version, followers first) and then rolled back through etcd's downgrade (in place), each
-    change whole inside one history; the clients follow the member list, as etcd's own client
-    does, since the upgrade replaces every address they started with."""
+    change whole inside one history."""
     kubectl.apply(etcd_cluster("roll", 3, version=OLD))
-    status = await wait_healthy(kubectl, "roll", 3)
+    await wait_healthy(kubectl, "roll", 3)
     for start, to in ((OLD, NEW), (NEW, OLD)):
-        seconds: list[float] = []
-
-        async def change_version(to: str = to, seconds: list[float] = seconds) -> None:
-            await asyncio.sleep(profile().duration / 6)
-            patch = f'{{"spec":{{"version":"{to}"}}}}'
-            await asyncio.to_thread(kubectl, "patch", "etcdcluster", "roll", "--type=merge", "-p", patch)
-            began = time.monotonic()
-
-            async def rolled() -> bool:
-                current = await asyncio.to_thread(status_of, kubectl, "roll")
-                members = current.get("members") or []
-                return (
-                    current.get("currentVersion") == to and current.get("phase") == "Running"
-                    and len(members) == 3 and all(m["healthy"] and m.get("version") == to for m in members)
-                )  # fmt: skip
-
-            await wait_until(rolled, f"roll on etcd {to}", timeout=ROLL_LOAD * 2)
-            seconds.append(time.monotonic() - began)
-
-        load = profile()
-        duration = max(load.duration, ROLL_LOAD)
-        roll_load = replace(
-            workload(member_urls(status), "upgrade-rollback"),
-            duration=duration,
-            max_operations=int(load.rate * duration * 1.5),
-            follow_members=True,
+        status = await version_changed_under_load(
+            kubectl, "roll", start, to, "upgrade-rollback", ROLL_LOAD, histories, checker, report
         )
-        recording = await proven(
-            roll_load, histories / f"roll-to-{to}.jsonl", f"etcd {start} -> {to}", checker, report,
-            change_version(),
-        )  # fmt: skip
-        assert seconds, f"the roll to {to} did not finish within the {duration:.0f} s of load"
-        assert felt(recording), "the roll was never felt"
-        status = await wait_healthy(kubectl, "roll", 3)
-        assert {m["version"] for m in status["members"]} == {to}
-        report.notes.append(f"etcd {start} -> {to} rolled in {seconds[0]:.1f} s under load.")
     assert_consistent(kubectl, "roll", 3, status)
+
+
+@full_profile_only
+async def test_a_chained_upgrade_under_load_leaves_a_linearizable_history(
+    kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
+) -> None:
+    """3.5 -> 3.7 in one change: kustos walks it through 3.6, one minor (one roll) at a time,
+    inside one history."""
+    kubectl.apply(etcd_cluster("chain", 3, version=OLDEST))
+    await wait_healthy(kubectl, "chain", 3)
+    status = await version_changed_under_load(
+        kubectl, "chain", OLDEST, NEW, "chained-upgrade", 2 * ROLL_LOAD, histories, checker, report
+    )
+    assert_consistent(kubectl, "chain", 3, status)

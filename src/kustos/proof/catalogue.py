@@ -23,7 +23,6 @@ class Action:
     missing: str = ""  # why no scenario exists yet
 
 
-_SOON = "not yet: a scenario of its own"
 _CA = (
     "not yet: the recorder's TLS is fixed for a run; a rotation needs clients that take each new "
     "client Secret, as test_etcd_ca_rotation's writer does"
@@ -57,7 +56,8 @@ ACTIONS: tuple[Action, ...] = (
            "test_defragmentation_under_load_leaves_a_linearizable_history"),
     Action("upgrade-rollback", "upgrade and rollback",
            "test_an_upgrade_then_a_rollback_under_load_leave_linearizable_histories"),
-    Action("chained-upgrade", "chained upgrade", missing=_SOON),
+    Action("chained-upgrade", "chained upgrade (3.5 to 3.7 through 3.6)",
+           "test_a_chained_upgrade_under_load_leaves_a_linearizable_history"),
     Action("ca-rotation", "CA rotation", missing=_CA),
     Action("backup", "backup under load (restored elsewhere: the state at its revision)",
            "test_a_backup_under_load_restored_elsewhere_holds_every_write_acknowledged_before_it"),
