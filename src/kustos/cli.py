@@ -590,6 +590,9 @@ def proof_record(
     prefix: Annotated[str, typer.Option(help="The keys' prefix; nothing else may write the cluster.")] = (
         "/kustos-proof/"
     ),
+    follow_members: Annotated[
+        bool, typer.Option(help="Refresh the endpoints from etcd's member list every second.")
+    ] = False,
 ) -> None:
     """Load an etcd cluster with gets, puts, deletes, transactions and watches; record every call."""
     from kustos.proof.recorder import Workload, WorkloadError, record
@@ -597,7 +600,7 @@ def proof_record(
     try:
         workload = Workload(
             tuple(endpoint), clients=clients, watchers=watchers, rate=rate, duration=duration,
-            max_operations=max_operations, prefix=prefix, scenario=scenario,
+            max_operations=max_operations, prefix=prefix, scenario=scenario, follow_members=follow_members,
         )  # fmt: skip
     except WorkloadError as err:
         raise typer.BadParameter(str(err)) from err
