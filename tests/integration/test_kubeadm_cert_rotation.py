@@ -407,3 +407,53 @@ async def test_the_controller_renews_one_control_plane_node_at_a_time(
             cluster.kubectl("delete", "node", name, "--ignore-not-found", check=False)
         etcd.terminate()
         etcd.wait(30)
+
+
+async def test_a_failed_renewal_says_why_on_the_node_and_in_the_policy(
+    kubectl: Kubectl, maintenance_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """A node whose CA key is not on it (an external CA): the renewal pod fails, and its
+    termination message, the reason, is what the Node's record, its Warning Event and the
+    policy's status say. Nothing is restarted, so no API server is needed here."""
+    cluster = kubectl.cluster
+    name, _ = control_plane_node(cluster, FIRST_INDEX + 22)
+    root = node_root(cluster, name) / "etc" / "kubernetes"
+    try:
+        make_layout(root, dt.datetime.now(dt.UTC), {"apiserver": dt.timedelta(days=2)})
+        (root / "pki" / "ca.key").unlink()
+        port = free_port(cluster.network.gateway)
+        endpoint = f"{cluster.network.gateway}:{port}"
+        write_manifests(root, port, "https://127.0.0.1:2379", cluster.network.gateway)
+        manifests = sorted(p.name for p in (root / "manifests").iterdir())
+        cluster.kubectl("apply", "-f", "-", input_text=json.dumps(kubeadm_apiserver_pod(name, endpoint)))
+        policy = {
+            "apiVersion": "kustos.dev/v1alpha1",
+            "kind": "MaintenancePolicy",
+            "metadata": {"name": "default"},
+        }
+        kubectl.apply({**policy, "spec": {"hostTaskNamespace": kubectl.namespace}})
+
+        async def recorded() -> certrotation.Checked | None:
+            node = kubectl.get("node", name)
+            return certrotation.Checked.parse(node["metadata"].get("annotations", {}).get(CHECKED_ANNOTATION))
+
+        record = await wait_until(recorded, f"{name} checked", timeout=120, cluster=cluster,
+                                  namespace=kubectl.namespace)  # fmt: skip
+        assert record.outcome == "Failed", record
+        assert record.message.startswith("failed: apiserver: no CA key at"), record
+        assert record.message.endswith("pki/ca.key (an external CA renews it)"), record
+        events = kubectl.get("events", None, "-A", "--field-selector", "reason=CertificateRotationFailed")
+        warned = [e for e in events["items"] if e["involvedObject"]["name"] == name]
+        assert warned and warned[0]["type"] == "Warning" and warned[0]["message"] == record.message
+
+        async def said() -> str | None:
+            status = kubectl.get("maintenancepolicy", "default").get("status") or {}
+            message = str((status.get("certificateRotation") or {}).get("message") or "")
+            return message if message.startswith(f"{name}: Failed: failed: apiserver: no CA key") else None
+
+        await wait_until(said, "the failure in status.certificateRotation", timeout=60)
+        assert sorted(p.name for p in (root / "manifests").iterdir()) == manifests  # nothing restarted
+    finally:
+        cluster.kubectl("delete", "pod", "-n", "kube-system", f"kube-apiserver-{name}",
+                        "--ignore-not-found", "--wait=false", check=False)  # fmt: skip
+        cluster.kubectl("delete", "node", name, "--ignore-not-found", check=False)

@@ -261,7 +261,7 @@ def describe(step: CertStep) -> tuple[str, str, str]:
         case FinishRenewal(pod, _, "Renewed", message):
             return pod.node, "RotateCerts", f"{message}; the API server answers on its certificate"
         case FinishRenewal(pod, _, _, message):
-            return pod.node, "RotateCerts", f"failed: {message}"
+            return pod.node, "RotateCerts", message if message.startswith("failed") else f"failed: {message}"
         case RemoveRenewalPod(pod, why):
             return pod.node, "RotateCertsCleanup", f"deleted pod {pod.namespace}/{pod.name}: {why}"
     raise AssertionError(step)
