@@ -8,16 +8,16 @@ and create nothing twice. The recorder (``kustos.proof``) loads etcd all along, 
 history must stay linearizable with no acknowledged write lost.
 
 Scenarios return the cluster to where they began (3 → 5 → 3; a member replaced), so one
-EtcdCluster serves every k. ``KUSTOS_CRASH_POINTS=all`` crashes after every write in turn;
-the default (what `make test` runs) crashes after ``SHORT_CRASHES`` writes spread evenly
-over the scenario, the first and the last included.
+EtcdCluster serves every k. ``KUSTOS_CRASH_POINTS=all`` (what `make proof` sets) crashes
+after every write in turn; the default (what `make test` runs) crashes once per scenario, after
+its first step that follows a recorded intent (``first_step_after_intent``): the step done,
+its outcome not yet recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -33,7 +33,7 @@ from kustos.devcluster.kwokconfig import MANAGED_LABEL
 from kustos.etcd.client import EtcdClient, EtcdError
 from kustos.proof.check import check_history
 from kustos.proof.recorder import Recording, Workload, record
-from kustos.runtime.crashpoints import EXIT_CODE, logged_writes
+from kustos.runtime.crashpoints import EXIT_CODE, first_step_after_intent, logged_writes
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_consistent, etcd_cluster, status_of, wait_healthy
 from tests.integration.kube import describe, wait_until
@@ -63,7 +63,6 @@ pytestmark = pytest.mark.process_runner(
     "crashes of kustos's own writes, scenario after scenario: members only need to run, many times"
 )
 
-SHORT_CRASHES = 3
 STAGE_TIMEOUT = 180.0
 START_ATTEMPTS = 3
 SETTLE = 5.0  # seconds an operator is given once the work is done, for its last writes
@@ -74,12 +73,17 @@ PURGE_FIRST_INDEX = 221  # node addresses of their own (test_purge_node's start 
 PURGE_RECORDING = 40.0  # seconds: a purge takes 15-30 s after the node dies
 
 
-def crash_points(writes: int) -> list[int]:
-    """Which writes to crash after: every one with ``KUSTOS_CRASH_POINTS=all``, else a few."""
-    if FULL or writes <= SHORT_CRASHES:
-        return list(range(1, writes + 1))
-    step = (writes - 1) / (SHORT_CRASHES - 1)
-    return sorted({1 + math.floor(i * step) for i in range(SHORT_CRASHES)})
+def crash_points(writes: list[str]) -> list[int]:
+    """Which writes of a clean run to crash after: every one with ``KUSTOS_CRASH_POINTS=all``,
+    else the scenario's representative one."""
+    return list(range(1, len(writes) + 1)) if FULL else [first_step_after_intent(writes)]
+
+
+def assert_reached(crashed: list[int], points: list[int], writes: int) -> None:
+    """Every crash point reached but one among the clean run's last two writes: a run may make
+    a write or two fewer than the clean one (a retry it did not need)."""
+    missed = [k for k in points if k not in crashed]
+    assert len(missed) <= 1 and all(k >= writes - 1 for k in missed), f"crashed after {crashed} of {points}"
 
 
 @dataclass
@@ -242,7 +246,7 @@ def figures() -> Iterator[list[str]]:
     lines: list[str] = []
     yield lines
     if lines:
-        mode = "all" if FULL else f"short ({SHORT_CRASHES})"
+        mode = "all" if FULL else "one per scenario, the first step after a recorded intent"
         header = (
             "| scenario | writes | crash points | crashes | verdict | acknowledged writes lost | seconds |"
         )
@@ -273,7 +277,7 @@ async def test_a_crash_after_any_write_is_finished_by_the_next_operator(
     assert clean.crashes == 0 and writes, "a clean run made no write"
     assert_nothing_twice(kubectl, name, clean.status)
 
-    points = crash_points(len(writes))
+    points = crash_points(writes)
     crashed: list[int] = []
     lost = 0
     for k in points:
@@ -297,9 +301,7 @@ async def test_a_crash_after_any_write_is_finished_by_the_next_operator(
         verdict = check_history(history, checker, what, 120, history.with_suffix(".html"))
         assert_proven(verdict, recorded)
         lost += verdict.writes_lost
-    # A run may make a write or two fewer than the clean one (a retry it did not need): the
-    # last crash point may then not be reached. Every other one must have crashed.
-    assert len(crashed) >= len(points) - 1, f"crashed after {crashed} of {points}"
+    assert_reached(crashed, points, len(writes))
     figures.append(
         f"| {scenario} | {len(writes)} | {', '.join(map(str, points))} | {len(crashed)} | "
         f"linearizable | {lost} | {time.monotonic() - began:.0f} |"
@@ -379,7 +381,7 @@ async def test_a_crash_after_any_write_of_a_purge_is_finished_by_the_next_operat
     )
     writes = logged_writes(clean_log)
     assert clean.crashes == 0 and writes, "a clean run made no write"
-    points = crash_points(len(writes))
+    points = crash_points(writes)
     crashed: list[int] = []
     lost = 0
     for k in points:
@@ -392,7 +394,7 @@ async def test_a_crash_after_any_write_of_a_purge_is_finished_by_the_next_operat
         verdict = check_history(recorded.path, checker, what, 120, recorded.path.with_suffix(".html"))
         assert_proven(verdict, recorded)
         lost += verdict.writes_lost
-    assert len(crashed) >= len(points) - 1, f"crashed after {crashed} of {points}"
+    assert_reached(crashed, points, len(writes))
     figures.append(
         f"| purge of a dead control-plane node | {len(writes)} | {', '.join(map(str, points))} | "
         f"{len(crashed)} | linearizable | {lost} | {time.monotonic() - began:.0f} |"
@@ -444,7 +446,7 @@ async def test_a_crash_after_any_write_of_a_node_replacement_is_finished_by_the_
     )
     writes = logged_writes(clean_log)
     assert clean.crashes == 0 and writes, "a clean run made no write"
-    points = crash_points(len(writes))
+    points = crash_points(writes)
     crashed: list[int] = []
     for i, k in enumerate(points):
         # The fleet goes back and forth between the two images: each run replaces every node.
@@ -452,7 +454,7 @@ async def test_a_crash_after_any_write_of_a_node_replacement_is_finished_by_the_
         env = {"KUSTOS_CRASH_AFTER_WRITE": str(k), "KUSTOS_WRITE_LOG": str(tmp_path / f"crash-{k}.writes")}
         run = await replace_the_fleet(kubectl, fleet, image, tmp_path / f"crash-{k}", env)
         crashed += [k] if run.crashes else []
-    assert len(crashed) >= len(points) - 1, f"crashed after {crashed} of {points}"
+    assert_reached(crashed, points, len(writes))
     figures.append(
         f"| NodeImage replacement of 2 kwok nodes | {len(writes)} | {', '.join(map(str, points))} | "
         f"{len(crashed)} | (no etcd) | - | {time.monotonic() - began:.0f} |"

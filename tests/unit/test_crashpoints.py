@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kustos.runtime.crashpoints import EXIT_CODE, CrashPoints, logged_writes
+from kustos.runtime.crashpoints import EXIT_CODE, CrashPoints, first_step_after_intent, logged_writes
 
 # What an operator's pass might send: reads and refusals between accepted writes.
 CALLS = """
@@ -64,3 +64,25 @@ def test_without_the_variables_nothing_is_counted() -> None:
 def test_a_bad_write_number_is_refused_naming_the_variable(value: str) -> None:
     with pytest.raises(ValueError, match="KUSTOS_CRASH_AFTER_WRITE"):
         CrashPoints.from_env({"KUSTOS_CRASH_AFTER_WRITE": value})
+
+
+# The start of a resize's clean log (test_crash_points.py): the webhook configurations and the
+# PDB, the pending member recorded in status, then the member add.
+RESIZE = [
+    "api PATCH /apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/kustos",
+    "api PATCH /apis/policy/v1/namespaces/t/poddisruptionbudgets/crash",
+    "api PUT /apis/kustos.dev/v1alpha1/namespaces/t/etcdclusters/crash/status",
+    "api POST /api/v1/namespaces/t/events",
+    "etcd /v3/cluster/member/add http://crash-0.crash-peer.t.svc:2379",
+    "api PUT /apis/kustos.dev/v1alpha1/namespaces/t/etcdclusters/crash/status",
+]
+
+
+def test_the_representative_crash_follows_the_first_step_after_a_recorded_intent() -> None:
+    assert first_step_after_intent(RESIZE) == 5  # the member add, not the start's PDB patch
+
+
+def test_without_a_step_after_a_status_write_the_crash_follows_the_last_write() -> None:
+    assert first_step_after_intent(RESIZE[:4]) == 4
+    with pytest.raises(ValueError, match="no write"):
+        first_step_after_intent([])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 EXIT_CODE = 137
@@ -95,3 +95,22 @@ def logged_writes(log: Path) -> list[str]:
     if not log.exists():
         return []
     return [line.split(" ", 1)[1] for line in log.read_text(encoding="utf-8").splitlines() if line]
+
+
+def first_step_after_intent(writes: Sequence[str]) -> int:
+    """The write (numbered from 1) a single representative crash follows: the first step made
+    after a status write recorded what the operator was about to do. A step is a write that is
+    neither a status record nor an Event (a member add, a pod create, an eviction, a Node
+    delete). A crash there leaves the step done and its outcome unrecorded, the window where a
+    next operator that trusts only its status repeats the step (a second member, an orphan).
+    The last write when no step follows a status write."""
+    recorded = False
+    for n, write in enumerate(writes, start=1):
+        path = write.split()[-1] if write.startswith("api ") else ""
+        if path.endswith("/status"):
+            recorded = True
+        elif recorded and not path.endswith("/events"):
+            return n
+    if not writes:
+        raise ValueError("no write to crash after")
+    return len(writes)
