@@ -82,6 +82,18 @@ def test_the_representative_crash_follows_the_first_step_after_a_recorded_intent
     assert first_step_after_intent(RESIZE) == 5  # the member add, not the start's PDB patch
 
 
+def test_the_starts_webhook_configurations_are_no_step() -> None:
+    # The start of a purge's clean log: the policy's first status, then the operator's start
+    # goes on (the mutating configuration) before the dead node is tainted.
+    purge = [
+        "api PATCH /apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/kustos",
+        "api PUT /apis/kustos.dev/v1alpha1/maintenancepolicies/default/status",
+        "api PATCH /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/kustos",
+        "api PATCH /api/v1/nodes/cp-0",
+    ]
+    assert first_step_after_intent(purge) == 4
+
+
 def test_without_a_step_after_a_status_write_the_crash_follows_the_last_write() -> None:
     assert first_step_after_intent(RESIZE[:4]) == 4
     with pytest.raises(ValueError, match="no write"):

@@ -97,19 +97,24 @@ def logged_writes(log: Path) -> list[str]:
     return [line.split(" ", 1)[1] for line in log.read_text(encoding="utf-8").splitlines() if line]
 
 
+NOT_STEPS = ("/events", "webhookconfigurations/")
+"""Writes that are no step of the work: Events, and the webhook configurations every operator
+patches as it starts."""
+
+
 def first_step_after_intent(writes: Sequence[str]) -> int:
     """The write (numbered from 1) a single representative crash follows: the first step made
-    after a status write recorded what the operator was about to do. A step is a write that is
-    neither a status record nor an Event (a member add, a pod create, an eviction, a Node
-    delete). A crash there leaves the step done and its outcome unrecorded, the window where a
-    next operator that trusts only its status repeats the step (a second member, an orphan).
-    The last write when no step follows a status write."""
+    after a status write recorded what the operator was about to do. A step is any other write
+    than a status record, an Event or the start's webhook configurations (a member add, a pod
+    create, a Node taint, a cloud provider's call). A crash there leaves the step done and its
+    outcome unrecorded, the window where a next operator that trusts only its status repeats
+    the step (a second member, an orphan). The last write when no step follows a status write."""
     recorded = False
     for n, write in enumerate(writes, start=1):
         path = write.split()[-1] if write.startswith("api ") else ""
         if path.endswith("/status"):
             recorded = True
-        elif recorded and not path.endswith("/events"):
+        elif recorded and not any(part in path for part in NOT_STEPS):
             return n
     if not writes:
         raise ValueError("no write to crash after")
