@@ -10,8 +10,9 @@ history must stay linearizable with no acknowledged write lost.
 Scenarios return the cluster to where they began (3 → 5 → 3; a member replaced), so one
 EtcdCluster serves every k. ``KUSTOS_CRASH_POINTS=all`` (what `make proof` sets) crashes
 after every write in turn; the default (what `make test` runs) crashes once per scenario, after
-its first step that follows a recorded intent (``first_step_after_intent``): the step done,
-its outcome not yet recorded.
+its first step that follows a recorded intent (``KUSTOS_CRASH_AFTER_WRITE=step``, found as the
+operator writes: a clean run's numbering shifts by a status write from run to run): the step
+done, its outcome not yet recorded.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kustos.devcluster.kwokconfig import MANAGED_LABEL
 from kustos.etcd.client import EtcdClient, EtcdError
 from kustos.proof.check import check_history
 from kustos.proof.recorder import Recording, Workload, record
-from kustos.runtime.crashpoints import EXIT_CODE, first_step_after_intent, logged_writes
+from kustos.runtime.crashpoints import EXIT_CODE, STEP, logged_writes
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_consistent, etcd_cluster, status_of, wait_healthy
 from tests.integration.kube import describe, wait_until
@@ -73,17 +74,28 @@ PURGE_FIRST_INDEX = 221  # node addresses of their own (test_purge_node's start 
 PURGE_RECORDING = 40.0  # seconds: a purge takes 15-30 s after the node dies
 
 
-def crash_points(writes: list[str]) -> list[int]:
-    """Which writes of a clean run to crash after: every one with ``KUSTOS_CRASH_POINTS=all``,
-    else the scenario's representative one."""
-    return list(range(1, len(writes) + 1)) if FULL else [first_step_after_intent(writes)]
+def crash_points(writes: list[str]) -> list[str]:
+    """What to crash after (``KUSTOS_CRASH_AFTER_WRITE``): every write of a clean run in turn
+    with ``KUSTOS_CRASH_POINTS=all``, else the scenario's representative step."""
+    return [str(k) for k in range(1, len(writes) + 1)] if FULL else [STEP]
 
 
-def assert_reached(crashed: list[int], points: list[int], writes: int) -> None:
+def assert_reached(crashed: list[str], points: list[str], writes: int) -> None:
     """Every crash point reached but one among the clean run's last two writes: a run may make
     a write or two fewer than the clean one (a retry it did not need)."""
     missed = [k for k in points if k not in crashed]
-    assert len(missed) <= 1 and all(k >= writes - 1 for k in missed), f"crashed after {crashed} of {points}"
+    late = all(k.isdigit() and int(k) >= writes - 1 for k in missed)
+    assert len(missed) <= 1 and late, f"crashed after {crashed} of {points}"
+
+
+def point_name(k: str) -> str:
+    return f"write {k}" if k.isdigit() else k
+
+
+def crashed_after(k: str, log: Path) -> str:
+    """The point and the write it fell on in this run (``step`` has no number of its own)."""
+    writes = logged_writes(log)
+    return f"{point_name(k)} ({len(writes)}: {(writes or ['none'])[-1]})"
 
 
 @dataclass
@@ -246,7 +258,7 @@ def figures() -> Iterator[list[str]]:
     lines: list[str] = []
     yield lines
     if lines:
-        mode = "all" if FULL else "one per scenario, the first step after a recorded intent"
+        mode = "all" if FULL else f"one per scenario: {STEP}, the first step after a recorded intent"
         header = (
             "| scenario | writes | crash points | crashes | verdict | acknowledged writes lost | seconds |"
         )
@@ -278,32 +290,34 @@ async def test_a_crash_after_any_write_is_finished_by_the_next_operator(
     assert_nothing_twice(kubectl, name, clean.status)
 
     points = crash_points(writes)
-    crashed: list[int] = []
+    crashed: list[str] = []
+    labels: list[str] = []
     lost = 0
     for k in points:
         status = await asyncio.to_thread(status_of, kubectl, name)
         history = tmp_path / f"crash-{k}.jsonl"
         workload = Workload(
             tuple(m["clientUrl"] for m in status["members"]), clients=3, watchers=1, rate=100,
-            duration=min(clean.seconds + 10, 120), scenario=f"{scenario}, crash after write {k}",
+            duration=min(clean.seconds + 10, 120), scenario=f"{scenario}, crash after {point_name(k)}",
         )  # fmt: skip
         recording = asyncio.create_task(asyncio.to_thread(asyncio.run, record(workload, history)))
         try:
             log = tmp_path / f"crash-{k}.writes"
-            env = {"KUSTOS_CRASH_AFTER_WRITE": str(k), "KUSTOS_WRITE_LOG": str(log)}
+            env = {"KUSTOS_CRASH_AFTER_WRITE": k, "KUSTOS_WRITE_LOG": str(log)}
             run = await run_scenario(kubectl, name, stages, tmp_path / f"crash-{k}", env)
         finally:
             recorded = await recording
         if run.crashes:
             crashed.append(k)
-        what = f"crash after write {k} ({(logged_writes(log) or ['none'])[-1]})"
+        labels.append(crashed_after(k, log))
+        what = f"crash after {labels[-1]}"
         assert_nothing_twice(kubectl, name, run.status)
         verdict = check_history(history, checker, what, 120, history.with_suffix(".html"))
         assert_proven(verdict, recorded)
         lost += verdict.writes_lost
     assert_reached(crashed, points, len(writes))
     figures.append(
-        f"| {scenario} | {len(writes)} | {', '.join(map(str, points))} | {len(crashed)} | "
+        f"| {scenario} | {len(writes)} | {'; '.join(labels)} | {len(crashed)} | "
         f"linearizable | {lost} | {time.monotonic() - began:.0f} |"
     )
 
@@ -382,21 +396,23 @@ async def test_a_crash_after_any_write_of_a_purge_is_finished_by_the_next_operat
     writes = logged_writes(clean_log)
     assert clean.crashes == 0 and writes, "a clean run made no write"
     points = crash_points(writes)
-    crashed: list[int] = []
+    crashed: list[str] = []
+    labels: list[str] = []
     lost = 0
     for k in points:
         log = tmp_path / f"crash-{k}.writes"
-        env = {"KUSTOS_CRASH_AFTER_WRITE": str(k), "KUSTOS_WRITE_LOG": str(log)}
+        env = {"KUSTOS_CRASH_AFTER_WRITE": k, "KUSTOS_WRITE_LOG": str(log)}
         run, recorded = await purge_a_dead_node(kubectl, tmp_path / f"crash-{k}", env, str(k))
         assert recorded is not None
         crashed += [k] if run.crashes else []
-        what = f"crash after write {k} ({(logged_writes(log) or ['none'])[-1]})"
+        labels.append(crashed_after(k, log))
+        what = f"crash after {labels[-1]}"
         verdict = check_history(recorded.path, checker, what, 120, recorded.path.with_suffix(".html"))
         assert_proven(verdict, recorded)
         lost += verdict.writes_lost
     assert_reached(crashed, points, len(writes))
     figures.append(
-        f"| purge of a dead control-plane node | {len(writes)} | {', '.join(map(str, points))} | "
+        f"| purge of a dead control-plane node | {len(writes)} | {'; '.join(labels)} | "
         f"{len(crashed)} | linearizable | {lost} | {time.monotonic() - began:.0f} |"
     )
 
@@ -447,15 +463,18 @@ async def test_a_crash_after_any_write_of_a_node_replacement_is_finished_by_the_
     writes = logged_writes(clean_log)
     assert clean.crashes == 0 and writes, "a clean run made no write"
     points = crash_points(writes)
-    crashed: list[int] = []
+    crashed: list[str] = []
+    labels: list[str] = []
     for i, k in enumerate(points):
         # The fleet goes back and forth between the two images: each run replaces every node.
         image = OLD if i % 2 == 0 else NEW
-        env = {"KUSTOS_CRASH_AFTER_WRITE": str(k), "KUSTOS_WRITE_LOG": str(tmp_path / f"crash-{k}.writes")}
+        log = tmp_path / f"crash-{k}.writes"
+        env = {"KUSTOS_CRASH_AFTER_WRITE": k, "KUSTOS_WRITE_LOG": str(log)}
         run = await replace_the_fleet(kubectl, fleet, image, tmp_path / f"crash-{k}", env)
         crashed += [k] if run.crashes else []
+        labels.append(crashed_after(k, log))
     assert_reached(crashed, points, len(writes))
     figures.append(
-        f"| NodeImage replacement of 2 kwok nodes | {len(writes)} | {', '.join(map(str, points))} | "
+        f"| NodeImage replacement of 2 kwok nodes | {len(writes)} | {'; '.join(labels)} | "
         f"{len(crashed)} | (no etcd) | - | {time.monotonic() - began:.0f} |"
     )

@@ -55,12 +55,20 @@ def test_the_process_exits_right_after_write_k(k: int, tmp_path: Path) -> None:
     assert f"exiting after write {k} ({WRITES[k - 1]})" in result.stderr
 
 
+def test_step_exits_right_after_the_first_step_after_a_recorded_intent(tmp_path: Path) -> None:
+    log = tmp_path / "writes"
+    result = run({"KUSTOS_CRASH_AFTER_WRITE": "step", "KUSTOS_WRITE_LOG": str(log)})
+    assert result.returncode == EXIT_CODE and "finished" not in result.stdout
+    assert logged_writes(log) == WRITES[:2]  # the status write, then the member add
+    assert first_step_after_intent(WRITES) == 2
+
+
 def test_without_the_variables_nothing_is_counted() -> None:
     assert not CrashPoints.from_env({}).active
     assert run({}).returncode == 0
 
 
-@pytest.mark.parametrize("value", ["0", "two", "-1"])
+@pytest.mark.parametrize("value", ["0", "two", "-1", "steps"])
 def test_a_bad_write_number_is_refused_naming_the_variable(value: str) -> None:
     with pytest.raises(ValueError, match="KUSTOS_CRASH_AFTER_WRITE"):
         CrashPoints.from_env({"KUSTOS_CRASH_AFTER_WRITE": value})
