@@ -92,7 +92,13 @@ def main() -> None:
         root = Path(scratch)
         config, log = kubeconfig(root / "kubeconfig"), root / "operator.log"
         modes = {
-            "compiled at start": {**base, "PYTHONDONTWRITEBYTECODE": "1"},
+            # An empty prefix: Python would read the checkout's __pycache__ otherwise (the
+            # process runner's pods leave them), even with PYTHONDONTWRITEBYTECODE.
+            "compiled at start": {
+                **base,
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONPYCACHEPREFIX": str(root / "none"),
+            },
             "bytecode cached": {**base, "PYTHONPYCACHEPREFIX": str(root / "pycache")},
         }
         start(config, modes["bytecode cached"], log)  # fills the cache

@@ -70,7 +70,7 @@ def _cache_bytecode() -> None:
     """Let the Python processes the session starts (about 115 operators a run, the agent,
     CLIs) reuse compiled bytecode instead of compiling kustos and its dependencies at every
     start: this machine sets ``PYTHONDONTWRITEBYTECODE`` and the venv holds no bytecode, which
-    cost an operator about 0.7 s of CPU per start, seconds at a load of 20 (docs/benchmarks.md).
+    cost an operator about 0.9 s of CPU per start, seconds under load (docs/benchmarks.md).
     The cache lives outside the checkout (keyed by each source's path and mtime, written
     atomically, so sessions side by side share it), as an image built with compiled bytecode
     would ship it."""
