@@ -6,7 +6,7 @@ environment variables, read once when the process starts:
 
 * ``KUSTOS_CRASH_AFTER_WRITE=k``: exit (``os._exit(137)``: no cleanup, no lease release, as a
   SIGKILL) right after the k-th write was accepted; ``=step``: right after the first step that
-  follows a recorded intent (``first_step_after_intent``), whatever its number in this run;
+  follows a recorded intent (``STEP``), whatever its number in this run;
 * ``KUSTOS_WRITE_LOG=path``: append one line per accepted write, ``<n> <target> <what>``; a
   clean run's log tells a test how many writes its scenario makes, and which one a crash
   followed.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 EXIT_CODE = 137
@@ -36,8 +36,13 @@ ETCD_READS = frozenset({
 
 
 STEP = "step"
-"""``KUSTOS_CRASH_AFTER_WRITE=step``: the first step after a recorded intent, found as the
-process writes (a clean run's numbering shifts by a status write or two from run to run)."""
+"""``KUSTOS_CRASH_AFTER_WRITE=step``: the first step made after a status write recorded what
+the operator was about to do, found as the process writes (a clean run's numbering shifts by a
+status write from run to run). A step is any write but a status record, an Event or the
+start's webhook configurations (``write_kind``): a member add, a pod create, a Node patch, a
+cloud provider's call. A crash there leaves the step done and its outcome unrecorded, the
+window where a next operator that trusts only its status repeats the step (a second member,
+an orphan)."""
 
 
 class CrashPoints:
@@ -76,13 +81,18 @@ class CrashPoints:
             if self.log is not None:
                 with self.log.open("a", encoding="utf-8") as out:
                     out.write(f"{n} {target} {what}\n")
-            kind = write_kind(f"{target} {what}")
-            first_step = kind == "step" and self.intent_recorded
-            self.intent_recorded = self.intent_recorded or kind == "status"
-            if n == self.crash_after or (first_step and self.crash_after == STEP):
+            if self.exits_after(n, f"{target} {what}"):
                 sys.stderr.write(f"crash point: exiting after write {n} ({target} {what})\n")
                 sys.stderr.flush()
                 os._exit(EXIT_CODE)
+
+    def exits_after(self, n: int, write: str) -> bool:
+        """Whether write ``n`` (``<api|etcd> <what>``) is the one to crash after; called once
+        per write, in order."""
+        kind = write_kind(write)
+        first_step = kind == "step" and self.intent_recorded
+        self.intent_recorded = self.intent_recorded or kind == "status"
+        return n == self.crash_after or (first_step and self.crash_after == STEP)
 
 
 POINTS = CrashPoints.from_env(os.environ)
@@ -123,21 +133,3 @@ def write_kind(write: str) -> str:
     if path.endswith("/status"):
         return "status"
     return "other" if any(part in path for part in NOT_STEPS) else "step"
-
-
-def first_step_after_intent(writes: Sequence[str]) -> int:
-    """The write (numbered from 1) a single representative crash follows: the first step made
-    after a status write recorded what the operator was about to do. A step is any other write
-    than a status record, an Event or the start's webhook configurations (a member add, a pod
-    create, a Node taint, a cloud provider's call). A crash there leaves the step done and its
-    outcome unrecorded, the window where a next operator that trusts only its status repeats
-    the step (a second member, an orphan). The last write when no step follows a status write."""
-    recorded = False
-    for n, write in enumerate(writes, start=1):
-        kind = write_kind(write)
-        if kind == "step" and recorded:
-            return n
-        recorded = recorded or kind == "status"
-    if not writes:
-        raise ValueError("no write to crash after")
-    return len(writes)
