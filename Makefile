@@ -29,14 +29,16 @@ test: $(VENV)/.synced
 # The proof suite (docs/proof.md): histories recorded under injected failures, checked for
 # linearizability, watch guarantees and lost writes; prints the report table. `make test` runs
 # the same scenarios with the short profile; PROOF_PROFILE=full is the documented run,
-# PROOF_PROFILE=nightly the same with an hour's soak.
+# PROOF_PROFILE=nightly the same with an hour's soak. The crash points run here at every write
+# (KUSTOS_CRASH_POINTS=all); `make test` crashes each scenario once.
 PROOF_PROFILE ?= full
 PROOF_DIR ?= $(KUSTOS_CACHE)/proof
 proof: $(VENV)/.synced
 	$(KUSTOS) dev build
 	mkdir -p $(PROOF_DIR) && rm -f $(PROOF_DIR)/report.md
 	KUSTOS_PROOF_PROFILE=$(PROOF_PROFILE) KUSTOS_PROOF_DIR=$(PROOF_DIR) KUSTOS_PROOF_REPORT=$(PROOF_DIR)/report.md \
-		$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_proof.py; \
+		KUSTOS_CRASH_POINTS=all \
+		$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_proof.py tests/integration/test_crash_points.py; \
 		status=$$?; cat $(PROOF_DIR)/report.md 2>/dev/null; echo "histories: $(PROOF_DIR)"; exit $$status
 
 lint: $(VENV)/.synced

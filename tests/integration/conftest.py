@@ -26,6 +26,7 @@ from lightkube.resources.core_v1 import Namespace, ServiceAccount
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clusters
 from kustos.devcluster.kwokconfig import Timings
+from kustos.devcluster.paths import cache_root
 from kustos.devcluster.pids import alive
 from tests.integration.operator import OperatorProcess
 from tests.integration.runner_use import MARKER as RUNNER_MARKER
@@ -63,6 +64,21 @@ def _private_resolv_conf() -> Path:
 
 
 SESSION_RESOLV_CONF = _private_resolv_conf()
+
+
+def _cache_bytecode() -> None:
+    """Let the Python processes the session starts (about 115 operators a run, the agent,
+    CLIs) reuse compiled bytecode instead of compiling kustos and its dependencies at every
+    start: this machine sets ``PYTHONDONTWRITEBYTECODE`` and the venv holds no bytecode, which
+    cost an operator about 0.9 s of CPU per start, seconds under load (docs/benchmarks.md).
+    The cache lives outside the checkout (keyed by each source's path and mtime, written
+    atomically, so sessions side by side share it), as an image built with compiled bytecode
+    would ship it."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(cache_root() / "pycache"))
+
+
+_cache_bytecode()
 
 
 def remove_abandoned_clusters(prefix: str) -> None:

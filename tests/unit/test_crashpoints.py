@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kustos.runtime.crashpoints import EXIT_CODE, CrashPoints, logged_writes
+from kustos.runtime.crashpoints import EXIT_CODE, STEP, CrashPoints, logged_writes
 
 # What an operator's pass might send: reads and refusals between accepted writes.
 CALLS = """
@@ -55,12 +55,57 @@ def test_the_process_exits_right_after_write_k(k: int, tmp_path: Path) -> None:
     assert f"exiting after write {k} ({WRITES[k - 1]})" in result.stderr
 
 
+def test_step_exits_right_after_the_first_step_after_a_recorded_intent(tmp_path: Path) -> None:
+    log = tmp_path / "writes"
+    result = run({"KUSTOS_CRASH_AFTER_WRITE": "step", "KUSTOS_WRITE_LOG": str(log)})
+    assert result.returncode == EXIT_CODE and "finished" not in result.stdout
+    assert logged_writes(log) == WRITES[:2]  # the status write, then the member add
+
+
 def test_without_the_variables_nothing_is_counted() -> None:
     assert not CrashPoints.from_env({}).active
     assert run({}).returncode == 0
 
 
-@pytest.mark.parametrize("value", ["0", "two", "-1"])
+@pytest.mark.parametrize("value", ["0", "two", "-1", "steps"])
 def test_a_bad_write_number_is_refused_naming_the_variable(value: str) -> None:
     with pytest.raises(ValueError, match="KUSTOS_CRASH_AFTER_WRITE"):
         CrashPoints.from_env({"KUSTOS_CRASH_AFTER_WRITE": value})
+
+
+# The start of a resize's clean log (test_crash_points.py): the webhook configurations and the
+# PDB, the pending member recorded in status, then the member add.
+RESIZE = [
+    "api PATCH /apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/kustos",
+    "api PATCH /apis/policy/v1/namespaces/t/poddisruptionbudgets/crash",
+    "api PUT /apis/kustos.dev/v1alpha1/namespaces/t/etcdclusters/crash/status",
+    "api POST /api/v1/namespaces/t/events",
+    "etcd /v3/cluster/member/add http://crash-0.crash-peer.t.svc:2379",
+    "api PUT /apis/kustos.dev/v1alpha1/namespaces/t/etcdclusters/crash/status",
+]
+
+
+def step_crash(writes: list[str]) -> int | None:
+    """The write a ``step`` operator making ``writes`` exits after (None: it makes them all)."""
+    points = CrashPoints(STEP, None)
+    return next((n for n, write in enumerate(writes, start=1) if points.exits_after(n, write)), None)
+
+
+def test_the_representative_crash_follows_the_first_step_after_a_recorded_intent() -> None:
+    assert step_crash(RESIZE) == 5  # the member add, not the start's PDB patch
+
+
+def test_the_starts_webhook_configurations_are_no_step() -> None:
+    # The start of a purge's clean log: the policy's first status, then the operator's start
+    # goes on (the mutating configuration) before the dead node is tainted.
+    purge = [
+        "api PATCH /apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/kustos",
+        "api PUT /apis/kustos.dev/v1alpha1/maintenancepolicies/default/status",
+        "api PATCH /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/kustos",
+        "api PATCH /api/v1/nodes/cp-0",
+    ]
+    assert step_crash(purge) == 4
+
+
+def test_without_a_step_after_a_status_write_there_is_no_crash() -> None:
+    assert step_crash(RESIZE[:4]) is None

@@ -5,7 +5,8 @@ an operator after write 1, then 2, ... of a whole scenario without knowing its s
 environment variables, read once when the process starts:
 
 * ``KUSTOS_CRASH_AFTER_WRITE=k``: exit (``os._exit(137)``: no cleanup, no lease release, as a
-  SIGKILL) right after the k-th write was accepted;
+  SIGKILL) right after the k-th write was accepted; ``=step``: right after the first step that
+  follows a recorded intent (``STEP``), whatever its number in this run;
 * ``KUSTOS_WRITE_LOG=path``: append one line per accepted write, ``<n> <target> <what>``; a
   clean run's log tells a test how many writes its scenario makes, and which one a crash
   followed.
@@ -34,26 +35,41 @@ ETCD_READS = frozenset({
 """The etcd gateway paths that change nothing (the alarm path is a read only for action GET)."""
 
 
+STEP = "step"
+"""``KUSTOS_CRASH_AFTER_WRITE=step``: the first step made after a status write recorded what
+the operator was about to do, found as the process writes (a clean run's numbering shifts by a
+status write from run to run). A step is any write but a status record, an Event or the
+start's webhook configurations (``write_kind``): a member add, a pod create, a Node patch, a
+cloud provider's call. A crash there leaves the step done and its outcome unrecorded, the
+window where a next operator that trusts only its status repeats the step (a second member,
+an orphan)."""
+
+
 class CrashPoints:
     """The write counter of one process."""
 
-    def __init__(self, crash_after: int | None, log: Path | None) -> None:
-        if crash_after is not None and crash_after < 1:
-            raise ValueError(f"KUSTOS_CRASH_AFTER_WRITE: {crash_after} is not a write number (1, 2, ...)")
+    def __init__(self, crash_after: int | str | None, log: Path | None) -> None:
+        if crash_after != STEP and not (
+            (isinstance(crash_after, int) and crash_after >= 1) or crash_after is None
+        ):
+            raise ValueError(
+                f"KUSTOS_CRASH_AFTER_WRITE: {crash_after} is not a write number (1, 2, ...) or step"
+            )
         self.crash_after = crash_after
         self.log = log
         self.active = crash_after is not None or log is not None
         self.writes = 0
+        self.intent_recorded = False
         self._lock = threading.Lock()  # the etcd client may be used from worker threads
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> CrashPoints:
         after, log = env.get("KUSTOS_CRASH_AFTER_WRITE"), env.get("KUSTOS_WRITE_LOG")
         try:
-            crash_after = int(after) if after else None
+            crash_after = (after if after == STEP else int(after)) if after else None
         except ValueError:
             raise ValueError(
-                f"KUSTOS_CRASH_AFTER_WRITE: {after!r} is not a write number (1, 2, ...)"
+                f"KUSTOS_CRASH_AFTER_WRITE: {after!r} is not a write number (1, 2, ...) or step"
             ) from None
         return cls(crash_after, Path(log) if log else None)
 
@@ -65,10 +81,18 @@ class CrashPoints:
             if self.log is not None:
                 with self.log.open("a", encoding="utf-8") as out:
                     out.write(f"{n} {target} {what}\n")
-            if n == self.crash_after:
+            if self.exits_after(n, f"{target} {what}"):
                 sys.stderr.write(f"crash point: exiting after write {n} ({target} {what})\n")
                 sys.stderr.flush()
                 os._exit(EXIT_CODE)
+
+    def exits_after(self, n: int, write: str) -> bool:
+        """Whether write ``n`` (``<api|etcd> <what>``) is the one to crash after; called once
+        per write, in order."""
+        kind = write_kind(write)
+        first_step = kind == "step" and self.intent_recorded
+        self.intent_recorded = self.intent_recorded or kind == "status"
+        return n == self.crash_after or (first_step and self.crash_after == STEP)
 
 
 POINTS = CrashPoints.from_env(os.environ)
@@ -95,3 +119,17 @@ def logged_writes(log: Path) -> list[str]:
     if not log.exists():
         return []
     return [line.split(" ", 1)[1] for line in log.read_text(encoding="utf-8").splitlines() if line]
+
+
+NOT_STEPS = ("/events", "webhookconfigurations/")
+"""Writes that are no step of the work: Events, and the webhook configurations every operator
+patches as it starts."""
+
+
+def write_kind(write: str) -> str:
+    """``status``, ``step`` or ``other`` (an Event, a webhook configuration) for a logged write,
+    ``<api|etcd> <what>``."""
+    path = write.split()[-1] if write.startswith("api ") else ""
+    if path.endswith("/status"):
+        return "status"
+    return "other" if any(part in path for part in NOT_STEPS) else "step"
