@@ -49,8 +49,11 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Operator:
-    def __init__(self, cluster: DevCluster, out: Path, profile: bool, source: Path = REPO) -> None:
-        """``source``: the checkout to run (its own .venv), this one by default."""
+    def __init__(
+        self, cluster: DevCluster, out: Path, profile: bool, source: Path = REPO, log_level: str = "warning"
+    ) -> None:
+        """``source``: the checkout to run (its own .venv), this one by default; ``log_level``:
+        info shows each step the operator takes, with its time (``operator.log``)."""
         self.out = out
         self.port = free_port()
         python = sys.executable if source == REPO else str(source / ".venv" / "bin" / "python")
@@ -62,7 +65,7 @@ class Operator:
             python, *probe,
             "run", "--kubeconfig", str(cluster.kubeconfig),
             "--metrics-address", f"127.0.0.1:{self.port}", "--webhook-address", "127.0.0.1:0",
-            "--log-level", "warning",
+            "--log-level", log_level,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(source), "KUSTOS_CPU_BENCH_OUT": str(out)}
         if profile:
