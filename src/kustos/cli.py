@@ -88,17 +88,24 @@ def dev_build(
     image: Annotated[
         bool, typer.Option("--image/--no-image", help="Also kustos's image, if this tree's is not built.")
     ] = True,
+    test_servers: Annotated[
+        bool,
+        typer.Option(
+            "--test-servers/--no-test-servers",
+            help="Also the servers only the test suite runs (MinIO): a long build `dev up` never needs.",
+        ),
+    ] = False,
 ) -> None:
     """Build the missing control-plane, node, etcd and kwok binaries (runc and haproxy from
     Debian), and kustos's image from deploy/Dockerfile, which `kustos dev up` runs on its real nodes."""
     from kustos.devcluster import binaries, kustosimage
 
-    missing = binaries.missing_binaries()
+    missing = binaries.missing_binaries(with_test_servers=test_servers)
     debian = binaries.missing_debian_packages()
     started = time.monotonic()
     try:
         if not missing and not debian:
-            total = len(binaries.all_binaries()) + len(binaries.DEBIAN_PACKAGES)
+            total = len(binaries.all_binaries(with_test_servers=test_servers)) + len(binaries.DEBIAN_PACKAGES)
             console.print(f"all {total} binaries are cached in {binaries.bin_dir()}")
         else:
             binaries.install_debian_packages(debian, log=console.print)
@@ -583,6 +590,9 @@ def proof_record(
     prefix: Annotated[str, typer.Option(help="The keys' prefix; nothing else may write the cluster.")] = (
         "/kustos-proof/"
     ),
+    follow_members: Annotated[
+        bool, typer.Option(help="Refresh the endpoints from etcd's member list every second.")
+    ] = False,
 ) -> None:
     """Load an etcd cluster with gets, puts, deletes, transactions and watches; record every call."""
     from kustos.proof.recorder import Workload, WorkloadError, record
@@ -590,7 +600,7 @@ def proof_record(
     try:
         workload = Workload(
             tuple(endpoint), clients=clients, watchers=watchers, rate=rate, duration=duration,
-            max_operations=max_operations, prefix=prefix, scenario=scenario,
+            max_operations=max_operations, prefix=prefix, scenario=scenario, follow_members=follow_members,
         )  # fmt: skip
     except WorkloadError as err:
         raise typer.BadParameter(str(err)) from err

@@ -263,6 +263,12 @@ async def test_sigterm_mid_reconcile_finishes_the_step_then_releases_the_lease(
     # promptly, and must not act after giving up its lease (a standby may be acting by then).
     for attempt, delay in enumerate((0.1, 0.4, 0.7, 1.0, 1.3)):
         with running_operator(kubectl, tmp_path / f"run-{attempt}") as process:
+
+            async def leading(process: OperatorProcess = process) -> bool:
+                return "became the leader" in process.log()
+
+            # Mid-reconcile, not before it leads (on a loaded machine a start can take seconds).
+            await wait_until(leading, "the operator to lead", timeout=60)
             kubectl.apply(etcd_cluster(f"busy-{attempt}", 3))
             await asyncio.sleep(delay)
             process.kill(signal.SIGTERM)

@@ -152,7 +152,8 @@ def node_root(cluster: DevCluster, node: str) -> Path:
 
 def control_plane_node(cluster: DevCluster, index: int) -> tuple[str, str]:
     name = f"{cluster.config.name}-lb-{index}"
-    node = node_manifest(name, cluster.slot, index, control_plane=True)
+    # Its pods on the bridge (a range of the pod network), its InternalIP a loopback address.
+    node = node_manifest(name, cluster.slot, index, control_plane=True, network=cluster.network)
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(node))
     return name, node["status"]["addresses"][0]["address"]
 

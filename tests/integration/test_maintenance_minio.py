@@ -1,13 +1,9 @@
 """kotsadm's database grows to three replicas once three nodes are Ready (issue 23, item 5),
 as the chart's ServiceAccount, under its admission policy.
 
-The MinIO move itself is proven in parts: its planner in tests/unit/test_maintenance_minio.py,
-its copy and verification between two real S3 servers in test_maintenance_minio_copy.py. The
-whole move with real MinIO is not in the suite yet: the dev cluster's process pod runner gives
-a pod its volumes by rewriting paths in its arguments, not by mounts, and distributed MinIO's
-drive path sits inside a URL that must be the same on every replica, so all six replicas open
-one host directory and refuse the drive order. It needs per-pod bind mounts in the runner, or
-real nodes with a MinIO image (issue 23).
+The MinIO move itself: its planner in tests/unit/test_maintenance_minio.py, its copy and
+verification between two S3 servers in test_maintenance_minio_copy.py, and the whole move with
+real MinIO on real nodes in test_maintenance_minio_real_nodes.py.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import pytest
 
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.kwokconfig import node_manifest
 from tests.integration import handwritten_etcd as demo
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import is_ready, wait_until
@@ -233,6 +234,40 @@ async def test_an_image_that_is_not_built_is_reported_not_run(
     message = await wait_until(reported, "ErrImagePull for an etcd that is not built", timeout=20,
                                cluster=dev_cluster, namespace=kubectl.namespace)  # fmt: skip
     assert all(v.lstrip("v") in message or v in message for v in ETCD_VERSIONS)
+
+
+def one_shot(name: str, script: str, **container: Any) -> dict[str, Any]:
+    """A pod whose one container runs ``script`` once (restartPolicy Never)."""
+    main = {"name": "main", "image": demo.etcd_image(), "command": ["/bin/sh", "-c", script], **container}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "containers": [main]}}  # fmt: skip
+
+
+async def test_a_pod_off_the_pod_network_is_reported_not_run(
+    kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
+    """A node whose podCIDR is outside the pod network (a loopback range): its pod would run
+    where nothing reaches, so it waits, saying why."""
+    name = f"{dev_cluster.config.name}-offnet"
+    dev_cluster.kubectl("apply", "-f", "-", input_text=json.dumps(
+        node_manifest(name, dev_cluster.slot, 250, control_plane=False)))  # fmt: skip
+    try:
+        pod = one_shot("offnet", "sleep 60")
+        pod["spec"]["nodeName"] = name
+        kubectl.apply(pod)
+
+        async def waiting() -> dict[str, Any] | None:
+            statuses = kubectl.get("pod", "offnet")["status"].get("containerStatuses") or []
+            return statuses[0]["state"].get("waiting") if statuses else None
+
+        state = await wait_until(waiting, "the pod off the network reported", timeout=30)
+        ip = kubectl.get("pod", "offnet")["status"]["podIP"]
+        assert ipaddress.ip_address(ip) not in dev_cluster.network.cidr
+        assert state["reason"] == "ContainerCreating"
+        assert f"IP {ip}" in state["message"] and str(dev_cluster.network.cidr) in state["message"], state
+        assert dev_cluster.container_pid(kubectl.namespace, "offnet", "main") is None
+    finally:
+        dev_cluster.kubectl("delete", "node", name, "--ignore-not-found", check=False)
 
 
 async def test_node_down_kills_its_processes(kubectl: Kubectl, dev_cluster: DevCluster) -> None:

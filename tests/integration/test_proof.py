@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -23,14 +25,18 @@ from typing import Any
 import pytest
 
 from kustos.devcluster import binaries
+from kustos.devcluster.s3 import S3Server
+from kustos.etcd.client import EtcdClient
 from kustos.proof.catalogue import action, coverage_table
-from kustos.proof.check import Verdict, check_history, report_table
+from kustos.proof.check import Verdict, acknowledged_writes_missing, check_history, report_table, state_at
+from kustos.proof.history import load_history
 from kustos.proof.recorder import Recording, Workload, record
 from kustos.proof.soak import Sample, sample_of, soak_summary, what_grew
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
     assert_consistent,
     build_missing_etcd_binaries,
+    endpoint_status,
     etcd_cluster,
     running_operator,
     status_of,
@@ -38,7 +44,12 @@ from tests.integration.etcd_support import (
 )
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
+from tests.integration.test_etcd_backup import s3, s3_secret, s3_storage  # noqa: F401  (fixture)
 from tests.integration.test_etcd_client import Launcher
+from tests.integration.test_etcd_maintenance import fill_and_free
+from tests.integration.test_etcd_recovery import kill_members, take_backup, wait_recovered
+from tests.integration.test_etcd_upgrade import NEW, OLD, OLDEST
+from tests.integration.test_partition import STAY, node_of
 
 pytestmark = pytest.mark.process_runner(
     "histories under injected failures, many scenarios; the runner starts a member in 0.8 s"
@@ -87,6 +98,11 @@ def profile() -> Profile:
     except ValueError:
         raise ValueError(f"KUSTOS_PROOF_SOAK: {soak!r} is not a number of seconds") from None
     return replace(chosen, soak=seconds)
+
+
+full_profile_only = pytest.mark.skipif(
+    profile_name() == "short", reason="the full profile's (`make proof`): too long for `make test`"
+)
 
 
 @pytest.fixture(scope="module")
@@ -408,3 +424,317 @@ async def test_a_soak_keeps_histories_linearizable_and_the_operator_flat(
     report.notes.append(f"Soak ({rounds} rounds of a member pod deleted under load): {summary}.")
     grown = what_grew(samples)
     assert grown == [], f"the operator grew during the soak: {'; '.join(grown)} ({summary})"
+
+
+def leader_of(status: dict[str, Any]) -> str:
+    return str(next(m["name"] for m in status["members"] if m["leader"]))
+
+
+async def prefix_state(endpoint: str, prefix: str) -> dict[str, str]:
+    """The recorder's keys as one member answers them now (a linearizable read)."""
+    async with EtcdClient(endpoint, timeout=10.0) as client:
+        found = await client.range(prefix, prefix=True)
+    return {kv.key.decode(): kv.value.decode() for kv in found.kvs}
+
+
+@full_profile_only
+async def test_defragmentation_under_load_leaves_a_linearizable_history(
+    kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
+) -> None:
+    """Every member's database mostly free space, then defragmentation turned on while the
+    clients load the cluster: each member in turn stops answering while it rewrites its file."""
+    defragmentation = {"enabled": False, "threshold": 0.5, "minDbSize": "4Mi", "checkInterval": "1s"}
+    kubectl.apply(etcd_cluster("defrag", 3, maintenance={"defragmentation": defragmentation}))
+    status = await wait_healthy(kubectl, "defrag", 3)
+    await fill_and_free(status["members"][0]["clientUrl"])
+
+    def records() -> list[dict[str, Any]]:
+        done = (status_of(kubectl, "defrag").get("maintenance") or {}).get("defragmentations") or []
+        return [r for r in done if r.get("completedAt")]
+
+    async def turn_it_on() -> None:
+        await asyncio.sleep(profile().duration / 5)
+        patch = '{"spec":{"maintenance":{"defragmentation":{"enabled":true}}}}'
+        await asyncio.to_thread(kubectl, "patch", "etcdcluster", "defrag", "--type=merge", "-p", patch)
+
+    load = workload(member_urls(status), "defragmentation")
+    await proven(
+        load, histories / "defragmentation.jsonl", "3 members defragmented", checker, report, turn_it_on()
+    )
+
+    async def all_three() -> list[dict[str, Any]] | None:
+        done = await asyncio.to_thread(records)
+        return done if len(done) >= 3 else None
+
+    done = await wait_until(all_three, "three defragmentations", timeout=60,
+                            cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    assert all(r.get("error") is None and r["dbSizeAfter"] < r["dbSizeBefore"] for r in done), done
+    # The load ran through them: every defragmentation ended before the recording did.
+    assert sorted(r["member"] for r in done) == sorted(m["name"] for m in status["members"])
+
+
+@full_profile_only
+async def test_a_member_node_stopped_under_load_leaves_a_linearizable_history(
+    kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
+) -> None:
+    """A member's node stops (heartbeat gone, its processes killed): the operator replaces the
+    member on another node while the clients keep going."""
+    kubectl.apply(etcd_cluster("stop", 3, pod={"antiAffinity": "required"}))
+    status = await wait_healthy(kubectl, "stop", 3)
+    victim = next(m["name"] for m in status["members"] if not m["leader"])
+    node = node_of(kubectl, victim)
+
+    async def stop_the_node() -> None:
+        await asyncio.sleep(profile().duration / 3)
+        await asyncio.to_thread(kubectl.cluster.take_node_down, node)
+
+    try:
+        load = workload(member_urls(status), "node-stopped")
+        recording = await proven(
+            load, histories / "node-stopped.jsonl", f"node of {victim} stopped", checker, report,
+            stop_the_node(),
+        )  # fmt: skip
+        assert felt(recording), "the stop was never felt"
+        await replaced(kubectl, "stop", victim)
+        status = await wait_healthy(kubectl, "stop", 3)
+        assert node not in {node_of(kubectl, m["name"]) for m in status["members"]}
+    finally:
+        kubectl.cluster.bring_node_up(node)
+    assert_consistent(kubectl, "stop", 3, status)
+
+
+async def partition_for_a_while(kubectl: Kubectl, node: str, until: Any = None) -> None:
+    """Cut ``node`` off a quarter into the load, heal it at three quarters (after ``until``
+    holds, when given)."""
+    await asyncio.sleep(profile().duration / 4)
+    await asyncio.to_thread(kubectl.cluster.partition_node, node)
+    try:
+        await asyncio.sleep(profile().duration / 2)
+        if until is not None:
+            await until()
+    finally:
+        await asyncio.to_thread(kubectl.cluster.heal_node, node)
+
+
+@full_profile_only
+async def test_a_member_node_partitioned_and_healed_under_load_leaves_a_linearizable_history(
+    kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
+) -> None:
+    """A follower's node cut off for half the load (shorter than the failure timeout), then
+    healed: the same member rejoins, nothing is replaced."""
+    kubectl.apply(etcd_cluster("part", 3, memberFailureTimeout="300s",
+                               pod={"antiAffinity": "required", "tolerations": STAY}))  # fmt: skip
+    status = await wait_healthy(kubectl, "part", 3)
+    victim = next(m["name"] for m in status["members"] if not m["leader"])
+    load = workload(member_urls(status), "node-partitioned")
+    recording = await proven(
+        load, histories / "node-partitioned.jsonl", f"node of {victim} partitioned, healed", checker,
+        report, partition_for_a_while(kubectl, node_of(kubectl, victim)),
+    )  # fmt: skip
+    assert felt(recording), "the partition was never felt"
+    healed = await wait_healthy(kubectl, "part", 3, timeout=120)
+    assert sorted(m["name"] for m in healed["members"]) == sorted(m["name"] for m in status["members"])
+    assert_consistent(kubectl, "part", 3, healed)
+
+
+@full_profile_only
+async def test_the_leaders_node_partitioned_under_load_leaves_a_linearizable_history(
+    kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
+) -> None:
+    """The etcd leader's node cut off: the other two elect a leader and serve on; the old
+    leader, healed, rejoins as a follower."""
+    kubectl.apply(etcd_cluster("lead", 3, memberFailureTimeout="300s",
+                               pod={"antiAffinity": "required", "tolerations": STAY}))  # fmt: skip
+    status = await wait_healthy(kubectl, "lead", 3)
+    leader = next(m for m in status["members"] if m["leader"])
+    others = [m for m in status["members"] if not m["leader"]]
+
+    async def new_leader() -> None:
+        async def elected() -> bool:
+            views = await asyncio.to_thread(endpoint_status, {"members": others})
+            leaders = {v["Status"]["leader"] for v in views}
+            return len(leaders) == 1 and int(leader["id"], 16) not in leaders
+
+        await wait_until(elected, "a new leader among the connected members", timeout=60)
+
+    load = workload(member_urls(status), "leader-partitioned")
+    recording = await proven(
+        load, histories / "leader-partitioned.jsonl", f"leader {leader['name']}'s node partitioned, healed",
+        checker, report, partition_for_a_while(kubectl, node_of(kubectl, leader["name"]), new_leader),
+    )  # fmt: skip
+    assert felt(recording), "the partition was never felt"
+    healed = await wait_healthy(kubectl, "lead", 3, timeout=120)
+    assert sorted(m["name"] for m in healed["members"]) == sorted(m["name"] for m in status["members"])
+    assert_consistent(kubectl, "lead", 3, healed)
+
+
+@full_profile_only
+async def test_a_backup_under_load_restored_elsewhere_holds_every_write_acknowledged_before_it(
+    kubectl: Kubectl,
+    operator: OperatorProcess,
+    s3: S3Server,  # noqa: F811
+    histories: Path,
+    checker: Path,
+    report: Report,
+) -> None:
+    """An EtcdBackup to S3 taken mid-load, restored into a new cluster: it holds exactly the
+    recorded keys as they were at the snapshot's revision (replayed from the watches), and that
+    revision is at least one read before the backup was asked for, so every write acknowledged
+    before it is in it."""
+    s3_secret(kubectl, s3)
+    kubectl.apply(etcd_cluster("bk", 3))
+    status = await wait_healthy(kubectl, "bk", 3)
+    taken: list[tuple[int, dict[str, Any]]] = []
+
+    async def back_up() -> None:
+        await asyncio.sleep(profile().duration / 3)
+        async with EtcdClient(member_urls(status)[0], timeout=10.0) as client:
+            asked_at = (await client.range("/proof-backup-mark")).revision  # linearizable
+        backup = await take_backup(kubectl, "bk-mid", "bk", storage=s3_storage(s3))
+        taken.append((asked_at, backup))
+
+    history = histories / "backup.jsonl"
+    load = workload(member_urls(status), "backup")
+    await proven(load, history, "EtcdBackup to S3 mid-run", checker, report, back_up())
+    assert taken, "the backup did not finish while the load ran"
+    asked_at, backup = taken[0]
+    assert backup["revision"] >= asked_at, f"snapshot at {backup['revision']}, asked for at {asked_at}"
+
+    kubectl.apply(etcd_cluster("bk-copy", 1, restore={"backup": "bk-mid"}))
+    copy = await wait_healthy(kubectl, "bk-copy", 1, timeout=180)
+    restored = await prefix_state(copy["members"][0]["clientUrl"], load.prefix)
+    assert restored == state_at(load_history(history), backup["revision"])
+
+
+@full_profile_only
+async def test_quorum_loss_waits_for_approval_and_the_approved_rebuild_keeps_every_acknowledged_write(
+    kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
+) -> None:
+    """Both followers killed under load (kept down): the leader alone cannot commit, and without
+    automatic recovery the operator destroys nothing and says it waits for `kustos etcd
+    recover`. Approved, it rebuilds from the surviving leader (which holds every committed
+    write): a second history on the rebuilt cluster starts from every write the first one
+    acknowledged."""
+    kubectl.apply(etcd_cluster("ql", 3))
+    status = await wait_healthy(kubectl, "ql", 3)
+    survivor = leader_of(status)
+    followers = [m["name"] for m in status["members"] if m["name"] != survivor]
+    pods_before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.get("pods")["items"]}
+
+    async def lose_quorum() -> None:
+        await asyncio.sleep(profile().duration / 3)
+        await asyncio.to_thread(kill_members, kubectl, followers, False)
+
+    lost = histories / "quorum-lost.jsonl"
+    recording = await proven(
+        workload(member_urls(status), "quorum-rebuild-unapproved"), lost,
+        "2 of 3 members killed, no approval", checker, report, lose_quorum(),
+    )  # fmt: skip
+    assert felt(recording), "the quorum loss was never felt"
+
+    async def waiting_for_approval() -> dict[str, Any] | None:
+        current = status_of(kubectl, "ql")
+        degraded = next((c for c in current.get("conditions") or [] if c["type"] == "Degraded"), {})
+        asks = "kustos etcd recover ql" in degraded.get("message", "")
+        return degraded if current.get("phase") == "QuorumLost" and asks else None
+
+    degraded = await wait_until(waiting_for_approval, "QuorumLost asking for approval", timeout=60,
+                                cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    assert f"member {survivor}" in degraded["message"], degraded
+    assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl.get("pods")["items"]} == pods_before
+    assert "recovery" not in status_of(kubectl, "ql"), "rebuilt without approval"
+
+    approve = [sys.executable, "-m", "kustos.cli", "etcd", "recover", "ql", "-n", kubectl.namespace,
+               "--kubeconfig", str(kubectl.cluster.kubeconfig)]  # fmt: skip
+    approved = subprocess.run(approve, capture_output=True, text=True, check=False)
+    assert approved.returncode == 0, approved.stderr
+    status = await wait_recovered(kubectl, "ql", 3)
+    assert status["recovery"]["source"] == survivor, status["recovery"]
+
+    rebuilt = histories / "quorum-rebuilt.jsonl"
+    await proven(
+        workload(member_urls(status), "quorum-rebuild"), rebuilt, "rebuilt from the leader, approved",
+        checker, report,
+    )  # fmt: skip
+    after = {key: read.value for key, read in load_history(rebuilt).header.initial.items()}
+    assert acknowledged_writes_missing(load_history(lost), after) == []
+
+
+ROLL_LOAD = 90.0  # seconds of load at least around a one-minor change: a whole roll fits in it
+
+
+async def version_changed_under_load(
+    kubectl: Kubectl, name: str, start: str, to: str, key: str, load_seconds: float,
+    histories: Path, checker: Path, report: Report,
+) -> dict[str, Any]:  # fmt: skip
+    """spec.version changed a sixth into a history at least ``load_seconds`` long, whose
+    clients follow etcd's member list (a roll may replace every address they started with);
+    the whole roll must end inside it. The cluster's status after."""
+    status = status_of(kubectl, name)
+    seconds: list[float] = []
+
+    async def change_version() -> None:
+        await asyncio.sleep(profile().duration / 6)
+        patch = f'{{"spec":{{"version":"{to}"}}}}'
+        await asyncio.to_thread(kubectl, "patch", "etcdcluster", name, "--type=merge", "-p", patch)
+        began = time.monotonic()
+
+        async def rolled() -> bool:
+            current = await asyncio.to_thread(status_of, kubectl, name)
+            members = current.get("members") or []
+            return (
+                current.get("currentVersion") == to and current.get("phase") == "Running"
+                and len(members) == 3 and all(m["healthy"] and m.get("version") == to for m in members)
+            )  # fmt: skip
+
+        await wait_until(rolled, f"{name} on etcd {to}", timeout=load_seconds * 2)
+        seconds.append(time.monotonic() - began)
+
+    load = profile()
+    duration = max(load.duration, load_seconds)
+    roll_load = replace(
+        workload(member_urls(status), key),
+        duration=duration,
+        max_operations=int(load.rate * duration * 1.5),
+        follow_members=True,
+    )
+    recording = await proven(
+        roll_load, histories / f"{name}-to-{to}.jsonl", f"etcd {start} -> {to}", checker, report,
+        change_version(),
+    )  # fmt: skip
+    assert seconds, f"the roll to {to} did not finish within the {duration:.0f} s of load"
+    assert felt(recording), "the roll was never felt"
+    status = await wait_healthy(kubectl, name, 3)
+    assert {m["version"] for m in status["members"]} == {to}
+    report.notes.append(f"etcd {start} -> {to} rolled in {seconds[0]:.1f} s under load.")
+    return status
+
+
+@full_profile_only
+async def test_an_upgrade_then_a_rollback_under_load_leave_linearizable_histories(
+    kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
+) -> None:
+    """A 3-member cluster upgraded to the next minor (each member replaced by one of the new
+    version, followers first) and then rolled back through etcd's downgrade (in place), each
+    change whole inside one history."""
+    kubectl.apply(etcd_cluster("roll", 3, version=OLD))
+    await wait_healthy(kubectl, "roll", 3)
+    for start, to in ((OLD, NEW), (NEW, OLD)):
+        status = await version_changed_under_load(
+            kubectl, "roll", start, to, "upgrade-rollback", ROLL_LOAD, histories, checker, report
+        )
+    assert_consistent(kubectl, "roll", 3, status)
+
+
+@full_profile_only
+async def test_a_chained_upgrade_under_load_leaves_a_linearizable_history(
+    kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
+) -> None:
+    """3.5 -> 3.7 in one change: kustos walks it through 3.6, one minor (one roll) at a time,
+    inside one history."""
+    kubectl.apply(etcd_cluster("chain", 3, version=OLDEST))
+    await wait_healthy(kubectl, "chain", 3)
+    status = await version_changed_under_load(
+        kubectl, "chain", OLDEST, NEW, "chained-upgrade", 2 * ROLL_LOAD, histories, checker, report
+    )
+    assert_consistent(kubectl, "chain", 3, status)

@@ -79,6 +79,10 @@ def test_a_failed_or_stuck_pod_is_a_failure_retried_sooner() -> None:
     assert (
         isinstance(stuck, FinishRenewal) and stuck.outcome == "Failed" and "did not finish" in stuck.message
     )
+    # A pod that never started says why (its container's waiting message), and so does the record.
+    why = "failed to set up the pod network"
+    waiting = plan(cp("cp-1"), pods=(pod("cp-1", "Pending", age=timedelta(minutes=11), message=why),))
+    assert isinstance(waiting, FinishRenewal) and waiting.message.endswith(f"(Pending: {why})")
     assert plan(cp("cp-1", timedelta(minutes=5), "Failed")) is None
     assert isinstance(plan(cp("cp-1", timedelta(minutes=11), "Failed")), StartRenewal)
     # Meanwhile no other node is touched: the failed node's API server may be down.
@@ -123,6 +127,9 @@ def test_the_pod_is_pinned_rooted_and_mounts_etc_kubernetes() -> None:
     assert command[:3] == ["kustos", "maintenance", "certs"]
     assert command[command.index("--threshold") + 1] == "720h"
     assert command[command.index("--apiserver") + 1] == "10.0.0.1:6443"
+    # What it did or why it failed comes back as its termination message.
+    container = spec["containers"][0]
+    assert command[command.index("--summary-file") + 1] == container["terminationMessagePath"]
     assert spec["containers"][0]["image"] == "kustos:dev"
     assert len(certrotation.pod_name("n" * 200)) <= 63
 
@@ -169,3 +176,25 @@ def test_never_a_second_pod_while_one_exists(phases: list[str], checked: set[str
     nodes = tuple(cp(n, timedelta(days=2) if n in checked else None) for n in ("cp-1", "cp-2", "cp-3"))
     pods = tuple(pod(f"cp-{i + 1}", phase) for i, phase in enumerate(phases))
     assert not isinstance(plan(*nodes, pods=pods), StartRenewal)
+
+
+def test_the_pod_view_reads_what_the_pod_said_or_why_it_waits() -> None:
+    from kustos.maintenance.certrotation_act import renewal_pod_view
+
+    def with_state(state: dict[str, object]) -> RenewalPod:
+        meta = {"name": "p", "namespace": "kube-system", "uid": "u",
+                "creationTimestamp": "2026-11-26T04:00:00Z",
+                "annotations": {certrotation.NODE_ANNOTATION: "cp-1"}}  # fmt: skip
+        return renewal_pod_view(
+            {"metadata": meta, "status": {"phase": "Failed", "containerStatuses": [{"state": state}]}}
+        )
+
+    done = with_state(
+        {"terminated": {"exitCode": 0, "message": "kube-apiserver restarted\nrenewed 1: apiserver\n"}}
+    )
+    assert (done.node, done.message) == ("cp-1", "renewed 1: apiserver")
+    assert (
+        with_state({"waiting": {"reason": "ContainerCreating", "message": "no network"}}).message
+        == "no network"
+    )
+    assert with_state({"running": {}}).message == ""

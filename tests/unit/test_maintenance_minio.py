@@ -80,6 +80,27 @@ def test_the_statefulset_is_made_from_the_deployment() -> None:
     )
 
 
+def test_the_replicas_run_where_the_old_pod_may_run() -> None:
+    """A MinIO pinned to a node pool (its label and taint) keeps to it: replicas elsewhere would
+    stay Pending, or land where the user did not want MinIO."""
+    placement = {
+        "nodeSelector": {"pool": "storage"},
+        "tolerations": [{"key": "pool", "operator": "Exists", "effect": "NoSchedule"}],
+        "imagePullSecrets": [{"name": "registry"}],
+        "securityContext": {"fsGroup": 1000},
+    }
+    hardened = {"allowPrivilegeEscalation": False}
+    containers = [{**TEMPLATE["spec"]["containers"][0], "securityContext": hardened}]
+    template = {**TEMPLATE, "spec": {**TEMPLATE["spec"], **placement, "containers": containers}}
+    old = DeploymentView(uid="u1", template=template, claims=("minio-pv-claim",), source="10.0.0.5:9000")
+    step = minio.plan_minio(SPEC, view(statefulset=None, deployment=old), None).step
+    assert isinstance(step, CreateStatefulSet)
+    pod = step.objects[1]["spec"]["template"]["spec"]
+    assert {key: pod[key] for key in placement} == placement
+    assert pod["containers"][0]["securityContext"] == hardened
+    assert "volumes" not in pod, "the old claim is not mounted by the replicas"
+
+
 def test_no_statefulset_without_credentials_to_copy_with() -> None:
     bare = {"spec": {"containers": [{"name": "minio", "image": "m"}]}}
     decision = minio.plan_minio(SPEC, view(statefulset=None, deployment=DeploymentView("u", bare)), None)
@@ -116,6 +137,20 @@ def test_minio_stays_online_until_the_new_cluster_is_healthy() -> None:
     # Already offline (a pass before a restart): the copy's own failure and backoff say why.
     offline = minio.plan_minio(SPEC, view(statefulset=unhealthy, selector=DISABLED_SELECTOR), None)
     assert isinstance(offline.step, CopyObjects)
+
+
+def test_a_failed_copy_shows_as_copying_offline_with_its_error() -> None:
+    decision = minio.plan_minio(SPEC, view(selector=DISABLED_SELECTOR), None)
+    assert isinstance(decision.step, CopyObjects)
+    # The pass before saw a replica briefly unready: the phase said so, MinIO was offline all along.
+    before = MinioStatus(phase="WaitingForStatefulSet", message="5 of 6 replicas ready", objects=31, copied=4)
+    status = minio.minio_status(decision, None, before, "copying MinIO's objects: could not connect")
+    assert status is not None and status.phase == "Copying"
+    assert "tried again" in status.message and "could not connect" in status.message
+    assert (status.objects, status.copied) == (31, 4)
+    # Another step's failure leaves the phase as it was.
+    made = minio.plan_minio(SPEC, view(statefulset=None), None)
+    assert minio.minio_status(made, None, before, "refused") == before
 
 
 def test_a_service_left_disabled_is_switched_when_the_deployment_is_gone() -> None:

@@ -103,3 +103,22 @@ async def test_a_container_that_cannot_start_is_a_start_error_not_a_hang(tmp_pat
     assert terminated["reason"] == "StartError"
     assert "no-such-command" in terminated["message"]
     assert sandbox.processes == {}
+
+
+async def test_a_finished_container_reports_its_termination_message(tmp_path: Path) -> None:
+    """What the program wrote at terminationMessagePath; else, with FallbackToLogsOnError and a
+    failed exit, the end of its log; else nothing."""
+    pod = _never_pod(
+        ["/bin/sh", "-c", "echo working; echo 'renewed 2: apiserver' > /dev/termination-log"],
+        ["/bin/sh", "-c", "echo working; echo 'failed: no API server' >&2; exit 3"],
+        ["/bin/sh", "-c", "echo working; exit 3"],
+    )
+    pod["spec"]["containers"][1]["terminationMessagePolicy"] = "FallbackToLogsOnError"
+
+    _, written = await _run_to_the_end(pod, tmp_path)
+
+    assert [(t["exitCode"], t.get("message")) for t in _terminated(written[-1])] == [
+        (0, "renewed 2: apiserver\n"),
+        (3, "working\nfailed: no API server"),
+        (3, None),
+    ]

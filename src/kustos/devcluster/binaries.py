@@ -29,6 +29,10 @@ ETCD_VERSIONS = tuple(f"v{v}" for v in PROVEN_ETCD_VERSIONS)
 KWOK_VERSION = "v0.8.0"
 # The S3-compatible server that etcd backups are written to in tests (F-ETCD-7).
 VERSITYGW_VERSION = "v1.8.0"
+# MinIO (its last module version; MinIO tags no semver releases): the server whose move to a
+# distributed StatefulSet the MaintenancePolicy makes (F-MAINT-12). Built on demand only, by
+# the test that runs it on real nodes: a long build that no other test needs.
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 # Renders, lints and installs the kustos chart (deploy/helm/kustos).
 HELM_VERSION = "v4.3.1"
 # The dev cluster's cluster DNS (kubernetes plugin serving cluster.local on the pod bridge).
@@ -108,8 +112,9 @@ def _etcd_binaries(version: str) -> list[Binary]:
     ]
 
 
-def all_binaries() -> list[Binary]:
-    """Every binary the dev cluster and the tests need, in build order (cheap first)."""
+def all_binaries(with_test_servers: bool = False) -> list[Binary]:
+    """Every binary the dev cluster and the tests need, in build order (cheap first);
+    ``with_test_servers``: MinIO too, a long build that only the suite runs (`make test`)."""
     k8s_flags = tuple(_kubernetes_ldflags(KUBERNETES_VERSION))
     binaries = [
         Binary("kwok", KWOK_VERSION, "kwok", "sigs.k8s.io/kwok/cmd/kwok"),
@@ -171,7 +176,15 @@ def all_binaries() -> list[Binary]:
                 k8s_flags,
             )
         )
+    if with_test_servers:
+        binaries.append(minio_binary())
     return binaries
+
+
+def minio_binary() -> Binary:
+    """MinIO's server, in ``all_binaries`` only with the test servers: only the MinIO move's
+    test runs it, and its build is the longest after Kubernetes's."""
+    return Binary("minio", MINIO_VERSION, "minio", "github.com/minio/minio")
 
 
 def linearizability_checker() -> Binary:
@@ -336,6 +349,8 @@ def _default_version(name: str) -> str:
         return ETCD_VERSIONS[-1]
     if name == "versitygw":
         return VERSITYGW_VERSION
+    if name == "minio":
+        return MINIO_VERSION
     if name == "helm":
         return HELM_VERSION
     if name == "coredns":
@@ -365,8 +380,9 @@ def ensure_built(binary: Binary, root: Path | None = None, log: Callable[[str], 
     return path
 
 
-def missing_binaries(root: Path | None = None) -> list[Binary]:
-    return [b for b in all_binaries() if not (bin_dir(root) / b.file_name).is_file()]
+def missing_binaries(root: Path | None = None, with_test_servers: bool = False) -> list[Binary]:
+    wanted = all_binaries(with_test_servers=with_test_servers)
+    return [b for b in wanted if not (bin_dir(root) / b.file_name).is_file()]
 
 
 def build_missing(*names: str) -> None:

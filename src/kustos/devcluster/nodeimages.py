@@ -20,6 +20,9 @@ from kustos.images import NONROOT_UID
 from kustos.images import etcd_image as image_of
 
 PAUSE_IMAGE = f"kustos.dev/pause:{binaries.PAUSE_VERSION}"
+# MinIO's own image name and the release its module version is (not preloaded: imported by the
+# MinIO move's test only, binaries.minio_binary).
+MINIO_IMAGE = "quay.io/minio/minio:RELEASE.2026-02-12T20-18-48Z"
 # The pause program runs as the non-root id kustos runs its pods as, and tests' hardened pods too.
 NONROOT = str(NONROOT_UID)
 
@@ -49,6 +52,12 @@ def pause_image_spec() -> ImageSpec:
                      entrypoint=("/pause",), user=NONROOT, directories=())  # fmt: skip
 
 
+def minio_image_spec() -> ImageSpec:
+    """As MinIO's image: the server at /usr/bin/minio, run as root, ``minio`` on PATH."""
+    return ImageSpec(MINIO_IMAGE, [ImageFile("/usr/bin/minio", binaries.binary_path("minio"))],
+                     entrypoint=("minio",), directories=("tmp", "root"))  # fmt: skip
+
+
 def images_dir(root: Path | None = None) -> Path:
     return (root or cache_root()) / "images"
 
@@ -65,10 +74,12 @@ def archive_path(spec: ImageSpec, root: Path | None = None) -> Path:
 def node_image_archives(root: Path | None = None) -> list[Path]:
     """The archives of every preloaded image, written if missing."""
     specs = [pause_image_spec(), *(etcd_image_spec(v) for v in binaries.ETCD_VERSIONS)]
-    archives = []
-    for spec in specs:
-        path = archive_path(spec, root)
-        if not path.is_file():
-            write_archive(spec, path)
-        archives.append(path)
-    return archives
+    return [image_archive(spec, root) for spec in specs]
+
+
+def image_archive(spec: ImageSpec, root: Path | None = None) -> Path:
+    """The archive of one image, written if missing."""
+    path = archive_path(spec, root)
+    if not path.is_file():
+        write_archive(spec, path)
+    return path

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -229,6 +230,9 @@ class PodRunner:
             if not pod_is_runnable(pod, ETCD_VERSIONS):
                 await self._report_unavailable_image(pod)
                 return
+            if self._network is not None and ipaddress.ip_address(pod_ip) not in self._network.cidr:
+                await self._report_unreachable_ip(pod, pod_ip)
+                return
             await self._start(pod, pod_ip)
 
     # ---- acting --------------------------------------------------------------------
@@ -334,6 +338,29 @@ class PodRunner:
             f"image {images} is not built in the dev cluster "
             f"(etcd versions built: {built}; any tag of {KUSTOS_IMAGE_REPOSITORY} runs the local kustos)"
         )
+        await self._report_waiting(pod, "ErrImagePull", message)
+
+    async def _report_unreachable_ip(self, pod: dict[str, Any], pod_ip: str) -> None:
+        """A pod whose IP (from its node's podCIDR) lies outside the pod network would run in a
+        namespace that reaches nothing (an address off the bridge, no route to the gateway):
+        it is not started, and says why, as a kubelet whose CNI plugin failed keeps the pod
+        ContainerCreating with the plugin's error."""
+        assert self._network is not None
+        node = pod["spec"].get("nodeName")
+        message = (
+            f"failed to set up the pod network: the pod's IP {pod_ip} (from node {node}'s podCIDR) "
+            f"is outside the cluster's pod network {self._network.cidr} on {self._network.bridge}, "
+            f"where nothing routes to it; give the node a podCIDR of that network "
+            f"(kwokconfig.node_manifest(..., network=...))"
+        )
+        log.warning(
+            "not starting pod %s/%s: %s", pod["metadata"]["namespace"], pod["metadata"]["name"], message
+        )
+        await self._report_waiting(pod, "ContainerCreating", message)
+
+    async def _report_waiting(self, pod: dict[str, Any], reason: str, message: str) -> None:
+        """The pod Pending, each container waiting for ``reason``: what a kubelet reports for a
+        pod it cannot start."""
         statuses = [
             {
                 "name": c["name"],
@@ -341,7 +368,7 @@ class PodRunner:
                 "imageID": "",
                 "ready": False,
                 "restartCount": 0,
-                "state": {"waiting": {"reason": "ErrImagePull", "message": message}},
+                "state": {"waiting": {"reason": reason, "message": message}},
             }
             for c in pod["spec"]["containers"]
         ]

@@ -33,6 +33,12 @@ START_ERROR_EXIT = 128
 SOURCE_RETRY = 0.5  # seconds between looks for a missing Secret or ConfigMap
 TOKEN_REFRESH_FRACTION = 0.8  # a kubelet renews a projected token after 80% of its lifetime
 TOKEN_RETRY = 10.0  # seconds before asking again when a renewal failed
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the API server's default terminationMessagePath
+# A kubelet's limits on a termination message: the file's first 4096 bytes; from the log
+# (FallbackToLogsOnError), its last 80 lines within 2048 bytes.
+MESSAGE_FILE_BYTES = 4096
+MESSAGE_LOG_LINES = 80
+MESSAGE_LOG_BYTES = 2048
 
 
 @dataclass
@@ -129,6 +135,7 @@ class Sandbox:
     _replacing: set[str] = field(default_factory=set)  # containers restarting onto a new image
     # Projected service account tokens written so far: (file, audience, expirationSeconds).
     _tokens: list[tuple[Path, str | None, int]] = field(default_factory=list)
+    _log_offsets: dict[str, int] = field(default_factory=dict)  # each container's log size at its start
 
     @property
     def uid(self) -> str:
@@ -146,6 +153,9 @@ class Sandbox:
 
     def hold_file(self, container: str) -> Path:
         return self.directory / f"{container}{HOLD_SUFFIX}"
+
+    def termination_file(self, container: str) -> Path:
+        return self.own_dir(container) / "termination-log"
 
     def own_dir(self, container: str) -> Path:
         """The container's own files (its working directory unless it names one): a new pod,
@@ -285,6 +295,10 @@ class Sandbox:
                 target = base / sub if sub else base
                 target.mkdir(parents=True, exist_ok=True)
                 mounts[mount["mountPath"]] = target
+            # The termination message file, a kubelet's bind mount: here a path a program is
+            # told on its command line (or in its environment) stands for the pod's own file.
+            message_path = str(container.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH)
+            mounts[message_path] = self.termination_file(container["name"])
             self.mounts[container["name"]] = mounts
         self.volumes_ready = True
 
@@ -447,11 +461,14 @@ class Sandbox:
             probes.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probes
-        self._record_exit(state, code, process.started_at)
+        self._record_exit(state, code, process.started_at, self.termination_message(container, code))
         return code
 
     async def _launch(self, container: Mapping[str, Any], state: ContainerState) -> ContainerProcess:
         name = container["name"]
+        log_file = self.log_file(name)
+        self._log_offsets[name] = log_file.stat().st_size if log_file.exists() else 0
+        self.termination_file(name).write_bytes(b"")  # each run of the container starts with none
         process = await ContainerProcess.start(
             self.invocation(container), self.log_file(name), self.pid_file(name)
         )
@@ -474,7 +491,7 @@ class Sandbox:
             "finishedAt": now,
         }
 
-    def _record_exit(self, state: ContainerState, code: int, started_at: str) -> None:
+    def _record_exit(self, state: ContainerState, code: int, started_at: str, message: str = "") -> None:
         state.running_since, state.ready, state.started = None, False, False
         state.waiting_reason = ""
         state.last_exit = {
@@ -482,8 +499,30 @@ class Sandbox:
             "reason": "Completed" if code == 0 else "Error",
             "startedAt": started_at,
             "finishedAt": now_rfc3339(),
+            **({"message": message} if message else {}),
         }
         self.processes.pop(state.name, None)
+
+    def termination_message(self, container: Mapping[str, Any], code: int) -> str:
+        """What a kubelet reports as the container's termination message: its file, else with
+        ``FallbackToLogsOnError`` and a failed exit the end of this run's log."""
+        name = container["name"]
+        with contextlib.suppress(OSError):
+            with self.termination_file(name).open("rb") as handle:
+                text = handle.read(MESSAGE_FILE_BYTES).decode(errors="replace")
+            if text.strip():
+                return text
+        if code == 0 or container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+            return ""
+        try:
+            with self.log_file(name).open("rb") as handle:
+                handle.seek(self._log_offsets.get(name, 0))
+                logged = handle.read().decode(errors="replace")
+        except OSError:
+            return ""
+        # CRI log lines: "<time> <stream> <tag> <text>"; the message is the text.
+        lines = [line.split(" ", 3)[-1] for line in logged.splitlines()[-MESSAGE_LOG_LINES:]]
+        return "\n".join(lines)[-MESSAGE_LOG_BYTES:]
 
     async def _supervise(self, container: Mapping[str, Any]) -> None:
         """Run a container for the life of the pod, restarting it by its restart policy."""

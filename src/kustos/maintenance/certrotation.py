@@ -32,6 +32,9 @@ TASK_LABEL = "kustos.dev/task"
 TASK = "rotate-certs"
 NODE_ANNOTATION = "kustos.dev/node"
 KUBERNETES_DIR = "/etc/kubernetes"
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+"""Where the renewal pod's command writes what it did or why it failed: the kubelet reports it
+as the container's termination message, which the controller records."""
 RENEWAL_TIMEOUT = timedelta(minutes=10)
 """A pod not finished by then failed (its node's API server never came back, an image pull)."""
 RETRY_AFTER_FAILURE = timedelta(minutes=10)
@@ -83,7 +86,7 @@ class RenewalPod:
     node: str
     phase: str
     message: str = ""
-    """The container's termination message (the command's last line)."""
+    """The container's termination message (the command's last line), or while it waits why."""
     created: datetime | None = None
     deleting: bool = False
 
@@ -142,7 +145,8 @@ def renewal_pod(
     needed), no API access. Pod network: it reaches the API server where kubeadm advertises it
     (the operator's admission policy allows no host network)."""
     command = ["kustos", "maintenance", "certs", "--kubernetes-dir", KUBERNETES_DIR,
-               "--threshold", spec.rotate_certs_threshold]  # fmt: skip
+               "--threshold", spec.rotate_certs_threshold,
+               "--summary-file", TERMINATION_MESSAGE_PATH]  # fmt: skip
     if node.apiserver:
         command += ["--apiserver", node.apiserver]
     return {
@@ -170,6 +174,8 @@ def renewal_pod(
                     # root owns the files it rewrites: no capability beyond that is needed.
                     "securityContext": {"runAsUser": 0, "allowPrivilegeEscalation": False,
                                         "capabilities": {"drop": ["ALL"]}},
+                    "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+                    # A failure before the command could write its line (an import error): the log's end.
                     "terminationMessagePolicy": "FallbackToLogsOnError",
                     "volumeMounts": [{"name": "kubernetes", "mountPath": KUBERNETES_DIR}],
                 }
@@ -207,7 +213,8 @@ def plan(spec: MaintenancePolicySpec, view: CertRotationView, now: datetime) -> 
         if pod.phase == "Failed":
             return FinishRenewal(pod, node.apiserver, "Failed", pod.message or "the renewal pod failed")
         if pod.created is not None and now - pod.created > RENEWAL_TIMEOUT:
-            late = f"the renewal pod did not finish in {RENEWAL_TIMEOUT} ({pod.phase})"
+            said = f": {pod.message}" if pod.message else ""
+            late = f"the renewal pod did not finish in {RENEWAL_TIMEOUT} ({pod.phase}{said})"
             return FinishRenewal(pod, node.apiserver, "Failed", late)
         return None
     if not spec.rotate_certs:
@@ -254,7 +261,7 @@ def describe(step: CertStep) -> tuple[str, str, str]:
         case FinishRenewal(pod, _, "Renewed", message):
             return pod.node, "RotateCerts", f"{message}; the API server answers on its certificate"
         case FinishRenewal(pod, _, _, message):
-            return pod.node, "RotateCerts", f"failed: {message}"
+            return pod.node, "RotateCerts", message if message.startswith("failed") else f"failed: {message}"
         case RemoveRenewalPod(pod, why):
             return pod.node, "RotateCertsCleanup", f"deleted pod {pod.namespace}/{pod.name}: {why}"
     raise AssertionError(step)

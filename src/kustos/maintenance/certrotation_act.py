@@ -47,9 +47,12 @@ def renewal_pod_view(pod: dict[str, Any]) -> RenewalPod:
     state = pod.get("status") or {}
     message = ""
     for container in state.get("containerStatuses") or []:
-        terminated = (container.get("state") or {}).get("terminated") or {}
-        lines = str(terminated.get("message") or "").strip().splitlines()
-        message = lines[-1] if lines else message  # the command's last line says what it did
+        # Terminated: the command's last line says what it did; waiting: why it has not started.
+        found = (container.get("state") or {}).get("terminated") or (container.get("state") or {}).get(
+            "waiting"
+        )
+        lines = str((found or {}).get("message") or "").strip().splitlines()
+        message = lines[-1] if lines else message
     return RenewalPod(
         namespace=str(objects.namespace(pod)),
         name=objects.name(pod),

@@ -18,10 +18,11 @@ import socket
 import ssl
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
+from kustos.maintenance.certrotation import TERMINATION_MESSAGE_PATH
 from kustos.maintenance.purge_cli import load_spec
 from kustos.runtime.times import parse_duration
 
@@ -29,7 +30,7 @@ maintenance = typer.Typer(help="Node maintenance on this node (kubeadm's certifi
 
 DEFAULT_APISERVER = "127.0.0.1:6443"
 KUBERNETES_DIR = Path("/etc/kubernetes")
-TERMINATION_LOG = Path("/dev/termination-log")
+TERMINATION_LOG = Path(TERMINATION_MESSAGE_PATH)
 
 
 def served_certificate(address: str, timeout: float = 5.0) -> tuple[bytes, str]:
@@ -132,11 +133,9 @@ def certs(
     try:
         found = kubeadm_certs.expiries(kubernetes_dir)
     except (OSError, ValueError, kubeadm_certs.RenewalError) as err:
-        typer.echo(f"cannot read the certificates under {kubernetes_dir}: {err}", err=True)
-        raise typer.Exit(1) from err
+        _fail(summary_file, f"cannot read the certificates under {kubernetes_dir}: {err}")
     if not found:
-        typer.echo(f"no kubeadm certificates under {kubernetes_dir}", err=True)
-        raise typer.Exit(1)
+        _fail(summary_file, f"no kubeadm certificates under {kubernetes_dir}")
     for line in kubeadm_certs.describe(found, now, within):
         typer.echo(line)
     if dry_run:
@@ -153,9 +152,7 @@ def certs(
             restart_static_pod(kubernetes_dir, pod, manifest_absent)
         typer.echo(await_apiserver(kubernetes_dir, apiserver, apiserver_timeout))
     except (OSError, kubeadm_certs.RenewalError) as err:
-        _summary(summary_file, f"failed: {err}")
-        typer.echo(f"failed: {err}", err=True)
-        raise typer.Exit(1) from err
+        _fail(summary_file, f"failed: {err}")
     names = ", ".join(e.kind.name for e in done)
     _summary(
         summary_file,
@@ -165,9 +162,15 @@ def certs(
     )
 
 
-def _summary(path: Path | None, line: str) -> None:
-    typer.echo(line)
+def _summary(path: Path | None, line: str, err: bool = False) -> None:
+    """The line printed, and written where the pod's termination message is read."""
+    typer.echo(line, err=err)
     target = path if path is not None else (TERMINATION_LOG if TERMINATION_LOG.exists() else None)
     if target is not None:
         with contextlib.suppress(OSError):
             target.write_text(line[:4000])
+
+
+def _fail(path: Path | None, line: str) -> NoReturn:
+    _summary(path, line, err=True)
+    raise typer.Exit(1)

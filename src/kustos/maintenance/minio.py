@@ -39,6 +39,16 @@ PORT = 9000
 DATA_PATH = "/export"
 DEFAULT_SIZE = "10Gi"
 STATEFULSET_LABELS = {"app": STATEFULSET}
+INHERITED_POD_FIELDS = (
+    "nodeSelector",
+    "tolerations",
+    "imagePullSecrets",
+    "securityContext",
+    "serviceAccountName",
+    "priorityClassName",
+)
+"""What the replicas take from the old pod's spec: where MinIO may run (a node pool's label and
+taint), how its image is pulled, and as whom it runs."""
 MANAGED_BY = "app.kubernetes.io/managed-by"
 DISABLED_SELECTOR = {"doesnotexist": "doesnotexist"}
 """What EKCO sets on the Service while the data moves: it selects no pod."""
@@ -221,8 +231,9 @@ def statefulset_objects(
 ) -> tuple[dict[str, Any], ...]:
     """The headless Service (DNS names before the replicas are ready: distributed MinIO waits for
     its peers) and the StatefulSet, from the old Deployment's first container (image,
-    credentials, resources)."""
-    old = (deployment.template.get("spec") or {}).get("containers") or [{}]
+    credentials, resources, security context) and its pod's placement (INHERITED_POD_FIELDS)."""
+    pod = deployment.template.get("spec") or {}
+    old = pod.get("containers") or [{}]
     first = old[0]
     container: dict[str, Any] = {
         "name": "minio",
@@ -236,8 +247,10 @@ def statefulset_objects(
             "periodSeconds": 2,
         },
     }
-    if first.get("resources"):
-        container["resources"] = first["resources"]
+    for key in ("resources", "securityContext"):
+        if first.get(key):
+            container[key] = first[key]
+    inherited = {key: pod[key] for key in INHERITED_POD_FIELDS if pod.get(key)}
     labels = dict(STATEFULSET_LABELS)
     ours = {**labels, MANAGED_BY: "kustos"}
     headless = {
@@ -263,6 +276,7 @@ def statefulset_objects(
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    **inherited,
                     "containers": [container],
                     # Two replicas per node on three nodes: any one node lost keeps four of six
                     # drives, MinIO's read quorum.
@@ -378,9 +392,20 @@ def bootstrap_args(args: Sequence[str], replicas: int) -> tuple[str, ...]:
 # ---- the status ----------------------------------------------------------------------------
 
 
-def minio_status(decision: Decision, step: object, previous: MinioStatus | None) -> MinioStatus | None:
-    """The policy's status.minio after this pass (``step`` the act's account, e.g. ``Copied``)."""
+def minio_status(
+    decision: Decision, step: object, previous: MinioStatus | None, failure: str | None = None
+) -> MinioStatus | None:
+    """The policy's status.minio after this pass (``step`` the act's account, e.g. ``Copied``;
+    ``failure`` what the act raised)."""
     keep = previous.model_copy() if previous is not None else None
+    if failure is not None:
+        if not isinstance(decision.step, CopyObjects):
+            return keep
+        # Whatever the phase before (a replica that was briefly unready), MinIO is offline now,
+        # for a copy that failed and is tried again.
+        counts = {"objects": keep.objects, "copied": keep.copied} if keep else {}
+        message = f"the copy failed and is tried again (MinIO stays offline meanwhile): {failure}"
+        return MinioStatus(phase="Copying", message=message[:500], **counts)
     match step:
         case Copied(_, objects, copied, verified, message):
             return MinioStatus(phase="Verified" if verified else "Copying", message=message[:500],

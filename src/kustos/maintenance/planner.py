@@ -484,7 +484,9 @@ def status(
     result.rook = rook_scaling.status(o.spec, o.rook)
     if o.minio is not None:
         decision = minio.plan_minio(o.spec, o.minio, o.previous.minio)
-        result.minio = minio.minio_status(decision, None if failure else step, o.previous.minio)
+        result.minio = minio.minio_status(
+            decision, None if failure else step, o.previous.minio, failure.message if failure else None
+        )
     if o.kotsadm is not None:
         scaled = step if isinstance(step, minio.ScaleKotsadm) and failure is None else None
         result.kotsadm = minio.kotsadm_status(o.spec, o.kotsadm, scaled)

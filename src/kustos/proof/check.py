@@ -19,6 +19,7 @@ import io
 import json
 import subprocess
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, TypeAlias
@@ -30,10 +31,12 @@ __all__ = [
     "Linearizability",
     "Verdict",
     "acknowledged_writes_lost",
+    "acknowledged_writes_missing",
     "check_history",
     "check_linearizability",
     "longest_write_outage",
     "resolve_indeterminate",
+    "state_at",
     "watch_violations",
 ]
 
@@ -260,6 +263,52 @@ def acknowledged_writes_lost(history: History) -> list[Operation]:
                 lost.append(op)
                 break
     return lost
+
+
+def state_at(history: History, revision: int) -> dict[str, str]:
+    """The prefix's keys and values at ``revision``, replayed from the initial state and the
+    events of a watcher that delivered every revision up to it: what a snapshot taken at that
+    revision must hold, exactly."""
+    first = history.header.initial_revision
+    if revision < first:
+        raise CheckerError(f"revision {revision} is older than the history ({first})")
+    complete = [w for w, last in _contiguous_coverage(history).items() if last >= revision]
+    if not complete and revision > first:
+        raise CheckerError(f"no watcher delivered every revision up to {revision}")
+    state = {key: read.value for key, read in history.header.initial.items()}
+    for response in history.watch_events:
+        if response.watcher != (complete[0] if complete else None):
+            continue
+        for event in response.events:
+            if event.mod_revision > revision:
+                break
+            if event.kind == "put":
+                state[event.key] = event.value
+            else:
+                state.pop(event.key, None)
+    return state
+
+
+def acknowledged_writes_missing(history: History, later: Mapping[str, str]) -> list[Operation]:
+    """The acknowledged writes a later state of the keys (a rebuilt cluster's, say) no longer
+    holds. Per key, the newest acknowledged write must be what the key holds, unless a write
+    whose answer was lost explains it instead (it may have been applied after)."""
+    missing = []
+    for key in history.header.keys:
+        writes = [op for op in history.operations if op.key == key and op.is_write]
+        acknowledged = [op for op in writes if op.acknowledged_write and op.revision is not None]
+        if not acknowledged:
+            continue
+        newest = max(acknowledged, key=lambda op: op.revision or 0)
+        explained = {_effect(newest)} | {_effect(op) for op in writes if op.outcome == "indeterminate"}
+        if later.get(key) not in explained:
+            missing.append(newest)
+    return missing
+
+
+def _effect(write: Operation) -> str | None:
+    """The value a write leaves its key with (None: absent)."""
+    return None if write.kind == "delete" else write.value
 
 
 def longest_write_outage(history: History) -> float:

@@ -5,7 +5,9 @@ compare-and-swap transactions on the revision it last saw), paced so that all cl
 together keep ``rate`` calls a second, and writes each call to the history file as it ends
 (``history.py`` says what the file holds). Watchers watch the whole prefix from the first
 revision on and resume where they stopped when their member goes away. A client whose call
-fails moves to the next endpoint, as etcd's own client does.
+fails moves to the next endpoint, as etcd's own client does; with ``follow_members`` the
+endpoints are refreshed every second from etcd's member list, as etcd's client's auto-sync
+does (a rolling upgrade replaces every member, addresses and all).
 
 The recorder is bounded in calls and time and talks only to loopback, private or cluster
 addresses: it is load for test clusters, never for someone else's etcd. It must be the only
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ipaddress
 import json
 import random
@@ -34,7 +37,7 @@ from urllib.parse import urlsplit
 
 import httpx2 as httpx  # the API client's httpx2: one HTTP stack loaded, not two
 
-from kustos.etcd.client import EtcdTLS, prefix_end
+from kustos.etcd.client import EtcdTLS, parse_members, prefix_end
 from kustos.proof.history import (
     Event,
     EventKind,
@@ -88,6 +91,7 @@ class Workload:
     scenario: str = ""
     seed: int | None = None
     tls: EtcdTLS | None = None
+    follow_members: bool = False  # refresh the endpoints from etcd's member list every second
     # Relative weights of the calls a client makes.
     mix: Mapping[str, int] = field(default_factory=lambda: {"get": 4, "put": 3, "txn": 2, "delete": 1})
 
@@ -193,12 +197,25 @@ class _Journal:
         self.write(record_line(op))
 
 
+class _Endpoints:
+    """The client URLs every client and watcher of one recording picks from."""
+
+    def __init__(self, urls: tuple[str, ...]) -> None:
+        self.urls = urls
+
+    def update(self, urls: tuple[str, ...]) -> None:
+        allowed = tuple(u for u in urls if _allowed_host(urlsplit(u).hostname or ""))
+        if allowed:
+            self.urls = allowed
+
+
 class _Gateway:
     """One HTTP connection pool per endpoint; a client moves to the next on failure."""
 
-    def __init__(self, workload: Workload, first: int) -> None:
+    def __init__(self, workload: Workload, first: int, endpoints: _Endpoints | None = None) -> None:
         self.workload = workload
-        self.index = first % len(workload.endpoints)
+        self.endpoints = endpoints or _Endpoints(workload.endpoints)
+        self.index = first
         verify: Any = True
         if workload.tls is not None:
             verify = workload.tls.ssl_context()
@@ -206,10 +223,11 @@ class _Gateway:
 
     @property
     def endpoint(self) -> str:
-        return self.workload.endpoints[self.index].rstrip("/")
+        urls = self.endpoints.urls
+        return urls[self.index % len(urls)].rstrip("/")
 
     def next_endpoint(self) -> None:
-        self.index = (self.index + 1) % len(self.workload.endpoints)
+        self.index += 1
 
     async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         response = await self.http.post(self.endpoint + path, json=body)
@@ -278,9 +296,15 @@ def _fields(op: Operation) -> dict[str, Any]:
 
 
 async def _client(
-    number: int, workload: Workload, journal: _Journal, deadline: float, budget: list[int], rng: random.Random
+    number: int,
+    workload: Workload,
+    endpoints: _Endpoints,
+    journal: _Journal,
+    deadline: float,
+    budget: list[int],
+    rng: random.Random,
 ) -> None:
-    gateway = _Gateway(workload, number)
+    gateway = _Gateway(workload, number, endpoints)
     kinds, weights = zip(*workload.mix.items(), strict=True)
     seen: dict[str, int] = {}  # key -> the mod revision this client last saw (for its txns)
     interval = workload.clients / workload.rate
@@ -313,10 +337,10 @@ async def _client(
 
 
 async def _watcher(
-    number: int, workload: Workload, journal: _Journal, start: int, stop: asyncio.Event
+    number: int, workload: Workload, endpoints: _Endpoints, journal: _Journal, start: int, stop: asyncio.Event
 ) -> None:
     """Watch the prefix from ``start``; resume after the last revision seen when the stream breaks."""
-    gateway = _Gateway(workload, number)
+    gateway = _Gateway(workload, number, endpoints)
     prefix = workload.prefix.encode()
     next_revision = start
     try:
@@ -409,9 +433,9 @@ async def _initial_state(workload: Workload, deadline: float) -> tuple[int, dict
         await gateway.http.aclose()
 
 
-async def _final_reads(workload: Workload, journal: _Journal, deadline: float) -> None:
+async def _final_reads(workload: Workload, endpoints: _Endpoints, journal: _Journal, deadline: float) -> None:
     """A linearizable read of every key after the load, by one more client: what survived."""
-    gateway = _Gateway(workload, 0)
+    gateway = _Gateway(workload, 0, endpoints)
     try:
         for key in workload.key_names:
             while True:
@@ -421,6 +445,26 @@ async def _final_reads(workload: Workload, journal: _Journal, deadline: float) -
                     break
                 gateway.next_endpoint()
                 await asyncio.sleep(0.2)
+    finally:
+        await gateway.http.aclose()
+
+
+async def _follow_members(workload: Workload, endpoints: _Endpoints, stop: asyncio.Event) -> None:
+    """Every second, the started voting members' client URLs from etcd's member list (etcd's
+    client's auto-sync leaves learners and members not started yet out too)."""
+    gateway = _Gateway(workload, 0, endpoints)
+    try:
+        while not stop.is_set():
+            try:
+                answer = await gateway.post("/v3/cluster/member/list", {"linearizable": True})
+                members = parse_members(answer)
+                endpoints.update(
+                    tuple(u for m in members if m.name and not m.is_learner for u in m.client_urls)
+                )
+            except (httpx.HTTPError, OSError, ValueError, _Answer):
+                gateway.next_endpoint()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
     finally:
         await gateway.http.aclose()
 
@@ -467,21 +511,24 @@ async def record(workload: Workload, path: Path, settle: float = 30.0) -> Record
         journal.write(header_line(header))
         stop = asyncio.Event()
         rng = random.Random(workload.seed)
+        endpoints = _Endpoints(workload.endpoints)
         watchers = [
-            asyncio.create_task(_watcher(i, workload, journal, initial_revision + 1, stop))
+            asyncio.create_task(_watcher(i, workload, endpoints, journal, initial_revision + 1, stop))
             for i in range(workload.watchers)
         ]
+        if workload.follow_members:
+            watchers.append(asyncio.create_task(_follow_members(workload, endpoints, stop)))
         load_started = time.monotonic()
         budget = [workload.max_operations]
         deadline = load_started + workload.duration
         try:
             await asyncio.gather(
                 *(
-                    _client(i, workload, journal, deadline, budget, random.Random(rng.random()))
+                    _client(i, workload, endpoints, journal, deadline, budget, random.Random(rng.random()))
                     for i in range(workload.clients)
                 )
             )
-            await _final_reads(workload, journal, time.monotonic() + settle)
+            await _final_reads(workload, endpoints, journal, time.monotonic() + settle)
             await _watchers_caught_up(journal, workload.watchers, initial_revision, settle)
         finally:
             stop.set()
