@@ -11,15 +11,14 @@ verb and kind, status writes, and etcd requests by endpoint. Idle CPU per 10 s a
 first (no cluster, over 60 s), then idle CPU per 30 s with one 3-member cluster running.
 
 ``--profile DIR`` writes a cProfile of each operation's main thread (``DIR/<operation>.prof``;
-read with ``python -m pstats``). The counting and profiling live in this file: the operator runs
-under a small wrapper (``--child``) that patches its HTTP transport and etcd client to count, and
+read with ``python -m pstats``). The operator runs under a small wrapper
+(``benchmarks/operator_probe.py``) that patches its HTTP transport and etcd client to count, and
 toggles the profiler on SIGUSR1 / SIGUSR2; nothing in kustos knows.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
 import signal
@@ -27,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,90 +40,6 @@ REPO = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-# ---- inside the operator ----------------------------------------------------------------------
-
-
-def _kind_of(path: str) -> str:
-    """``/api/v1/namespaces/x/pods/y/status`` -> ``pods/status``; watches say ``pods (watch)``."""
-    parts = [p for p in path.split("?")[0].split("/") if p]
-    parts = parts[1:] if parts[:1] == ["api"] else parts[2:] if parts[:1] == ["apis"] else parts
-    parts = parts[1:]  # the version
-    if parts[:1] == ["namespaces"] and len(parts) > 2:
-        parts = parts[2:]
-    kind = parts[0] if parts else "?"
-    if len(parts) > 2:
-        kind += "/" + parts[2]
-    return kind + (" (watch)" if "watch=" in path else "")
-
-
-def child(argv: list[str]) -> None:
-    """Run ``kustos.cli`` with counters and a profiler toggled by signals."""
-    import kustos.etcd.client as etcd_client
-    import kustos.runtime.kube as kube
-    from kustos.cli import main
-
-    counts: Counter[str] = Counter()
-    out = Path(os.environ["KUSTOS_CPU_BENCH_OUT"])
-    profiler: list[cProfile.Profile] = []
-
-    send = kube.CountingTransport.handle_async_request
-
-    async def counted_send(self: Any, request: Any) -> Any:
-        counts[f"api {request.method} {_kind_of(request.url.raw_path.decode())}"] += 1
-        return await send(self, request)
-
-    post = etcd_client.EtcdClient._post
-
-    async def counted_post(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
-        counts[f"etcd {path}"] += 1
-        return await post(self, path, *args, **kwargs)
-
-    client_init = etcd_client.EtcdClient.__init__
-
-    def counted_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        counts["etcd clients built"] += 1
-        client_init(self, *args, **kwargs)
-
-    import kustos.runtime.record as record
-
-    changed = record.status_changed
-
-    def logged_changed(obj: dict[str, Any], status: dict[str, Any]) -> bool:
-        """With KUSTOS_CPU_BENCH_DIFFS: each status write's changed fields, to ``status-diffs.log``."""
-        result = changed(obj, status)
-        if result and os.environ.get("KUSTOS_CPU_BENCH_DIFFS"):
-            old = obj.get("status") or {}
-            new = {**status, "observedGeneration": (obj.get("metadata") or {}).get("generation")}
-            diff = {k: (old.get(k), new.get(k)) for k in {*old, *new} if old.get(k) != new.get(k)}
-            with (out / "status-diffs.log").open("a") as log:
-                log.write(json.dumps(diff, default=str)[:3000] + "\n")
-        return result
-
-    record.status_changed = logged_changed  # type: ignore[assignment]
-    kube.CountingTransport.handle_async_request = counted_send  # type: ignore[method-assign]
-    etcd_client.EtcdClient._post = counted_post  # type: ignore[method-assign]
-    etcd_client.EtcdClient.__init__ = counted_init  # type: ignore[method-assign]
-
-    def start(_sig: int, _frame: Any) -> None:
-        counts.clear()
-        if os.environ.get("KUSTOS_CPU_BENCH_PROFILE"):
-            profiler[:] = [cProfile.Profile()]
-            profiler[0].enable()
-
-    def stop(_sig: int, _frame: Any) -> None:
-        name = (out / "current").read_text().strip()
-        if profiler:
-            profiler[0].disable()
-            profiler[0].dump_stats(out / f"{name}.prof")
-            profiler.clear()
-        (out / f"{name}.json").write_text(json.dumps(dict(counts)))
-
-    signal.signal(signal.SIGUSR1, start)
-    signal.signal(signal.SIGUSR2, stop)
-    sys.argv = ["kustos", *argv]
-    main()
-
-
 # ---- outside ----------------------------------------------------------------------------------
 
 
@@ -135,16 +49,23 @@ def cpu_seconds(pid: int) -> float:
 
 
 class Operator:
-    def __init__(self, cluster: DevCluster, out: Path, profile: bool, source: Path = REPO) -> None:
-        """``source``: the checkout to run (its own .venv), this one by default."""
+    def __init__(
+        self, cluster: DevCluster, out: Path, profile: bool, source: Path = REPO, log_level: str = "warning"
+    ) -> None:
+        """``source``: the checkout to run (its own .venv), this one by default; ``log_level``:
+        info shows each step the operator takes, with its time (``operator.log``)."""
         self.out = out
         self.port = free_port()
         python = sys.executable if source == REPO else str(source / ".venv" / "bin" / "python")
+        # An older checkout (--compare) has no operator_probe: its wrapper lived in this module.
+        probe = ["-m", "benchmarks.operator_probe"]
+        if not (source / "benchmarks" / "operator_probe.py").exists():
+            probe = ["-m", "benchmarks.operator_cpu_bench", "--child", "--"]
         args = [
-            python, "-m", "benchmarks.operator_cpu_bench", "--child", "--",
+            python, *probe,
             "run", "--kubeconfig", str(cluster.kubeconfig),
             "--metrics-address", f"127.0.0.1:{self.port}", "--webhook-address", "127.0.0.1:0",
-            "--log-level", "warning",
+            "--log-level", log_level,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(source), "KUSTOS_CPU_BENCH_OUT": str(out)}
         if profile:
@@ -239,9 +160,6 @@ def show(name: str, figures: list[tuple[float, float, dict[str, int], dict[str, 
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[3:])
-        return
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", type=Path, default=None, help="write cProfiles to this directory")

@@ -21,6 +21,8 @@ NOT_ON_THE_OPERATOR_PATH = {
     "cryptography": "only when an EtcdCluster uses TLS (webhook certificates: a child process)",
     "httpx": "the API client's httpx2 serves the etcd client too",
     "obstore": "backup agent pods only",
+    "websockets": "the first exec in a pod (Rook's StorageCluster only): ~1 MiB",
+    "cronsim": "the first cron schedule evaluated (backups, defragmentation): ~0.9 MiB",
     "boto3": "only with --cloud-provider aws (botocore alone is ~20 MiB)",
     "botocore": "only with --cloud-provider aws",
     "google": "only with --cloud-provider gcp (google-cloud-compute: ~160 MiB, 5 s to import)",

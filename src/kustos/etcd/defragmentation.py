@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from cronsim import CronSim, CronSimError
-
 from kustos.api.etcd import (
     AutoCompactionSpec,
     DefragmentationRecord,
@@ -62,6 +60,8 @@ def in_window(schedule: str | None, window: timedelta, now: datetime) -> tuple[b
     when the next tick is. No schedule: always. An invalid schedule raises ValueError."""
     if schedule is None:
         return True, None
+    from cronsim import CronSim, CronSimError  # ~0.9 MiB: loaded once a schedule is set
+
     try:
         tick = next(CronSim(schedule, now - window))
     except (CronSimError, StopIteration) as err:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from cronsim import CronSim, CronSimError
 from pydantic import ValidationError
 
 from kustos.api.backup import BackupSchedule, EtcdBackup
@@ -172,6 +171,8 @@ def schedule_period(schedule: BackupSchedule, now: datetime) -> float | None:
         return parse_duration(schedule.interval).total_seconds()
     if not schedule.schedule:
         return None
+    from cronsim import CronSim, CronSimError  # ~0.9 MiB: loaded once a schedule is set
+
     try:
         ticks = CronSim(schedule.schedule, now)
         first, second = next(ticks), next(ticks)

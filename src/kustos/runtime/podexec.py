@@ -19,19 +19,20 @@ import asyncio
 import json
 import ssl
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote, urlencode
 
 import httpx2
-import websockets
 from lightkube.config.client_adapter import user_auth, verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
-from websockets.asyncio.client import connect
-from websockets.typing import Subprotocol
 
 from kustos.runtime.errors import ReconcileError
 
-PROTOCOLS = (Subprotocol("v5.channel.k8s.io"), Subprotocol("v4.channel.k8s.io"))
+if TYPE_CHECKING:
+    from websockets.typing import Subprotocol
+
+# websockets (~1 MiB resident) is imported by the first exec: only Rook's StorageCluster runs one.
+PROTOCOLS = cast("tuple[Subprotocol, ...]", ("v5.channel.k8s.io", "v4.channel.k8s.io"))
 STDIN, STDOUT, STDERR, ERROR, CLOSE = 0, 1, 2, 3, 255
 DEFAULT_TIMEOUT = 60.0
 # What is kept of a command's output; more is cut (a Ceph command prints little).
@@ -151,6 +152,9 @@ async def exec_in_pod(
 ) -> ExecResult:
     """Run ``argv`` in ``namespace/pod`` (its first container unless ``container``) and wait
     for it, at most ``timeout`` seconds in all."""
+    import websockets
+    from websockets.asyncio.client import connect
+
     where = f"exec in pod {namespace}/{pod}"
     streams = Streams()
     try:
