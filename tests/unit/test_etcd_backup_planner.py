@@ -128,3 +128,12 @@ def test_a_schedule_prunes_before_it_takes_the_next() -> None:
     assert isinstance(step, p.Prune) and [b["metadata"]["name"] for b in step.expired] == ["b0", "b1"]
     kept = p.ScheduleObserved(hourly, backups[2:], NOW - timedelta(days=1), True, NOW)
     assert p.plan_schedule(kept) == p.TakeBackup(NOW)  # the newest is an hour old
+
+
+def test_a_schedule_that_never_fires_is_said_naming_the_field_and_waits_for_the_spec() -> None:
+    # Admitted while the webhook was down: no crash, no hot retry, no backup.
+    never = BackupSchedule.model_construct(interval=None, schedule="0 0 30 2 *", keep=5, storage=None)
+    o = p.ScheduleObserved(never, (), NOW - timedelta(days=1), True, NOW)
+    step = p.plan_schedule(o)
+    assert isinstance(step, p.InvalidSchedule) and step.message.startswith("spec.backup.schedule: ")
+    assert p.schedule_requeue_after(o, step) is None

@@ -184,3 +184,16 @@ def test_a_denial_is_an_admission_review_naming_the_field() -> None:
     response = review["response"]
     assert response["uid"] == "u1" and response["allowed"] is False
     assert response["status"]["code"] == 422 and response["status"]["message"].startswith("spec.addressing:")
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [({"backup": {"schedule": "99 * * * *"}}, "spec.backup.schedule"),
+     ({"maintenance": {"defragmentation": {"schedule": "0 0 30 2 *"}}},
+      "spec.maintenance.defragmentation.schedule")],
+)  # fmt: skip
+def test_a_cron_schedule_that_never_fires_is_refused_naming_its_field(spec: Obj, field: str) -> None:
+    denials = guard_denials(cluster(**spec), None)
+    assert len(denials) == 1 and denials[0].startswith(f"{field}: invalid cron schedule"), denials
+    assert guard_denials(cluster(**spec), cluster(**spec)) == []  # ratcheted: admitted before
+    assert guard_denials(cluster(backup={"schedule": "0 */6 * * *"}), None) == []

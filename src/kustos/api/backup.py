@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from kustos.api.common import HTTP_URL_PATTERN, QUANTITY_PATTERN, Condition, Duration
+from kustos.api.common import CRON_PATTERN, HTTP_URL_PATTERN, QUANTITY_PATTERN, Condition, Duration
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
 
@@ -66,7 +66,7 @@ class BackupSchedule(KubeModel):
 
     interval: Duration | None = None
     """Take a backup this often, like 30m or 6h."""
-    schedule: str | None = None
+    schedule: str | None = Field(default=None, pattern=CRON_PATTERN)
     """Or a cron schedule in UTC, like "0 */6 * * *"."""
     keep: int = Field(default=5, ge=1, le=1000)
     """How many scheduled backups to keep; the oldest beyond that are deleted."""

@@ -19,6 +19,7 @@ _HOST = r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(:[0-9]{1
 HTTP_URL_PATTERN = rf"^https?://{_HOST}(/\S*)?$"  # a host is required: https://s3.example:9000/x
 ENDPOINT_PATTERN = rf"^https?://{_HOST}/?$"  # an etcd client URL: http://10.0.0.5:2379
 MAX_DURATION = "87600h"
+CRON_PATTERN = r"^\S+(\s+\S+){4}$"  # five fields (UTC); the admission webhook checks the rest
 """Ten years: more than any timeout, interval or lifetime kustos takes, and far inside what Go's
 durations (292 years) and Python's timedelta hold: a slip of the keyboard is refused by the
 API server, naming the field, instead of overflowing in the operator or in etcd."""

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field
 
 from kustos.api.backup import BackupSchedule
-from kustos.api.common import ENDPOINT_PATTERN, QUANTITY_PATTERN, Condition, Duration
+from kustos.api.common import CRON_PATTERN, ENDPOINT_PATTERN, QUANTITY_PATTERN, Condition, Duration
 from kustos.api.etcd_auth import AuthSpec
 from kustos.api.etcd_tls import TLSSpec, TLSStatus
 from kustos.images import DEFAULT_ETCD_REPOSITORY, PROVEN_ETCD_VERSIONS
@@ -19,7 +19,6 @@ REPOSITORY_PATTERN = r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-]+[a
 # The newest version the suite proves.
 DEFAULT_VERSION = PROVEN_ETCD_VERSIONS[-1]
 COMPACTION_RETENTION_PATTERN = r"^([0-9]+|([0-9]+(\.[0-9]+)?(ms|s|m|h))+)$"  # 10000, 1h, 30m
-CRON_PATTERN = r"^\S+(\s+\S+){4}$"  # five fields, checked further when used
 # The minors of etcd whose etcd downgrades its cluster to the previous minor through the
 # downgrade API (added in v3.6; etcd's guides "Downgrade etcd from v3.6 to v3.5" and "from
 # v3.7 to v3.6"). 3.5 has none. etcd/versions.py's rules, and the CEL rule below, use it.

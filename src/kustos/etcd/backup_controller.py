@@ -187,6 +187,8 @@ class BackupScheduleReconciler(FamilyReconciler[EtcdCluster, ScheduleObserved, S
                     for old in expired:
                         namespace, name = objects.namespace(old), objects.name(old)
                         await self.api.delete(ETCDBACKUPS, namespace, name, uid=objects.uid(old))
+                case planner.InvalidSchedule(message=message):
+                    notes.append(Note("BackupScheduleInvalid", message, WARNING))
                 case planner.TakeBackup(due=due):
                     backup = manifests.scheduled_backup(obj, scheduled_name(objects.name(obj), due))
                     try:

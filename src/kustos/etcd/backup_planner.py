@@ -21,7 +21,7 @@ from kustos.runtime import objects
 from kustos.runtime.conditions import note_failure, set_condition
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.steps import WARNING, Note, Wait
-from kustos.runtime.times import parse_duration, parse_rfc3339, rfc3339
+from kustos.runtime.times import cron_ticks, parse_duration, parse_rfc3339, rfc3339
 
 Obj = dict[str, Any]
 
@@ -250,7 +250,15 @@ class TakeBackup:
     due: datetime
 
 
-ScheduleStep = Prune | TakeBackup | Wait
+@dataclass(frozen=True)
+class InvalidSchedule:
+    """spec.backup.schedule never fires (admitted while the webhook was down): said as a
+    Warning Event naming the field; nothing is taken until the spec changes."""
+
+    message: str
+
+
+ScheduleStep = Prune | TakeBackup | InvalidSchedule | Wait
 
 
 def plan_schedule(o: ScheduleObserved) -> ScheduleStep:
@@ -259,7 +267,10 @@ def plan_schedule(o: ScheduleObserved) -> ScheduleStep:
         return Prune(tuple(old))
     created = [parse_rfc3339(b["metadata"].get("creationTimestamp")) for b in o.scheduled]
     last = max([c for c in created if c is not None], default=None) or o.created
-    due = next_scheduled(o.schedule, last)
+    try:
+        due = next_scheduled(o.schedule, last)
+    except ValueError as err:
+        return InvalidSchedule(f"spec.backup.schedule: {err}")
     if due > o.now:
         return Wait(f"the next backup is due at {rfc3339(due)}", (due - o.now).total_seconds())
     if not o.formed:
@@ -267,10 +278,12 @@ def plan_schedule(o: ScheduleObserved) -> ScheduleStep:
     return TakeBackup(o.now)
 
 
-def schedule_requeue_after(o: ScheduleObserved, step: ScheduleStep) -> float:
+def schedule_requeue_after(o: ScheduleObserved, step: ScheduleStep) -> float | None:
     match step:
         case Wait(seconds=seconds):
             return seconds
+        case InvalidSchedule():
+            return None  # the spec's change wakes the controller
         case TakeBackup():
             return (next_scheduled(o.schedule, o.now) - o.now).total_seconds()
     return 1.0  # pruned: look again at once for what is due
@@ -280,10 +293,8 @@ def next_scheduled(schedule: BackupSchedule, last: datetime) -> datetime:
     """When the next scheduled backup is due, after one taken (or the cluster created) at ``last``."""
     if schedule.interval:
         return last + parse_duration(schedule.interval)
-    from cronsim import CronSim  # ~0.9 MiB: loaded once a schedule is set
-
     assert schedule.schedule is not None
-    return next(CronSim(schedule.schedule, last))
+    return next(cron_ticks(schedule.schedule, last))
 
 
 def expired(backups: list[Obj], keep: int) -> list[Obj]:

@@ -23,6 +23,7 @@ from kustos.runtime import quantity
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.steps import WARNING, Note
 from kustos.runtime.steps import Wait as Wait  # the shared step, in this planner's Step union
+from kustos.runtime.times import cron_ticks
 
 
 def parse_quantity(text: str) -> int:
@@ -60,12 +61,7 @@ def in_window(schedule: str | None, window: timedelta, now: datetime) -> tuple[b
     when the next tick is. No schedule: always. An invalid schedule raises ValueError."""
     if schedule is None:
         return True, None
-    from cronsim import CronSim, CronSimError  # ~0.9 MiB: loaded once a schedule is set
-
-    try:
-        tick = next(CronSim(schedule, now - window))
-    except (CronSimError, StopIteration) as err:
-        raise ValueError(f"invalid cron schedule {schedule!r}: {err}") from err
+    tick = next(cron_ticks(schedule, now - window))
     if tick <= now:
         return True, None
     return False, tick

@@ -5,12 +5,12 @@ Two webhooks, each with its own failure policy (docs/etcdcluster.md, "Validation
 
 - ``guard`` (failurePolicy Ignore): changes that would lose or strand data or fight the
   operator: a new addressing or storage type on a live cluster, a size change while a
-  restore or recovery is under way, a version older than kustos supports, and extraArgs
-  that set what the operator sets or that spec.version's etcd removed (``flags``). All but the
-  size rule are also CEL rules of the CRD,
-  which the API server enforces with or without the operator; so an operator that is down
-  (a crash, an upgrade) never blocks every edit of every EtcdCluster, and the webhook adds
-  the size rule and messages that name each offending entry.
+  restore or recovery is under way, a version older than kustos supports, extraArgs
+  that set what the operator sets or that spec.version's etcd removed (``flags``), and cron
+  schedules that never fire (``schedule_denials``). All but the size and schedule rules are
+  also CEL rules of the CRD, which the API server enforces with or without the operator; so an
+  operator that is down (a crash, an upgrade) never blocks every edit of every EtcdCluster,
+  and the webhook adds those two rules and messages that name each offending entry.
 - ``version`` (failurePolicy Ignore): unsafe version jumps. The controller refuses them too
   (``versions.upgrade_refusal``, the UpgradeRefused event), so when the operator is down the
   write is admitted and held by the controller instead of blocked.
@@ -22,6 +22,7 @@ admitted before the webhook existed can still have its finalizers removed and be
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from kustos.api.etcd import EtcdCluster
@@ -29,6 +30,7 @@ from kustos.etcd.flags import removed_flag
 from kustos.etcd.versions import parse, upgrade_refusal
 from kustos.runtime.deps import Deps
 from kustos.runtime.manager import Manager
+from kustos.runtime.times import cron_ticks
 from kustos.runtime.webhook import AdmissionResponse, Webhook
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ VERSION_PATH = "/validate-kustos-dev-v1alpha1-etcdcluster-version"
 # and later (learners promoted by the operator, the downgrade API of 3.6); the dev cluster
 # builds and tests 3.5, 3.6 and 3.7 (kustos.images.PROVEN_ETCD_VERSIONS).
 MIN_VERSION = "3.5.0"
+# Where a schedule is tried from: any moment will do, a valid schedule fires within a few years.
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 # Flags the operator sets on every member (etcd/pods.py member_pod): a second value would make
 # the member forget its data, its identity or how its peers reach it. etcd accepts one or two
@@ -133,7 +137,34 @@ def guard_denials(obj: Obj, old: Obj | None) -> list[str]:
                 f"spec.extraArgs[{index}]: --{flag} is set by the operator and cannot be overridden"
             )
     denials += removed_flag_denials(spec, old_spec)
+    denials += schedule_denials(spec, old_spec)
     return denials
+
+
+# The cron schedules of an EtcdCluster: the schema checks their five fields, this their values.
+SCHEDULES = (("backup", "schedule"), ("maintenance", "defragmentation", "schedule"))
+
+
+def schedule_denials(spec: Obj, old_spec: Obj) -> list[str]:
+    """Cron schedules that never fire or do not parse ("99 * * * *"): refused as written,
+    rather than found by a controller that cannot say so in a status of its own."""
+    denials = []
+    for path in SCHEDULES:
+        schedule, old_schedule = _at(spec, path), _at(old_spec, path)
+        if not isinstance(schedule, str) or schedule == old_schedule:
+            continue
+        try:
+            next(cron_ticks(schedule, EPOCH))
+        except ValueError as err:
+            denials.append(f"spec.{'.'.join(path)}: {err}")
+    return denials
+
+
+def _at(spec: Obj, path: tuple[str, ...]) -> Any:
+    found: Any = spec
+    for key in path:
+        found = found.get(key) if isinstance(found, dict) else None
+    return found
 
 
 def removed_flag_denials(spec: Obj, old_spec: Obj) -> list[str]:

@@ -20,7 +20,7 @@ from kustos.api.nodeimage import NodeImage
 from kustos.api.storage import StorageCluster
 from kustos.runtime import objects
 from kustos.runtime.observations import EtcdObservation
-from kustos.runtime.times import parse_duration, parse_rfc3339
+from kustos.runtime.times import cron_ticks, parse_duration, parse_rfc3339
 
 Obj = Mapping[str, Any]
 
@@ -171,12 +171,10 @@ def schedule_period(schedule: BackupSchedule, now: datetime) -> float | None:
         return parse_duration(schedule.interval).total_seconds()
     if not schedule.schedule:
         return None
-    from cronsim import CronSim, CronSimError  # ~0.9 MiB: loaded once a schedule is set
-
     try:
-        ticks = CronSim(schedule.schedule, now)
+        ticks = cron_ticks(schedule.schedule, now)
         first, second = next(ticks), next(ticks)
-    except (CronSimError, StopIteration):
+    except ValueError:
         return None  # the backup controller reports a bad schedule in the cluster's conditions
     return (second - first).total_seconds()
 
