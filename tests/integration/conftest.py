@@ -98,10 +98,17 @@ def module_of(nodeid: str) -> str:
     return nodeid.split("::")[0]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         marker = item.get_closest_marker(RUNNER_MARKER)
         RUNNER_REASONS[module_of(item.nodeid)] = str(marker.args[0]) if marker else None
+    full_profile = [item for item in items if item.get_closest_marker("proof_full")]
+    if full_profile:
+        from tests.integration.test_proof import profile_name  # collected, so imported already
+
+        if profile_name() == "short":
+            config.hook.pytest_deselected(items=full_profile)
+            items[:] = [item for item in items if item not in full_profile]
 
 
 def pytest_runtest_logfinish(nodeid: str) -> None:
