@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kustos.etcd import membership
-from kustos.etcd.client import Member, MemberList, Status
+from kustos.etcd.client import EtcdClient, Member, MemberList, Status, UnhealthyCluster
 from kustos.etcd.membership import removal_refusal
 from kustos.etcd.quorum import quorum, removal_keeps_quorum
 
@@ -84,6 +86,27 @@ def test_a_call_that_no_member_answers_is_none() -> None:
         raise AssertionError("no member to call")
 
     assert asyncio.run(membership.leader_call({}, None, call)) is None
+
+
+SAID = {"http://e-0:2379": status(0, 0), "http://e-1:2379": status(1, 0)}
+
+
+def test_a_refused_add_is_asked_of_the_next_voter_and_raised_only_when_every_voter_refused() -> None:
+    # etcd checks an add on the member that receives it: a leader that lost sight of a peer
+    # refuses, a follower that sees them all takes it.
+    def add(refusing: set[str]) -> Callable[[EtcdClient], Awaitable[str]]:
+        async def call(client: EtcdClient) -> str:
+            if client.endpoint in refusing:
+                raise UnhealthyCluster("etcdserver: unhealthy cluster", 14, client.endpoint)
+            return f"added through {client.endpoint}"
+
+        return call
+
+    taken = asyncio.run(membership.leader_call(SAID, None, add({"http://e-0:2379"}),
+                                               raise_if_every=UnhealthyCluster))  # fmt: skip
+    assert taken == "added through http://e-1:2379"
+    with pytest.raises(UnhealthyCluster):
+        asyncio.run(membership.leader_call(SAID, None, add(set(SAID)), raise_if_every=UnhealthyCluster))
 
 
 def test_removal_through_endpoints_that_do_not_answer_says_so() -> None:

@@ -43,11 +43,14 @@ def _voters_first(statuses: Mapping[str, Status]) -> list[str]:
 
 async def leader_call(
     statuses: Mapping[str, Status], tls: EtcdTLS | None, call: Callable[[EtcdClient], Awaitable[T]],
-    raise_for: type[EtcdError] | None = None,
+    raise_for: type[EtcdError] | None = None, raise_if_every: type[EtcdError] | None = None,
 ) -> T | bool | None:  # fmt: skip
     """Send ``call`` to the leader (or any healthy voter): its result (True for None), or None
-    when every one refused (logged). ``raise_for`` errors are raised to the caller instead."""
-    for url in _voters_first(statuses):
+    when every one refused (logged). ``raise_for`` errors are raised to the caller at once;
+    ``raise_if_every`` errors only when every voter answered with one (the last is raised)."""
+    voters = _voters_first(statuses)
+    refusals: list[EtcdError] = []
+    for url in voters:
         try:
             async with EtcdClient(url, tls, timeout=CALL_TIMEOUT) as client:
                 result = await call(client)
@@ -55,7 +58,11 @@ async def leader_call(
         except EtcdError as err:
             if raise_for is not None and isinstance(err, raise_for):
                 raise
+            if raise_if_every is not None and isinstance(err, raise_if_every):
+                refusals.append(err)
             log.warning("etcd call through %s failed: %s", url, err)
+    if voters and len(refusals) == len(voters):
+        raise refusals[-1]
     return None
 
 
@@ -94,12 +101,19 @@ async def add_member(
 ) -> MemberAddResult | None:
     """Add a member (a learner by default: one that never starts then costs no quorum).
 
-    Raises ``UnhealthyCluster`` when etcd refused the add before proposing it (its leader has not
-    been connected to enough peers for 5 s): nothing was added, and the caller may retry the
-    same member. None: every member failed otherwise (the add may or may not have happened)."""
+    etcd checks an add on the member that receives it (``mayAddMember``: connected to enough
+    voters for 5 s), then proposes it through the leader; so a voter that refuses is not the
+    last word. A leader can keep refusing while its streams are up: one failed pipeline dial
+    (a peer's DNS lookup timed out under load) marks that peer inactive until a stream
+    reconnects. A follower that sees every peer then takes the add.
+
+    Raises ``UnhealthyCluster`` when every voter refused before proposing: nothing was added,
+    and the caller may retry the same member. None: a call failed otherwise (the add may or
+    may not have happened)."""
     result = await leader_call(
-        statuses, tls, lambda c: c.member_add([peer_url], is_learner=learner), UnhealthyCluster
-    )
+        statuses, tls, lambda c: c.member_add([peer_url], is_learner=learner),
+        raise_if_every=UnhealthyCluster,
+    )  # fmt: skip
     return result if isinstance(result, MemberAddResult) else None
 
 
