@@ -21,7 +21,6 @@ of the three nodes; each phase recorded in the policy's status, with an Event.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -42,6 +41,7 @@ from kustos.maintenance import minio, minio_copy
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import is_ready, wait_until
 from tests.integration.operator import OperatorProcess, chart_maintenance_operator
+from tests.integration.test_maintenance_minio_copy import contents
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 
@@ -123,16 +123,6 @@ def old_minio(namespace: str) -> list[dict[str, Any]]:
 
 def s3_at(address: str) -> Any:
     return minio_copy.client(f"http://{address}:9000", ACCESS, SECRET)
-
-
-def contents(s3: Any) -> dict[str, str]:
-    """bucket/key -> SHA-256 of the body, for every object."""
-    found = {}
-    for bucket in (b["Name"] for b in s3.list_buckets()["Buckets"]):
-        for key in minio_copy.listing(s3, bucket):
-            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-            found[f"{bucket}/{key}"] = hashlib.sha256(body).hexdigest()
-    return found
 
 
 def set_command(kubectl: Kubectl, command: list[str]) -> None:

@@ -516,25 +516,37 @@ async def partition_for_a_while(kubectl: Kubectl, node: str, until: Any = None) 
         await asyncio.to_thread(kubectl.cluster.heal_node, node)
 
 
+async def spread_over_three_nodes(kubectl: Kubectl, name: str) -> dict[str, Any]:
+    """Three members, one per node, that outlast a partition (a failure timeout longer than it)."""
+    kubectl.apply(etcd_cluster(name, 3, memberFailureTimeout="300s",
+                               pod={"antiAffinity": "required", "tolerations": STAY}))  # fmt: skip
+    return await wait_healthy(kubectl, name, 3)
+
+
+async def assert_the_same_members_rejoined(
+    kubectl: Kubectl, name: str, before: dict[str, Any], recording: Recording
+) -> None:
+    """The partition was felt, and once healed the same members serve: nothing replaced."""
+    assert felt(recording), "the partition was never felt"
+    healed = await wait_healthy(kubectl, name, 3, timeout=120)
+    assert sorted(m["name"] for m in healed["members"]) == sorted(m["name"] for m in before["members"])
+    assert_consistent(kubectl, name, 3, healed)
+
+
 @full_profile_only
 async def test_a_member_node_partitioned_and_healed_under_load_leaves_a_linearizable_history(
     kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
 ) -> None:
     """A follower's node cut off for half the load (shorter than the failure timeout), then
     healed: the same member rejoins, nothing is replaced."""
-    kubectl.apply(etcd_cluster("part", 3, memberFailureTimeout="300s",
-                               pod={"antiAffinity": "required", "tolerations": STAY}))  # fmt: skip
-    status = await wait_healthy(kubectl, "part", 3)
+    status = await spread_over_three_nodes(kubectl, "part")
     victim = next(m["name"] for m in status["members"] if not m["leader"])
     load = workload(member_urls(status), "node-partitioned")
     recording = await proven(
         load, histories / "node-partitioned.jsonl", f"node of {victim} partitioned, healed", checker,
         report, partition_for_a_while(kubectl, node_of(kubectl, victim)),
     )  # fmt: skip
-    assert felt(recording), "the partition was never felt"
-    healed = await wait_healthy(kubectl, "part", 3, timeout=120)
-    assert sorted(m["name"] for m in healed["members"]) == sorted(m["name"] for m in status["members"])
-    assert_consistent(kubectl, "part", 3, healed)
+    await assert_the_same_members_rejoined(kubectl, "part", status, recording)
 
 
 @full_profile_only
@@ -543,9 +555,7 @@ async def test_the_leaders_node_partitioned_under_load_leaves_a_linearizable_his
 ) -> None:
     """The etcd leader's node cut off: the other two elect a leader and serve on; the old
     leader, healed, rejoins as a follower."""
-    kubectl.apply(etcd_cluster("lead", 3, memberFailureTimeout="300s",
-                               pod={"antiAffinity": "required", "tolerations": STAY}))  # fmt: skip
-    status = await wait_healthy(kubectl, "lead", 3)
+    status = await spread_over_three_nodes(kubectl, "lead")
     leader = next(m for m in status["members"] if m["leader"])
     others = [m for m in status["members"] if not m["leader"]]
 
@@ -562,10 +572,7 @@ async def test_the_leaders_node_partitioned_under_load_leaves_a_linearizable_his
         load, histories / "leader-partitioned.jsonl", f"leader {leader['name']}'s node partitioned, healed",
         checker, report, partition_for_a_while(kubectl, node_of(kubectl, leader["name"]), new_leader),
     )  # fmt: skip
-    assert felt(recording), "the partition was never felt"
-    healed = await wait_healthy(kubectl, "lead", 3, timeout=120)
-    assert sorted(m["name"] for m in healed["members"]) == sorted(m["name"] for m in status["members"])
-    assert_consistent(kubectl, "lead", 3, healed)
+    await assert_the_same_members_rejoined(kubectl, "lead", status, recording)
 
 
 @full_profile_only
