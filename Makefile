@@ -19,7 +19,7 @@ dev-down: $(VENV)/.synced
 
 # The whole suite: lint, types, import contracts, unit and integration tests on the real control plane.
 test: $(VENV)/.synced
-	$(KUSTOS) dev build --test-servers
+	$(KUSTOS) dev build
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy

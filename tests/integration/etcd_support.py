@@ -22,7 +22,7 @@ from kustos.api import RESOURCES
 from kustos.devcluster import binaries
 from kustos.devcluster.binaries import binary_path
 from kustos.devcluster.cluster import DevCluster
-from kustos.etcd.client import EtcdClient, EtcdCredentials, EtcdError, EtcdTLS
+from kustos.etcd.client import EtcdClient, EtcdCredentials, EtcdError, EtcdTLS, EtcdUnavailable
 from kustos.runtime.crd import render_crds
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
@@ -227,8 +227,19 @@ class Writer:
         return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
     async def missing(self, endpoint: str) -> list[str]:
-        async with EtcdClient(endpoint, self.tls, 10.0, self.credentials) as client:
-            found = await client.range("/writer/", prefix=True, keys_only=True)
+        """The acknowledged keys ``endpoint`` does not have. A member that has just rejoined may
+        answer "leader changed" or "no leader" for a moment (etcd's own client retries those):
+        asked again, up to 30 s, before the test fails on it."""
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                async with EtcdClient(endpoint, self.tls, 10.0, self.credentials) as client:
+                    found = await client.range("/writer/", prefix=True, keys_only=True)
+                break
+            except EtcdUnavailable:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
         present = {kv.key.decode() for kv in found.kvs}
         return [k for k in self.acknowledged if k not in present]
 
