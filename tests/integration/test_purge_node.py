@@ -330,8 +330,11 @@ async def test_the_controller_purges_a_dead_control_plane_node_and_resumes_after
         dev_cluster.kubectl("delete", "maintenancepolicy", "default", "--wait=false", check=False)
 
 
-def purge_policy(pki: Path) -> dict[str, Any]:
-    """Purges on, a node fenced once unreachable past 5 s, kubeadm's etcd certificates in ``pki``."""
+def purge_policy(pki: Path | None = None, **spec: Any) -> dict[str, Any]:
+    """Purges on, a node fenced once unreachable past 5 s, kubeadm's etcd certificates in ``pki``
+    (then no certificate rotation: its kube-apiserver pods are kubeadm's in name only, with no
+    /etc/kubernetes behind them), and ``spec``."""
+    certificates = {} if pki is None else {"certificatesDir": str(pki), "rotateCerts": False}
     return {
         "apiVersion": "kustos.dev/v1alpha1",
         "kind": "MaintenancePolicy",
@@ -340,8 +343,7 @@ def purge_policy(pki: Path) -> dict[str, Any]:
             "shouldEnablePurgeNodes": True,
             "nodeUnreachableToleration": "5s",
             "fencing": {"afterToleration": True},  # EKCO's: past the toleration is fenced
-            "certificatesDir": str(pki),
-            # Its kube-apiserver pods are kubeadm's in name only (no /etc/kubernetes behind them).
-            "rotateCerts": False,
+            **certificates,
+            **spec,
         },
     }

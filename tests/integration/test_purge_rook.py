@@ -33,6 +33,7 @@ from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import running_operator
 from tests.integration.kube import wait_until
 from tests.integration.operator import ROOK_NAMESPACE, chart_identity
+from tests.integration.test_purge_node import purge_policy
 
 CRD = Path(__file__).parent / "rook" / "cephclusters.ceph.rook.io.yaml"
 
@@ -215,20 +216,12 @@ async def test_the_operators_purge_runs_the_ceph_commands_in_the_toolbox_pod(
         node["metadata"]["labels"]["kustos.dev/rook-test"] = suffix
         nodes.append(node)
     namespace = ROOK_NAMESPACE
-    policy = {
-        "apiVersion": "kustos.dev/v1alpha1",
-        "kind": "MaintenancePolicy",
-        "metadata": {"name": "default"},
-        "spec": {
-            "shouldEnablePurgeNodes": True,
-            "nodeUnreachableToleration": "5s",
-            "fencing": {"afterToleration": True},  # EKCO's: past the toleration is fenced
-            "rookShouldUseAllNodes": False,
-            "rookNamespace": namespace,
-            # Only this test's nodes are Rook's (kustos adds every other Ready node otherwise).
-            "rookStorageNodesLabel": f"kustos.dev/rook-test={suffix}",
-        },
-    }
+    policy = purge_policy(
+        rookShouldUseAllNodes=False,
+        rookNamespace=namespace,
+        # Only this test's nodes are Rook's (kustos adds every other Ready node otherwise).
+        rookStorageNodesLabel=f"kustos.dev/rook-test={suffix}",
+    )
     exec_rule = {
         "apiVersion": "kwok.x-k8s.io/v1alpha1",
         "kind": "Exec",
