@@ -1,11 +1,13 @@
 """Operator CPU seconds per EtcdCluster operation, with what the operator did for them (issue 28).
 
     .venv/bin/python -m benchmarks.operator_cpu_bench [--runs 3] [--profile DIR] [--compare CHECKOUT]
+        [--volumes SIZE]
 
 Starts a dev cluster (4 workers, the test timings) and ``kustos run`` with every controller
 registered and leader election on, as ``kustos dev up`` runs it. For each operation (create a
 3-member cluster until all healthy, delete one member pod until 3 healthy again, resize 3 -> 5
-until all healthy) it prints the operator's CPU seconds (utime + stime of /proc/<pid>/stat, so
+until all healthy; on emptyDir, or with ``--volumes 64Mi`` on PVCs of that size, as
+``peer_bench`` does) it prints the operator's CPU seconds (utime + stime of /proc/<pid>/stat, so
 threads included) and, counted inside the operator: reconciles per controller, API requests by
 verb and kind, status writes, and etcd requests by endpoint. Idle CPU per 10 s and idle RSS come
 first (no cluster, over 60 s), then idle CPU per 30 s with one 3-member cluster running.
@@ -129,9 +131,13 @@ class Operator:
         self.log.close()
 
 
-def create(cluster: DevCluster, name: str, size: int) -> None:
-    body = {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster", "metadata": {"name": name},
-            "spec": {"size": size, "memberFailureTimeout": "5s"}}  # fmt: skip
+def create(cluster: DevCluster, name: str, size: int, volume: str | None = None) -> None:
+    body: dict[str, Any] = {
+        "apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster", "metadata": {"name": name},
+        "spec": {"size": size, "memberFailureTimeout": "5s"},
+    }  # fmt: skip
+    if volume is not None:
+        body["spec"]["storage"] = {"type": "pvc", "size": volume}
     cluster.kubectl("apply", "-f", "-", input_text=json.dumps(body))
 
 
@@ -168,6 +174,7 @@ def main() -> None:
         help="another checkout (with its .venv) run in turn on the same cluster, run by run, "
         "alternating which goes first: an A/B at equal load",
     )  # fmt: skip
+    parser.add_argument("--volumes", metavar="SIZE", default=None, help="members on PVCs of this size")
     args = parser.parse_args()
     out = args.profile or Path(os.environ.get("TMPDIR", "/tmp")) / f"operator-cpu-{os.getpid()}"
     print(f"load average at start: {os.getloadavg()}")
@@ -183,7 +190,7 @@ def main() -> None:
                 tree_out.mkdir(parents=True, exist_ok=True)
                 operator = Operator(cluster, tree_out, profile=args.profile is not None, source=tree)
                 try:
-                    one_run(cluster, operator, run, results[tree], idle=run < 2)
+                    one_run(cluster, operator, run, results[tree], idle=run < 2, volume=args.volumes)
                 finally:
                     operator.stop()
         for tree in trees:
@@ -206,7 +213,12 @@ Figures = tuple[float, float, dict[str, int], dict[str, float]]
 
 
 def one_run(
-    cluster: DevCluster, operator: Operator, run: int, figures: dict[str, list[Figures]], idle: bool
+    cluster: DevCluster,
+    operator: Operator,
+    run: int,
+    figures: dict[str, list[Figures]],
+    idle: bool,
+    volume: str | None = None,
 ) -> None:
     """Idle (60 s, no cluster: the kernel counts CPU time in 10 ms ticks), then create, steady,
     replace and resize one cluster, which is deleted (and gone) before the operator stops."""
@@ -216,7 +228,7 @@ def one_run(
     name = f"cpu-{run}"
 
     def create_one() -> None:
-        create(cluster, name, 3)
+        create(cluster, name, 3, volume)
         until(cluster, name, lambda s: healthy(s, 3))
 
     figures.setdefault("create", []).append(operator.measure(f"create-{run}", create_one))
@@ -224,11 +236,22 @@ def one_run(
     figures.setdefault("steady", []).append(operator.measure(f"steady-{run}", lambda: time.sleep(30)))
     victim = f"{name}-1"
 
+    def uid() -> str:
+        return cluster.kubectl("get", "pod", victim, "-o", "jsonpath={.metadata.uid}", check=False)
+
+    def replaced(s: dict[str, Any], before: str) -> bool:
+        """Healthy with the victim replaced: by a new member (emptyDir), or by a new pod of the
+        same member on its volume."""
+        if not healthy(s, 3):
+            return False
+        if volume is None:
+            return victim not in {m["name"] for m in s.get("members", [])}
+        return uid() not in ("", before)
+
     def replace() -> None:
+        before = uid()
         cluster.kubectl("delete", "pod", victim, "--wait=false")
-        until(
-            cluster, name, lambda s: healthy(s, 3) and victim not in {m["name"] for m in s.get("members", [])}
-        )
+        until(cluster, name, lambda s: replaced(s, before))
 
     figures.setdefault("replace", []).append(operator.measure(f"replace-{run}", replace))
     time.sleep(8)

@@ -44,8 +44,12 @@ def main(argv: list[str]) -> None:
     send = kube.CountingTransport.handle_async_request
 
     async def counted_send(self: Any, request: Any) -> Any:
-        counts[f"api {request.method} {_kind_of(request.url.raw_path.decode())}"] += 1
-        return await send(self, request)
+        what = f"api {request.method} {_kind_of(request.url.raw_path.decode())}"
+        counts[what] += 1
+        response = await send(self, request)
+        if response.status_code >= 400:  # a refused write (409: written onto a stale copy) is a wasted pass
+            counts[f"{what} -> {response.status_code}"] += 1
+        return response
 
     post = etcd_client.EtcdClient._post
 
@@ -71,7 +75,7 @@ def main(argv: list[str]) -> None:
             new = {**status, "observedGeneration": (obj.get("metadata") or {}).get("generation")}
             diff = {k: (old.get(k), new.get(k)) for k in {*old, *new} if old.get(k) != new.get(k)}
             with (out / "status-diffs.log").open("a") as log:
-                log.write(json.dumps(diff, default=str)[:3000] + "\n")
+                log.write(json.dumps(diff, default=str) + "\n")
         return result
 
     record.status_changed = logged_changed  # type: ignore[assignment]

@@ -1,7 +1,7 @@
 """kustos beside a peer etcd operator on one dev cluster: issue 28's table (item 4).
 
     .venv/bin/python -m benchmarks.peer_bench [--rounds 4]
-        [--peer BINARY --peer-crd CRD.yaml [--peer-commit SHA]]
+        [--peer BINARY --peer-crd CRD.yaml [--peer-commit SHA]] [--compare CHECKOUT] [--log-level info]
 
 The peer is the official operator (github.com/etcd-io/etcd-operator), built by whoever runs
 this from its own source (``go build ./cmd`` in a checkout; its CRD is
@@ -16,6 +16,12 @@ started voters, every member pod answers etcd's /health, and the operator's stat
 (kustos: N/N ready and Running; the peer: readyReplicas and memberCount N). CPU is the operator
 process's utime + stime over the create; idle CPU (per 10 s over 30 s) and RSS are taken with
 no cluster, first. Medians are printed as a markdown table.
+
+``--compare CHECKOUT`` runs another kustos checkout (with its own .venv) as one more system, in
+its own rounds: a before/after at equal load. Two kustos operators would share one Lease, so
+each then runs only during its own rounds (started before, stopped after) and no idle figures
+are taken. ``--log-level info`` keeps each step kustos takes, with its time, in
+``operator.log`` under the output directory printed first.
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from benchmarks.etcd_bench import bench_cluster, healthy, rss_mib
-from benchmarks.operator_cpu_bench import Operator, cpu_seconds
+from benchmarks.operator_cpu_bench import REPO, Operator, cpu_seconds
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.network import operator_argv
 from kustos.etcd.client import EtcdClient, EtcdError
@@ -50,6 +57,7 @@ STEPS = (
     "delete 2 of 3 pods (quorum lost, volumes kept)",
 )
 CPU_ROW = "operator CPU seconds for one 3-member create"
+NAMESPACES = {"kustos (compare)": "kustos-compare"}  # a system's namespaces, when its name is no DNS label
 
 
 @dataclass
@@ -68,7 +76,7 @@ class System:
         self.figures.setdefault(row, []).append(value)
 
 
-def kustos_system(operator: Operator) -> System:
+def kustos_system(pid: Callable[[], int], name: str = "kustos") -> System:
     def manifest(namespace: str, name: str, size: int) -> dict[str, Any]:
         return {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster",
                 "metadata": {"name": name, "namespace": namespace},
@@ -76,9 +84,13 @@ def kustos_system(operator: Operator) -> System:
                          "storage": {"type": "pvc", "size": VOLUME}}}  # fmt: skip
 
     return System(
-        "kustos", lambda: operator.pid, manifest, lambda name: f"kustos.dev/cluster={name}",
-        healthy, "etcdclusters.kustos.dev",
-    )  # fmt: skip
+        name,
+        pid,
+        manifest,
+        lambda cluster: f"kustos.dev/cluster={cluster}",
+        healthy,
+        "etcdclusters.kustos.dev",
+    )
 
 
 def peer_system(process: subprocess.Popen[bytes]) -> System:
@@ -224,6 +236,8 @@ def main() -> None:
     parser.add_argument("--peer", type=Path, help="the peer operator's binary")
     parser.add_argument("--peer-crd", type=Path, help="the peer's EtcdCluster CRD")
     parser.add_argument("--peer-commit", default="", help="the peer's commit, printed with the table")
+    parser.add_argument("--compare", type=Path, help="another kustos checkout, run in its own rounds")
+    parser.add_argument("--log-level", default="warning", help="kustos's log level (operator.log)")
     args = parser.parse_args()
     if args.peer is not None and args.peer_crd is None:
         parser.error("--peer needs --peer-crd")
@@ -231,19 +245,34 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()}", flush=True)
     cluster = bench_cluster("bench-peer")
-    operator, peer = None, None
+    operators: dict[str, Operator] = {}  # by system name: the kustos operators running
+    peer = None
+    trees = {"kustos": REPO, **({"kustos (compare)": args.compare.resolve()} if args.compare else {})}
+
+    def start(name: str) -> None:
+        operators[name] = Operator(cluster, out, profile=False, source=trees[name], log_level=args.log_level)
+
     try:
-        operator = Operator(cluster, out, profile=False)
-        systems = [kustos_system(operator)]
+        systems = [kustos_system(partial(lambda name: operators[name].pid, name), name) for name in trees]
+        if args.compare is None:
+            start("kustos")
         if args.peer is not None:
             peer = start_peer(cluster, args.peer, args.peer_crd, out)
             systems.append(peer_system(peer))
-        for system in systems:
-            idle(system)
+        if args.compare is None:
+            for system in systems:
+                idle(system)
         for round_ in range(args.rounds):
             order = systems if round_ % 2 == 0 else systems[::-1]
             for system in order:
-                run_round(cluster, system, f"{system.name}-{round_}")
+                own = args.compare is not None and system.name in trees
+                if own:
+                    start(system.name)
+                try:
+                    run_round(cluster, system, f"{NAMESPACES.get(system.name, system.name)}-{round_}")
+                finally:
+                    if own:
+                        operators.pop(system.name).stop()
         print(f"\nload average at end: {os.getloadavg()}; etcd {VERSION}; {args.rounds} rounds"
               + (f"; peer commit {args.peer_commit}" if args.peer_commit else ""))  # fmt: skip
         print(table(systems))
@@ -251,7 +280,7 @@ def main() -> None:
         if peer is not None:
             peer.send_signal(signal.SIGTERM)
             peer.wait(30)
-        if operator is not None:
+        for operator in operators.values():
             operator.stop()
         cluster.stop()
 

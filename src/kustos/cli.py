@@ -593,21 +593,48 @@ def proof_record(
     follow_members: Annotated[
         bool, typer.Option(help="Refresh the endpoints from etcd's member list every second.")
     ] = False,
+    cacert: Annotated[
+        Path | None, typer.Option(help="The CA bundle members' certificates are checked against (https).")
+    ] = None,
+    cert: Annotated[
+        Path | None, typer.Option(help="The client certificate (members with client-cert-auth).")
+    ] = None,
+    key: Annotated[Path | None, typer.Option(help="The client certificate's key.")] = None,
 ) -> None:
-    """Load an etcd cluster with gets, puts, deletes, transactions and watches; record every call."""
+    """Load an etcd cluster with gets, puts, deletes, transactions and watches; record every call.
+
+    The TLS files are read again every second: a renewed client certificate or a rotated CA
+    (a mounted <name>-client-tls Secret changing in place) is used from the next call on."""
+    from kustos.etcd.client import EtcdTLS
     from kustos.proof.recorder import Workload, WorkloadError, record
 
+    if key is not None and cert is None:
+        raise typer.BadParameter("--key needs --cert")
+    if cert is not None and key is None:
+        raise typer.BadParameter("--cert needs --key")
+    client_tls = EtcdTLS(cacert, cert, key) if cacert or cert else None
+    if client_tls is not None:
+        try:
+            client_tls.ssl_context()
+        except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
+            raise typer.BadParameter(f"--cacert/--cert/--key: {err}") from err
     try:
         workload = Workload(
             tuple(endpoint), clients=clients, watchers=watchers, rate=rate, duration=duration,
             max_operations=max_operations, prefix=prefix, scenario=scenario, follow_members=follow_members,
+            tls=client_tls,
         )  # fmt: skip
     except WorkloadError as err:
         raise typer.BadParameter(str(err)) from err
     recording = asyncio.run(record(workload, out))
+    reloads = (
+        f"; the TLS files changed and were taken {recording.tls_reloads} time(s)"
+        if recording.tls_reloads
+        else ""
+    )
     console.print(
         f"recorded {recording.operations} calls ({recording.indeterminate} indeterminate) and "
-        f"{recording.watch_events} watch events in {recording.seconds:.1f}s into {recording.path}"
+        f"{recording.watch_events} watch events in {recording.seconds:.1f}s into {recording.path}{reloads}"
     )
 
 

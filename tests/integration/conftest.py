@@ -28,6 +28,7 @@ from kustos.devcluster.cluster import DevCluster, DevClusterConfig, running_clus
 from kustos.devcluster.kwokconfig import Timings
 from kustos.devcluster.paths import cache_root
 from kustos.devcluster.pids import alive
+from tests.integration.api_reads import ReadingCluster
 from tests.integration.operator import OperatorProcess
 from tests.integration.runner_use import MARKER as RUNNER_MARKER
 from tests.integration.runner_use import RunnerUse
@@ -131,7 +132,7 @@ def dev_cluster(
     API server's audit log is read (``check_least_privilege``)."""
     binaries.build()
     remove_abandoned_clusters("pytest-")
-    cluster = DevCluster(
+    cluster = ReadingCluster(
         DevClusterConfig(
             name=SESSION_CLUSTER,
             worker_nodes=WORKERS,
@@ -146,6 +147,7 @@ def dev_cluster(
         # (``<pod>.<service>.<ns>.svc``), as in a pod.
         SESSION_RESOLV_CONF.write_text(f"search cluster.local\nnameserver {cluster.dns_server}\n")
         yield cluster
+        print(f"\nkubectl calls: {cluster.served} served in-process, {cluster.forwarded} by kubectl")
         check_least_privilege(cluster, request.session, tmp_path_factory.getbasetemp())
     finally:
         if request.session.testsfailed:

@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kustos.devcluster.cluster import DevCluster, DevClusterConfig
+import pytest
+
+from kustos.devcluster.cluster import DevCluster, DevClusterConfig, DevClusterError
+from tests.integration.api_reads import ReadingCluster
 from tests.integration.conftest import WORKERS, Kubectl
 from tests.integration.kube import condition, is_ready, wait_until
 
@@ -205,3 +208,41 @@ def test_dev_up_without_the_capabilities_fails_in_one_line_naming_them(tmp_path:
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 1 and "missing CAP_NET_ADMIN and CAP_SYS_ADMIN" in lines[0], result.stdout
     assert not (tmp_path / "clusters" / "nocaps").exists()
+
+
+def test_the_tests_in_process_reads_print_what_kubectl_prints(
+    crds: None, kubectl: Kubectl, dev_cluster: DevCluster
+) -> None:
+    """The suite's ``kubectl get -o json`` polls are served in-process (api_reads.py): each read
+    here, answered both ways, is the same objects, and a missing object fails the same way."""
+    assert isinstance(dev_cluster, ReadingCluster)
+    names = {"app": "reads"}
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "one", "labels": names},
+            "data": {"k": "ü"},
+        },
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "two"}, "data": {"k": "v"}},
+    )
+    namespace = ["-n", kubectl.namespace]
+    reads = [
+        [*namespace, "get", "configmap", "one", "-o", "json"],
+        [*namespace, "get", "cm", "-l", "app=reads", "-o", "json"],
+        [*namespace, "get", "configmaps", "--field-selector", "metadata.name=two", "-o", "json"],
+        ["get", "namespace", kubectl.namespace, "-o", "json"],
+        ["get", "crd", "etcdclusters.kustos.dev", "-o", "json"],
+        ["get", "priorityclasses", "-o", "json"],
+    ]
+    for args in reads:
+        served, printed = dev_cluster.kubectl(*args), DevCluster.kubectl(dev_cluster, *args)
+        assert json.loads(served) == json.loads(printed), args
+    assert json.loads(dev_cluster.kubectl(*reads[1]))["items"][0]["data"] == {"k": "ü"}
+    missing = [*namespace, "get", "configmap", "three", "-o", "json"]
+    assert dev_cluster.kubectl(*missing, "--ignore-not-found") == DevCluster.kubectl(
+        dev_cluster, *missing, "--ignore-not-found"
+    )
+    for read in (dev_cluster.kubectl, lambda *args: DevCluster.kubectl(dev_cluster, *args)):
+        with pytest.raises(DevClusterError, match=r'\(NotFound\): configmaps "three" not found'):
+            read(*missing)

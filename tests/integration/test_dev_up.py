@@ -33,6 +33,7 @@ from kustos.etcd.backup import AGENT_CONTAINER, BACKUP_LABEL, SAVE_CONTAINER
 from kustos.etcd.pods import member_claim, member_pod
 from kustos.images import agent_image
 from kustos.nodes.cloud.kwok import GROUP_LABEL, IMAGE_ANNOTATION
+from tests.integration.api_reads import ReadingCluster
 from tests.integration.conftest import remove_abandoned_clusters
 
 # `kustos dev up` alone is the first test's setup: 240 s when it builds the image (any change
@@ -57,7 +58,7 @@ def up() -> Iterator[Up]:
     started = time.monotonic()
     result = kustos("dev", "up", "--name", NAME)
     seconds = time.monotonic() - started
-    cluster = DevCluster(DevClusterConfig(name=NAME))
+    cluster = ReadingCluster(DevClusterConfig(name=NAME))
     try:
         assert result.returncode == 0, f"kustos dev up failed:\n{result.stdout}\n{result.stderr}"
         lines = result.stdout.splitlines()
@@ -228,8 +229,12 @@ def test_the_kwok_group_rolls_to_a_new_node_image(up: Up) -> None:
         images = {n["metadata"]["annotations"].get(IMAGE_ANNOTATION) for n in nodes}
         return len(nodes) == 2 and not names & before and images == {"kwok-os:v2"}
 
+    def reported_done() -> bool:
+        return (get(cluster, "nodeimage", "os").get("status") or {}).get("progress", "").startswith("2/")
+
     wait_for(replaced, "both kwok group nodes replaced by kwok-os:v2 nodes", timeout=240)
-    assert get(cluster, "nodeimage", "os")["status"]["progress"].startswith("2/")
+    # The status is written on the pass after the last node is swapped, so it may trail it.
+    wait_for(reported_done, "the NodeImage reports both group nodes on kwok-os:v2", timeout=60)
 
 
 def test_a_stopped_node_is_cleared(up: Up) -> None:

@@ -3,7 +3,7 @@ as the chart's ServiceAccount, under its admission policy.
 
 The MinIO move itself: its planner in tests/unit/test_maintenance_minio.py, its copy and
 verification between two S3 servers in test_maintenance_minio_copy.py, and the whole move with
-real MinIO on real nodes: docs/maintenance-extras.md.
+real MinIO on real nodes in test_maintenance_minio_real_nodes.py.
 """
 
 from __future__ import annotations

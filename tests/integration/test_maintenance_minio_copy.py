@@ -1,7 +1,7 @@
 """MinIO's data copy (maintenance/minio_copy.py) between two real S3 servers, interrupted and resumed.
 
 Two versitygw processes on 127.0.0.1 stand for the old and the new MinIO (the copy speaks
-plain S3 to both; the whole move with real MinIO on real nodes: docs/maintenance-extras.md).
+plain S3 to both; the whole move runs real MinIO, test_maintenance_minio_real_nodes.py).
 A pass whose time budget runs out leaves objects behind; the next pass copies only what is
 missing and then verifies every key's checksum. A corrupted copy on the target is found
 by its checksum and copied again.

@@ -17,7 +17,7 @@ import contextlib
 import json
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,17 +161,24 @@ async def start_fleet(fleet: Fleet, cp: int, workers: int, ready_after: float = 
 
 
 def run_operator(
-    kubectl: Kubectl, fleet: Fleet, log_dir: Path, env: dict[str, str] | None = None
+    kubectl: Kubectl,
+    fleet: Fleet,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    extra: Sequence[str] = (),
 ) -> OperatorProcess:
+    """The chart's operator with ``fleet``'s kwok provider; ``extra``: more ``kustos run`` options."""
     return start_chart_operator(
         kubectl.cluster, log_dir, "--namespace", kubectl.namespace,
-        "--cloud-provider", "kwok", *fleet.options(), env=env,
+        "--cloud-provider", "kwok", *fleet.options(), *extra, env=env,
     )  # fmt: skip
 
 
 @contextlib.contextmanager
-def operator_running(kubectl: Kubectl, fleet: Fleet, log_dir: Path) -> Iterator[OperatorProcess]:
-    process = run_operator(kubectl, fleet, log_dir)
+def operator_running(
+    kubectl: Kubectl, fleet: Fleet, log_dir: Path, extra: Sequence[str] = ()
+) -> Iterator[OperatorProcess]:
+    process = run_operator(kubectl, fleet, log_dir, extra=extra)
     try:
         yield process
     finally:

@@ -26,10 +26,11 @@ import pytest
 
 from kustos.devcluster import binaries
 from kustos.devcluster.s3 import S3Server
-from kustos.etcd.client import EtcdClient
-from kustos.proof.catalogue import action, coverage_table
+from kustos.etcd.client import EtcdClient, EtcdTLS
+from kustos.maintenance.planner import OUT_OF_SERVICE_TAINT
+from kustos.proof.catalogue import ACTIONS, Action, action, coverage_table
 from kustos.proof.check import Verdict, acknowledged_writes_missing, check_history, report_table, state_at
-from kustos.proof.history import load_history
+from kustos.proof.history import History, load_history
 from kustos.proof.recorder import Recording, Workload, record
 from kustos.proof.soak import Sample, sample_of, soak_summary, what_grew
 from tests.integration.conftest import Kubectl
@@ -45,11 +46,20 @@ from tests.integration.etcd_support import (
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess
 from tests.integration.test_etcd_backup import s3, s3_secret, s3_storage  # noqa: F401  (fixture)
+from tests.integration.test_etcd_ca_rotation import secret_data
 from tests.integration.test_etcd_client import Launcher
 from tests.integration.test_etcd_maintenance import fill_and_free
 from tests.integration.test_etcd_recovery import kill_members, take_backup, wait_recovered
 from tests.integration.test_etcd_upgrade import NEW, OLD, OLDEST
+from tests.integration.test_maintenance import (  # noqa: F401  (fixture: the default MaintenancePolicy)
+    fence,
+    last_message,
+    maintenance,
+    restored,
+    taint_keys,
+)
 from tests.integration.test_partition import STAY, node_of
+from tests.mount_support import write_mounted
 
 pytestmark = pytest.mark.process_runner(
     "histories under injected failures, many scenarios; the runner starts a member in 0.8 s"
@@ -122,24 +132,42 @@ def histories(tmp_path: Path) -> Path:
 class Report:
     verdicts: list[Verdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    actions: tuple[Action, ...] = ACTIONS
+    """The catalogue's entries this module's coverage table lists."""
 
     def text(self) -> str:
-        parts = [report_table(self.verdicts), "", "Operator actions:", "", coverage_table(self.verdicts)]
+        parts = [report_table(self.verdicts), "", "Operator actions:", "",
+                 coverage_table(self.verdicts, self.actions)]  # fmt: skip
         return "\n".join(parts + (["", *self.notes] if self.notes else []))
 
 
 @pytest.fixture(scope="module")
 def report() -> Iterator[Report]:
     """Every scenario's verdict; the report is printed (and written) once the module ends."""
-    kept = Report()
+    yield from module_report("proof report")
+
+
+def module_report(
+    title: str, section: str | None = None, actions: tuple[Action, ...] = ACTIONS
+) -> Iterator[Report]:
+    """A proof module's report fixture body: the Report its scenarios fill, published once the
+    module ends."""
+    kept = Report(actions=actions)
     yield kept
-    if not kept.verdicts:
+    publish(kept, title, section)
+
+
+def publish(report: Report, title: str, section: str | None = None) -> None:
+    """Print a module's report and write it to $KUSTOS_PROOF_REPORT: test_proof.py's replaces
+    the file (`make proof` runs it first), a later module's is appended under ``section``."""
+    if not report.verdicts:
         return
-    text = kept.text()
-    print(f"\n\nproof report (profile {profile_name()}):\n{text}\n")
+    text = report.text()
+    print(f"\n\n{title} (profile {profile_name()}):\n{text}\n")
     target = os.environ.get("KUSTOS_PROOF_REPORT")
     if target:
-        Path(target).write_text(text + "\n")
+        with Path(target).open("a" if section else "w", encoding="utf-8") as out:
+            out.write((f"\n{section}:\n\n" if section else "") + text + "\n")
 
 
 def workload(endpoints: Iterable[str], key: str) -> Workload:
@@ -285,17 +313,28 @@ async def test_a_member_pod_deleted_under_load_leaves_a_linearizable_history(
     is lost."""
     kubectl.apply(etcd_cluster("proof", 3))
     status = await wait_healthy(kubectl, "proof", 3)
+    await member_pod_deleted(kubectl, "proof", status, histories, checker, report)
+
+
+async def member_pod_deleted(
+    kubectl: Kubectl, name: str, status: dict[str, Any], histories: Path, checker: Path, report: Report,
+    key: str = "pod-deleted",
+) -> str:  # fmt: skip
+    """One member's pod deleted a third into the run, the member replaced by the operator
+    within it (``key``: the catalogue's entry the history is recorded under). The member."""
+    victim = str(sorted(m["name"] for m in status["members"])[1])
 
     async def delete_a_pod() -> None:
         await asyncio.sleep(profile().duration / 3)
-        await asyncio.to_thread(kubectl, "delete", "pod", "proof-1", "--wait=false")
+        await asyncio.to_thread(kubectl, "delete", "pod", victim, "--wait=false")
 
-    load = workload(member_urls(status), "pod-deleted")
+    load = workload(member_urls(status), key)
     recording = await proven(
         load, histories / "pod-deleted.jsonl", "1 member pod deleted", checker, report, delete_a_pod()
     )
     assert felt(recording), "the deletion was never felt"
-    await replaced(kubectl, "proof", "proof-1")
+    await replaced(kubectl, name, victim)
+    return victim
 
 
 async def replaced(kubectl: Kubectl, cluster: str, member: str) -> None:
@@ -315,13 +354,25 @@ async def test_a_member_container_killed_under_load_leaves_a_linearizable_histor
     failure timeout is longer than its restart), and the same three members serve on."""
     kubectl.apply(etcd_cluster("crash", 3, memberFailureTimeout="120s"))
     status = await wait_healthy(kubectl, "crash", 3)
-    members = sorted(m["name"] for m in status["members"])
+    await member_container_killed(kubectl, "crash", status, histories, checker, report)
+
+
+async def member_container_killed(
+    kubectl: Kubectl, name: str, status: dict[str, Any], histories: Path, checker: Path, report: Report,
+    key: str = "container-killed",
+) -> str:  # fmt: skip
+    """One member's etcd SIGKILLed in its pod a third into the run, restarted in place: the
+    same members serve on (the failure timeout must outlast a restart). The member."""
+    members: list[str] = sorted(m["name"] for m in status["members"])
+    victim = members[1]
 
     async def kill_the_container() -> None:
         await asyncio.sleep(profile().duration / 3)
-        kubectl.cluster.crash_container(kubectl.namespace, "crash-1", "etcd", stay_down=False)
+        await asyncio.to_thread(
+            kubectl.cluster.crash_container, kubectl.namespace, victim, "etcd", stay_down=False
+        )
 
-    load = workload(member_urls(status), "container-killed")
+    load = workload(member_urls(status), key)
     recording = await proven(
         load,
         histories / "container-killed.jsonl",
@@ -331,8 +382,9 @@ async def test_a_member_container_killed_under_load_leaves_a_linearizable_histor
         kill_the_container(),
     )
     assert felt(recording), "the kill was never felt"
-    status = await wait_healthy(kubectl, "crash", 3)
+    status = await wait_healthy(kubectl, name, 3)
     assert sorted(m["name"] for m in status["members"]) == members
+    return victim
 
 
 async def test_the_operator_killed_mid_step_under_load_leaves_a_linearizable_history(
@@ -373,6 +425,9 @@ async def test_the_operator_killed_mid_step_under_load_leaves_a_linearizable_his
         assert_consistent(kubectl, "op", 5, status)
 
 
+# The soak's own length and a round past it, on top of the suite's 300 s: the full profile's
+# 600 s soak was cut short by the suite's timeout in stop 28's `make proof`.
+@pytest.mark.timeout(300 + 2 * profile().soak)
 async def test_a_soak_keeps_histories_linearizable_and_the_operator_flat(
     kubectl: Kubectl, operator: OperatorProcess, histories: Path, checker: Path, report: Report
 ) -> None:
@@ -481,6 +536,15 @@ async def test_a_member_node_stopped_under_load_leaves_a_linearizable_history(
     member on another node while the clients keep going."""
     kubectl.apply(etcd_cluster("stop", 3, pod={"antiAffinity": "required"}))
     status = await wait_healthy(kubectl, "stop", 3)
+    await member_node_stopped(kubectl, "stop", status, histories, checker, report)
+
+
+async def member_node_stopped(
+    kubectl: Kubectl, name: str, status: dict[str, Any], histories: Path, checker: Path, report: Report,
+    key: str = "node-stopped",
+) -> str:  # fmt: skip
+    """A follower's node stops a third into the run; the member is replaced on another node
+    (members one per node, a spare free). The node, up again after."""
     victim = next(m["name"] for m in status["members"] if not m["leader"])
     node = node_of(kubectl, victim)
 
@@ -489,18 +553,19 @@ async def test_a_member_node_stopped_under_load_leaves_a_linearizable_history(
         await asyncio.to_thread(kubectl.cluster.take_node_down, node)
 
     try:
-        load = workload(member_urls(status), "node-stopped")
+        load = workload(member_urls(status), key)
         recording = await proven(
             load, histories / "node-stopped.jsonl", f"node of {victim} stopped", checker, report,
             stop_the_node(),
         )  # fmt: skip
         assert felt(recording), "the stop was never felt"
-        await replaced(kubectl, "stop", victim)
-        status = await wait_healthy(kubectl, "stop", 3)
+        await replaced(kubectl, name, victim)
+        status = await wait_healthy(kubectl, name, 3)
         assert node not in {node_of(kubectl, m["name"]) for m in status["members"]}
     finally:
         kubectl.cluster.bring_node_up(node)
-    assert_consistent(kubectl, "stop", 3, status)
+    assert_consistent(kubectl, name, 3, status)
+    return node
 
 
 async def partition_for_a_while(kubectl: Kubectl, node: str, until: Any = None) -> None:
@@ -516,11 +581,15 @@ async def partition_for_a_while(kubectl: Kubectl, node: str, until: Any = None) 
         await asyncio.to_thread(kubectl.cluster.heal_node, node)
 
 
-async def spread_over_three_nodes(kubectl: Kubectl, name: str) -> dict[str, Any]:
-    """Three members, one per node, that outlast a partition (a failure timeout longer than it)."""
-    kubectl.apply(etcd_cluster(name, 3, memberFailureTimeout="300s",
-                               pod={"antiAffinity": "required", "tolerations": STAY}))  # fmt: skip
-    return await wait_healthy(kubectl, name, 3)
+async def spread_over_three_nodes(
+    kubectl: Kubectl, name: str, placement: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Three members, one per node, that outlast a partition (a failure timeout longer than it,
+    their node's NoExecute taints tolerated); ``placement`` (``spec.pod``) says which nodes."""
+    placement = placement or {}
+    pod = {**placement, "antiAffinity": "required", "tolerations": [*placement.get("tolerations", []), *STAY]}
+    kubectl.apply(etcd_cluster(name, 3, memberFailureTimeout="300s", pod=pod))
+    return await wait_healthy(kubectl, name, 3, timeout=180)
 
 
 async def assert_the_same_members_rejoined(
@@ -540,13 +609,22 @@ async def test_a_member_node_partitioned_and_healed_under_load_leaves_a_lineariz
     """A follower's node cut off for half the load (shorter than the failure timeout), then
     healed: the same member rejoins, nothing is replaced."""
     status = await spread_over_three_nodes(kubectl, "part")
+    await follower_node_partitioned(kubectl, "part", status, histories, checker, report)
+
+
+async def follower_node_partitioned(
+    kubectl: Kubectl, name: str, status: dict[str, Any], histories: Path, checker: Path, report: Report,
+    key: str = "node-partitioned",
+) -> None:  # fmt: skip
+    """A follower's node cut off for half the run, then healed (``spread_over_three_nodes``'s
+    members outlast it): the same members serve on."""
     victim = next(m["name"] for m in status["members"] if not m["leader"])
-    load = workload(member_urls(status), "node-partitioned")
+    load = workload(member_urls(status), key)
     recording = await proven(
         load, histories / "node-partitioned.jsonl", f"node of {victim} partitioned, healed", checker,
         report, partition_for_a_while(kubectl, node_of(kubectl, victim)),
     )  # fmt: skip
-    await assert_the_same_members_rejoined(kubectl, "part", status, recording)
+    await assert_the_same_members_rejoined(kubectl, name, status, recording)
 
 
 @full_profile_only
@@ -556,6 +634,15 @@ async def test_the_leaders_node_partitioned_under_load_leaves_a_linearizable_his
     """The etcd leader's node cut off: the other two elect a leader and serve on; the old
     leader, healed, rejoins as a follower."""
     status = await spread_over_three_nodes(kubectl, "lead")
+    await leader_node_partitioned(kubectl, "lead", status, histories, checker, report)
+
+
+async def leader_node_partitioned(
+    kubectl: Kubectl, name: str, status: dict[str, Any], histories: Path, checker: Path, report: Report,
+    key: str = "leader-partitioned",
+) -> None:  # fmt: skip
+    """The leader's node cut off for half the run: the other two elect a leader within it;
+    healed, the same members serve on."""
     leader = next(m for m in status["members"] if m["leader"])
     others = [m for m in status["members"] if not m["leader"]]
 
@@ -567,12 +654,12 @@ async def test_the_leaders_node_partitioned_under_load_leaves_a_linearizable_his
 
         await wait_until(elected, "a new leader among the connected members", timeout=60)
 
-    load = workload(member_urls(status), "leader-partitioned")
+    load = workload(member_urls(status), key)
     recording = await proven(
         load, histories / "leader-partitioned.jsonl", f"leader {leader['name']}'s node partitioned, healed",
         checker, report, partition_for_a_while(kubectl, node_of(kubectl, leader["name"]), new_leader),
     )  # fmt: skip
-    await assert_the_same_members_rejoined(kubectl, "lead", status, recording)
+    await assert_the_same_members_rejoined(kubectl, name, status, recording)
 
 
 @full_profile_only
@@ -745,3 +832,176 @@ async def test_a_chained_upgrade_under_load_leaves_a_linearizable_history(
         kubectl, "chain", OLDEST, NEW, "chained-upgrade", 2 * ROLL_LOAD, histories, checker, report
     )
     assert_consistent(kubectl, "chain", 3, status)
+
+
+class MountedSecret:
+    """A Secret as a pod sees it mounted: its keys as files that change together whenever the
+    Secret does (``sync``, as the kubelet's periodic sync), for a client that re-reads them."""
+
+    def __init__(self, kubectl: Kubectl, name: str, directory: Path) -> None:
+        self.kubectl, self.name, self.directory = kubectl, name, directory
+        self.data: dict[str, bytes] = {}
+        self.versions = 0
+
+    def sync(self) -> None:
+        data = secret_data(self.kubectl, self.name)
+        if data != self.data:
+            self.versions += 1
+            write_mounted(self.directory, str(self.versions), data)
+            self.data = data
+
+    @property
+    def client_tls(self) -> EtcdTLS:
+        return EtcdTLS(self.directory / "ca.crt", self.directory / "tls.crt", self.directory / "tls.key")
+
+
+def writes_acknowledged_after(history: History, moment: float, recording: Recording) -> int:
+    """Puts (plain, or a transaction's that succeeded) invoked after ``moment`` (time.monotonic())
+    that etcd acknowledged."""
+    after = (moment - recording.clock_zero) * 1e9
+    wrote = (op for op in history.operations if op.kind == "put" or (op.kind == "txn" and op.succeeded))
+    return sum(1 for op in wrote if op.outcome == "ok" and op.call > after)
+
+
+CA_ROTATION_LOAD = 150.0  # seconds of load at least: three rolls of three members, and after
+
+
+@full_profile_only
+async def test_a_ca_rotation_under_load_leaves_a_linearizable_history(
+    kubectl: Kubectl,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    histories: Path,
+    checker: Path,
+    report: Report,
+) -> None:
+    """A TLS EtcdCluster's CA rotated (Trust, Reissue, Drop: each a roll of the three members)
+    while the clients load it over TLS with the operator-issued client Secret, mounted as a pod
+    would mount it: they take each new certificate from its files mid-run, and keep writing
+    after the old CA is dropped (when the old certificate is refused)."""
+    kubectl.apply(etcd_cluster("rot", 3, tls={}, storage={"type": "pvc", "size": "64Mi"},
+                               memberFailureTimeout="60s"))  # fmt: skip
+    status = await wait_healthy(kubectl, "rot", 3, timeout=180)
+    old_ca = secret_data(kubectl, "rot-ca")["ca.crt"]
+    secret = MountedSecret(kubectl, "rot-client-tls", tmp_path / "client-tls")
+    secret.sync()
+    completed: list[float] = []
+    began: list[float] = []
+
+    async def rotate_the_ca() -> None:
+        await asyncio.sleep(profile().duration / 6)
+        began.append(time.monotonic())
+        rotate = [sys.executable, "-m", "kustos.cli", "etcd", "rotate-ca", "rot", "-n", kubectl.namespace,
+                  "--kubeconfig", str(kubectl.cluster.kubeconfig)]  # fmt: skip
+        asked = await asyncio.to_thread(subprocess.run, rotate, capture_output=True, text=True, check=False)
+        assert asked.returncode == 0, asked.stderr
+
+        async def rotated() -> bool:
+            await asyncio.to_thread(secret.sync)
+            current = await asyncio.to_thread(status_of, kubectl, "rot")
+            rotation = (current.get("tls") or {}).get("caRotation") or {}
+            return bool(
+                rotation.get("completed") and not rotation.get("phase") and current.get("ready") == "3/3"
+            )
+
+        await wait_until(rotated, "the CA rotation to complete", timeout=CA_ROTATION_LOAD, interval=1.0)
+        completed.append(time.monotonic())
+        while True:  # the kubelet keeps the mount in sync while the load goes on
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(secret.sync)
+
+    duration = max(profile().duration, CA_ROTATION_LOAD)
+    load = replace(
+        workload(member_urls(status), "ca-rotation"),
+        duration=duration,
+        max_operations=int(profile().rate * duration * 1.5),
+        follow_members=True,  # a member restarted on its volume comes back at a new pod IP
+        tls=secret.client_tls,
+    )
+    history = histories / "ca-rotation.jsonl"
+    recording = await proven(
+        load, history, "CA rotated: Trust, Reissue, Drop", checker, report, rotate_the_ca()
+    )
+    assert completed, f"the rotation did not complete within the {duration:.0f} s of load"
+    assert felt(recording), "the rotation was never felt"
+    # The clients kept writing once the members refused the old CA's certificates.
+    after = writes_acknowledged_after(load_history(history), completed[0], recording)
+    assert after > 0, "no write acknowledged after the old CA was dropped"
+    new_ca = secret_data(kubectl, "rot-ca")["ca.crt"]
+    assert new_ca != old_ca and secret.data["ca.crt"] == new_ca
+    await wait_healthy(kubectl, "rot", 3)
+    report.notes.append(
+        f"CA rotated in {completed[0] - began[0]:.1f} s under load (9 member restarts); the clients "
+        f"took {recording.tls_reloads} changes of the mounted client Secret and had {after} writes "
+        "acknowledged after the old CA was dropped."
+    )
+
+
+DEAD_NODE_LOAD = 120.0  # seconds of load at least: the node unreachable, fenced, cleared, the member replaced
+
+
+@full_profile_only
+async def test_a_dead_node_cleared_with_a_member_on_it_under_load_leaves_a_linearizable_history(
+    maintenance: Kubectl,  # noqa: F811
+    histories: Path,
+    checker: Path,
+    report: Report,
+) -> None:
+    """A member's node stops under load; a fencing agent says it is off, and node maintenance
+    (the default MaintenancePolicy) clears it: out-of-service, its pods deleted. The operator
+    then replaces the member on another node. The member failure timeout is longer than the
+    run, so the replacement is the clear's doing, not the EtcdCluster's own timeout."""
+    kubectl = maintenance
+    kubectl.apply(etcd_cluster("dead", 3, memberFailureTimeout="600s", pod={"antiAffinity": "required"}))
+    status = await wait_healthy(kubectl, "dead", 3)
+    victim = next(m["name"] for m in status["members"] if not m["leader"])
+    node = node_of(kubectl, victim)
+    moments: dict[str, float] = {}
+
+    async def node_dies_and_is_cleared() -> None:
+        await asyncio.sleep(profile().duration / 6)
+        moments["stopped"] = time.monotonic()
+        await asyncio.to_thread(kubectl.cluster.take_node_down, node)
+
+        async def tainted(key: str) -> bool:
+            return key in await asyncio.to_thread(taint_keys, kubectl, node)
+
+        await wait_until(lambda: tainted("node.kubernetes.io/unreachable"), f"{node} unreachable", timeout=90)
+        moments["unreachable"] = time.monotonic()
+        await asyncio.to_thread(fence, kubectl, node)
+        await wait_until(lambda: tainted(OUT_OF_SERVICE_TAINT), f"{node} cleared", timeout=90)
+        moments["cleared"] = time.monotonic()
+
+        async def replaced_elsewhere() -> bool:
+            current = await asyncio.to_thread(status_of, kubectl, "dead")
+            members = current.get("members") or []
+            healthy = current.get("ready") == "3/3" and all(m.get("healthy") for m in members)
+            return healthy and len(members) == 3 and victim not in {m["name"] for m in members}
+
+        await wait_until(replaced_elsewhere, f"{victim} replaced", timeout=DEAD_NODE_LOAD, interval=1.0)
+        moments["replaced"] = time.monotonic()
+
+    duration = max(profile().duration, DEAD_NODE_LOAD)
+    load = replace(
+        workload(member_urls(status), "dead-node"),
+        duration=duration,
+        max_operations=int(profile().rate * duration * 1.5),
+    )
+    try:
+        recording = await proven(
+            load, histories / "dead-node.jsonl", f"node of {victim} stopped, fenced, cleared", checker,
+            report, node_dies_and_is_cleared(),
+        )  # fmt: skip
+        assert "replaced" in moments, f"{victim} was not replaced within the {duration:.0f} s of load"
+        assert felt(recording), "the node's death was never felt"
+        assert "a fencing agent confirmed it down" in last_message(kubectl, "Clear")
+        status = await wait_healthy(kubectl, "dead", 3)
+        assert node not in {node_of(kubectl, m["name"]) for m in status["members"]}
+        assert_consistent(kubectl, "dead", 3, status)
+    finally:
+        await restored(kubectl, node)
+    report.notes.append(
+        f"Dead node with a member on it: unreachable {moments['unreachable'] - moments['stopped']:.1f} s "
+        f"after it stopped, cleared {moments['cleared'] - moments['unreachable']:.1f} s after it was "
+        f"fenced, the member replaced {moments['replaced'] - moments['cleared']:.1f} s after the clear."
+    )

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -315,12 +313,8 @@ async def test_a_killed_member_container_is_restarted_by_the_kubelet_as_the_same
     victim = next(m for m in status["members"] if m["leader"])
     pod = kubectl.get("pod", victim["name"])
     restarts = pod["status"]["containerStatuses"][0]["restartCount"]
-    container = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
-    node = next(n for n in real_nodes if n.name == pod["spec"]["nodeName"])
-    # The container's process as the runtime sees it (the shim's child): SIGKILL, as the OOM
-    # killer or a crash would end it.
-    pid = json.loads(node.crictl("inspect", container))["info"]["pid"]
-    os.kill(pid, signal.SIGKILL)
+    # SIGKILL, as the OOM killer or a crash would end it; the kubelet restarts it.
+    kubectl.cluster.crash_container(kubectl.namespace, victim["name"], "etcd", stay_down=False)
 
     async def restarted() -> bool:
         current = kubectl.get("pod", victim["name"])["status"]["containerStatuses"][0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from kustos.etcd.client import Member, MemberList, Status
@@ -104,3 +105,25 @@ def test_only_name_resolution_failures_count_as_unresolved() -> None:
         ),
     }
     assert unresolved_hosts(answers) == ("e-0.e.ns.svc.cluster.local",)  # type: ignore[arg-type]
+
+
+def test_a_member_is_timed_from_when_its_started_etcd_was_first_seen_unhealthy() -> None:
+    """etcd names a learner only once its etcd starts (its status names it after its pod
+    meanwhile): until then it is joining, not failing, and no time is recorded for it."""
+    from kustos.api.etcd import MemberStatus
+    from kustos.etcd.observe import unhealthy_since
+    from kustos.etcd.planner import MemberView
+
+    url = "http://e-1.e-peer.ns.svc:2380"
+    joining = MemberView(id=0x2B, name="", peer_url=url, learner=True, healthy=False)
+    first, later = datetime(2026, 11, 26, 17, 0, tzinfo=UTC), datetime(2026, 11, 26, 17, 0, 3, tzinfo=UTC)
+    assert unhealthy_since((joining,), [], first) == {}
+    started = replace(joining, name="e-1")
+    assert unhealthy_since((started,), [], first) == {"e-1": first}
+    recorded = [MemberStatus(name="e-1", id="2b", pod="e-1", peer_url=url, learner=True,
+                             unhealthy_since="2026-11-26T17:00:00Z")]  # fmt: skip
+    assert unhealthy_since((started,), recorded, later) == {"e-1": first}
+    # Another member under a recorded name (a rebuild's new cluster) starts its own clock.
+    other = MemberView(id=0x3C, name="e-1", peer_url=url, healthy=False)
+    assert unhealthy_since((other,), recorded, later) == {"e-1": later}
+    assert unhealthy_since((replace(other, healthy=True),), recorded, later) == {}

@@ -51,6 +51,41 @@ def test_a_formed_cluster_that_no_member_answers_has_lost_quorum() -> None:
     assert isinstance(step, planner.QuorumLost)
 
 
+def test_a_lost_quorum_is_looked_at_again_soon_while_a_member_just_started_on_its_volume() -> None:
+    """Members back on their volumes restore quorum once their etcd elects a leader, which no pod
+    event announces: the status says so within half a second, not at the next 2 s look."""
+    _, pods = healthy_cluster(3)
+    settled = [dataclasses.replace(p, running_since=NOW - timedelta(minutes=5)) for p in pods]
+    quiet = plan(observed(None, settled, 3, ever_formed=True, storage="pvc"))
+    assert isinstance(quiet, planner.QuorumLost) and quiet.seconds == 2.0
+    settled[1] = dataclasses.replace(settled[1], running_since=NOW - timedelta(seconds=1))
+    recovering = plan(observed(None, settled, 3, ever_formed=True, storage="pvc"))
+    assert isinstance(recovering, planner.QuorumLost) and recovering.seconds <= 0.5
+
+
+def test_a_learner_not_caught_up_is_asked_again_soon_only_while_its_etcd_has_just_started() -> None:
+    """A fresh learner catches up within heartbeats; one receiving a large snapshot may take
+    minutes, and is not asked four times a second all that while."""
+    members, pods = healthy_cluster(3)
+    pods[2] = dataclasses.replace(pods[2], running_since=NOW - timedelta(seconds=1))
+    assert planner.learner_look(observed(members, pods, 3), "e-2") <= 0.25
+    pods[2] = dataclasses.replace(pods[2], running_since=NOW - timedelta(minutes=2))
+    assert planner.learner_look(observed(members, pods, 3), "e-2") == 1.0
+    assert planner.learner_look(observed(members, pods, 3), "gone") == 1.0
+
+
+def test_after_a_quorum_loss_every_member_comes_back_on_its_volume_before_any_is_annotated() -> None:
+    """Two of three pods deleted: the first member back (and answering, with the survivor a quorum
+    again) is annotated only once the second is recreated, so the second is not a pass later."""
+    members, pods = healthy_cluster(3)
+    back = dataclasses.replace(pods[0], uid="new", member_id=None)
+    step = plan(observed(members, [back, pods[2]], 3, storage="pvc"))
+    assert step == planner.RecreatePod("e-1", 101)
+    assert plan(observed(members, [back, pods[1], pods[2]], 3, storage="pvc")) == planner.AnnotatePod(
+        "e-0", 100
+    )
+
+
 def test_growth_creates_the_next_pod_then_adds_it_as_a_learner() -> None:
     members, pods = healthy_cluster(1)
     assert plan(observed(members, pods, 3)) == planner.CreatePod(1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kustos.proof.catalogue import ACTIONS, action, coverage_table
+from kustos.proof.catalogue import ACTIONS, REAL_NODE_ACTIONS, action, coverage_table
 from kustos.proof.check import Linearizability, Verdict
 from kustos.proof.soak import MIB, Sample, sample_of, soak_summary, what_grew
 
@@ -97,8 +97,22 @@ def test_the_action_table_says_what_ran_what_failed_and_what_is_missing() -> Non
 def test_every_action_with_a_scenario_names_a_test_that_exists() -> None:
     functions = (ast.AsyncFunctionDef, ast.FunctionDef)
     tests = {
-        node.name for node in ast.walk(ast.parse(PROOF_TESTS.read_text())) if isinstance(node, functions)
+        node.name
+        for module in PROOF_TESTS.parent.glob("test_proof*.py")
+        for node in ast.walk(ast.parse(module.read_text()))
+        if isinstance(node, functions)
     }
     named = {a.test for a in ACTIONS if a.test is not None}
     assert named <= tests, named - tests
     assert all(a.missing for a in ACTIONS if a.test is None)
+
+
+def test_each_action_is_one_row_and_its_real_node_variant_is_proven_on_real_nodes() -> None:
+    """The report finds a history's action by its title, so no two actions share one; and
+    each real-node entry names a test of the module that runs on real kubelet nodes."""
+    titles = [a.title for a in ACTIONS]
+    assert len(set(titles)) == len(titles)
+    real_nodes = PROOF_TESTS.parent / "test_proof_real_nodes.py"
+    tests = {node.name for node in ast.walk(ast.parse(real_nodes.read_text()))
+             if isinstance(node, ast.AsyncFunctionDef)}  # fmt: skip
+    assert {a.test for a in REAL_NODE_ACTIONS} <= tests

@@ -157,3 +157,98 @@ async def test_a_status_write_wakes_other_passes_but_not_the_writer_that_asked_f
     event("7", spec={"size": 5})
     assert await woken() == (1, 1)  # more than the status changed
     await raw.aclose()
+
+
+async def test_an_owned_object_update_the_owner_does_not_decide_on_wakes_nobody() -> None:
+    """A member volume's binding (the scheduler's selected node, the binder's volume name) does
+    not wake its EtcdCluster for a pass; its phase turning Bound, its creation and deletion do."""
+    from kustos.etcd.controller import claim_change_matters
+    from kustos.runtime.resources import CLAIMS
+
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(FakeApiServer()), base_url="https://k8s")
+    manager = Manager(KubeClients(config=None, api=None, raw=raw), ManagerOptions(leader_election=False))  # type: ignore[arg-type]
+
+    async def reconcile(key: str) -> None:
+        return None
+
+    runner = manager.add_controller(
+        Controller("things", THINGS, reconcile).owns(CLAIMS, None, claim_change_matters)
+    )
+    handlers = manager.informer(CLAIMS)._handlers
+    owner = {"apiVersion": "kustos.dev/v1alpha1", "kind": "Thing", "name": "t"}
+    meta = {
+        "name": "data-t-0",
+        "namespace": "ns",
+        "ownerReferences": [owner],
+        "labels": {"kustos.dev/cluster": "t"},
+    }
+    created = {"metadata": meta, "spec": {}, "status": {"phase": "Pending"}}
+    selected = {
+        **created,
+        "metadata": {**created["metadata"], "annotations": {"volume.kubernetes.io/selected-node": "w1"}},
+    }
+    bound_spec = {**selected, "spec": {"volumeName": "pvc-1"}}
+    bound = {**bound_spec, "status": {"phase": "Bound"}}
+
+    async def woken(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> int:
+        for handler in handlers:
+            handler(kind, obj, old)
+        woke = len(runner.queue)
+        while len(runner.queue):
+            runner.queue.done(await runner.queue.get())
+        return woke
+
+    assert await woken("ADDED", created, None) == 1
+    assert await woken("MODIFIED", selected, created) == 0
+    assert await woken("MODIFIED", bound_spec, selected) == 0
+    assert await woken("MODIFIED", bound, bound_spec) == 1
+    assert await woken("DELETED", bound, None) == 1
+    await raw.aclose()
+
+
+async def test_an_update_of_the_primary_that_a_controller_does_not_decide_on_wakes_only_the_others() -> None:
+    """The EtcdCluster controller records every step in the status: the defragmentation and
+    backup schedule controllers wake for what they decide on (the phase, the members, the
+    spec), not for a step's message, while a controller without a filter wakes every time."""
+    from kustos.etcd.backup_controller import schedule_change_matters
+    from kustos.etcd.defragmentation_controller import cluster_change_matters
+
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(FakeApiServer()), base_url="https://k8s")
+    manager = Manager(KubeClients(config=None, api=None, raw=raw), ManagerOptions(leader_election=False))  # type: ignore[arg-type]
+
+    async def reconcile(key: str) -> None:
+        return None
+
+    runners = [
+        manager.add_controller(Controller(name, THINGS, reconcile, primary_matters=matters))
+        for name, matters in (("defrag", cluster_change_matters), ("schedule", schedule_change_matters),
+                              ("plain", None))
+    ]  # fmt: skip
+    handlers = manager.informer(THINGS)._handlers
+    member = {"name": "e-0", "clientUrl": "http://e-0.e:2379"}
+
+    def cluster(generation: int = 1, **status: Any) -> dict[str, Any]:
+        meta = {"name": "e", "namespace": "ns", "generation": generation}
+        return {"metadata": meta, "spec": {"size": generation}, "status": status}
+
+    async def woken(obj: dict[str, Any], old: dict[str, Any]) -> tuple[int, ...]:
+        for handler in handlers:
+            handler("MODIFIED", obj, old)
+        woke = tuple(len(runner.queue) for runner in runners)
+        for runner in runners:
+            while len(runner.queue):
+                runner.queue.done(await runner.queue.get())
+        return woke
+
+    creating = cluster(phase="Creating", conditions=[{"type": "Progressing", "message": "CreatePod"}])
+    stepped = cluster(phase="Creating", conditions=[{"type": "Progressing", "message": "AddMember"}])
+    assert await woken(stepped, creating) == (0, 0, 1)
+    joined = cluster(phase="Creating", members=[member])
+    assert await woken(joined, stepped) == (1, 0, 1)
+    formed = cluster(phase="Running", members=[member], clusterId="9a")
+    assert await woken(formed, joined) == (1, 1, 1)
+    full = cluster(phase="Running", members=[member], clusterId="9a",
+                   conditions=[{"type": "SpaceAvailable", "status": "False"}])  # fmt: skip
+    assert await woken(full, formed) == (1, 0, 1)
+    assert await woken(cluster(2, phase="Running"), cluster(1, phase="Running")) == (1, 1, 1)
+    await raw.aclose()

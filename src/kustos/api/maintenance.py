@@ -246,7 +246,8 @@ class MinioStatus(KubeModel):
     phase: MinioPhase
     """Waiting (for nodes, the storage class, ...), CreatingStatefulSet, WaitingForStatefulSet,
     Copying (MinIO's Service has no endpoints: offline), Verified, Switched (the Service selects
-    the StatefulSet), Migrated (the Deployment and its data are gone)."""
+    the StatefulSet), Migrated (the data moved and verified, the Service switched, the Deployment
+    and its data gone; the message says how many replicas are ready, and where)."""
     message: str = ""
     objects: int | None = None
     """Objects in the old MinIO at the last copy pass."""

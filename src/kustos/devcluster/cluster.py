@@ -440,7 +440,19 @@ class DevCluster:
         self.kubectl("patch", "node", node, "--type", "merge", "-p", json.dumps(patch))
 
     def crash_container(self, namespace: str, pod: str, container: str, stay_down: bool = True) -> int:
-        """SIGKILL a container's process; with ``stay_down`` it is not restarted until released."""
+        """SIGKILL a container's process; with ``stay_down`` it is not restarted until released
+        (the process runner's pods only: a real node's kubelet restarts by the pod's policy)."""
+        real = self._real_node_of(namespace, pod)
+        if real is not None:
+            if stay_down:
+                raise DevClusterError(
+                    f"{namespace}/{pod} is on real node {real.name}: its kubelet restarts the "
+                    "container; stay_down is the process runner's"
+                )
+            try:
+                return real.kill_container(namespace, pod, container)
+            except RealNodeError as err:
+                raise DevClusterError(str(err)) from err
         directory = self._sandbox_dir(namespace, pod)
         if stay_down:
             (directory / f"{container}{HOLD_SUFFIX}").touch()
@@ -627,6 +639,13 @@ class DevCluster:
             if document and document.get("kind") == "KwokctlConfiguration":
                 return list(document.get("components") or [])
         return []
+
+    def _real_node_of(self, namespace: str, pod: str) -> RealNode | None:
+        """The real node a pod is bound to; None on a kwok node (asked only when real nodes exist)."""
+        if not self.real_nodes():
+            return None
+        node = self.kubectl("get", "pod", pod, "-n", namespace, "-o", "jsonpath={.spec.nodeName}")
+        return self.real_node_named(node.strip())
 
     def _sandbox_dir(self, namespace: str, pod: str) -> Path:
         uid = self.kubectl("get", "pod", pod, "-n", namespace, "-o", "jsonpath={.metadata.uid}")

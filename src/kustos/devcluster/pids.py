@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -25,6 +24,8 @@ def alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    with contextlib.suppress(FileNotFoundError):
+    try:
         return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
-    return True
+    except (FileNotFoundError, ProcessLookupError):
+        # Reaped between the kill and the read: the open or the read itself says so (ESRCH).
+        return False

@@ -223,6 +223,11 @@ class RealNode:
             "registerNode": True,
             "nodeStatusReportFrequency": "10s",
             "nodeStatusUpdateFrequency": "2s",
+            # The Lease is renewed every quarter of this: 2 s. The default (40 s, renewed every 10 s,
+            # and the status reported every 10 s) outlasts the tests' node-monitor grace of 8 s
+            # (kwokconfig.Timings.fast): under load the node lifecycle controller found every real
+            # node NotReady for moments, tainted it not-ready and marked its pods NotReady.
+            "nodeLeaseDurationSeconds": 8,
             "shutdownGracePeriod": "0s",
             "maxPods": 30,
         }
@@ -294,6 +299,20 @@ class RealNode:
         if check and result.returncode != 0:
             raise RealNodeError(f"crictl {' '.join(args[:2])} on {self.name}: {result.stderr.strip()}")
         return result.stdout
+
+    def kill_container(self, namespace: str, pod: str, container: str) -> int:
+        """SIGKILL a container's process as the runtime sees it (the shim's child), as the OOM
+        killer or a crash would end it; the kubelet restarts it by the pod's policy."""
+        running = self.crictl(
+            "ps", "--name", f"^{container}$", "--label", f"io.kubernetes.pod.name={pod}",
+            "--label", f"io.kubernetes.pod.namespace={namespace}", "-q",
+        ).split()  # fmt: skip
+        if not running:
+            raise RealNodeError(f"no running container {container} of {namespace}/{pod} on {self.name}")
+        pid = int(json.loads(self.crictl("inspect", running[0]))["info"]["pid"])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return pid
 
     def is_running(self, component: str) -> bool:
         return alive(read_pid(self.pid_file(component)))

@@ -27,7 +27,7 @@ from kustos.etcd.stuck import classify, volume_stuck
 from kustos.images import configured_agent_image
 from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.controller import Controller, label_keys
+from kustos.runtime.controller import Controller, label_keys, status_matters
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import WARNING
@@ -222,6 +222,15 @@ def _backup_keys(backup: Obj) -> list[str]:
     return [f"{objects.namespace(backup)}/{cluster}"] if cluster else []
 
 
+def _cluster_id(cluster: Obj) -> Any:
+    return (cluster.get("status") or {}).get("clusterId")
+
+
+# A schedule decides on the spec and on whether the cluster has formed, not on the steps the
+# EtcdCluster controller records in the status (each woke a pass).
+schedule_change_matters = status_matters(_cluster_id)
+
+
 def register(manager: Manager, deps: Deps) -> None:
     backups = EtcdBackupReconciler(manager, configured_agent_image(), deps)
     controller = Controller("etcdbackup", ETCDBACKUPS, backups.reconcile, workers=2)
@@ -229,6 +238,8 @@ def register(manager: Manager, deps: Deps) -> None:
     controller.watch(PODS, label_keys(label), InformerOptions(label_selector=label))
     manager.add_controller(controller)
     schedules = BackupScheduleReconciler(manager, deps)
-    schedule_controller = Controller("etcdbackup-schedule", ETCDCLUSTERS, schedules.reconcile)
+    schedule_controller = Controller(
+        "etcdbackup-schedule", ETCDCLUSTERS, schedules.reconcile, primary_matters=schedule_change_matters
+    )
     schedule_controller.watch(ETCDBACKUPS, _backup_keys)
     manager.add_controller(schedule_controller)

@@ -221,7 +221,9 @@ def recovery_step(o: ClusterObserved, lost: planner.QuorumLost) -> StartRebuild 
         hint = f"rebuilding from {source.describe()} after {cluster.spec.recovery.delay}"
     else:
         hint = f"`kustos etcd recover {name} -n {namespace}` rebuilds it from {source.describe()}"
-    return planner.QuorumLost(f"{lost.message}; {hint}", refused=str(source) if o.request else None)
+    return planner.QuorumLost(
+        f"{lost.message}; {hint}", refused=str(source) if o.request else None, seconds=lost.seconds
+    )
 
 
 def _status(cluster: EtcdCluster) -> EtcdClusterStatus:

@@ -76,7 +76,7 @@ from kustos.runtime.expectations import Expectations
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec, previous_with_failure
-from kustos.runtime.record import Note, record
+from kustos.runtime.record import Note
 from kustos.runtime.resources import (
     CLAIMS,
     DISRUPTION_BUDGETS,
@@ -152,8 +152,9 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
     # ---- reconcile ---------------------------------------------------------------------
 
     async def reconcile(self, key: str) -> Result | None:
-        raw = self.clusters.get(key)
+        raw = self.fetch(key)
         if raw is None or objects.deleting(raw):
+            self.forget(key)
             self.expected.forget(key)
             self.observer.credentials.pop(key, None)
             self.manager.observations.forget_etcd(*key.split("/", 1))
@@ -170,7 +171,7 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
         key = objects.key(cluster)
         self._intents.pop(key, None)  # a pass that ended in a bug left them: never carried over
         self._look_again.pop(key, None)
-        raw = self.clusters.get(key) or cluster.model_dump(by_alias=True)
+        raw = self.fetch(key) or cluster.model_dump(by_alias=True)
         await self._ensure_services(cluster)
         await self._ensure_network_policy(cluster)
         # Before anything asks etcd: with authentication on, every client logs in as root.
@@ -230,7 +231,7 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
         onto = self._intents.pop(key, None)
         if onto is None:
             onto = raw
-            fresh = self.clusters.get(key)
+            fresh = self.fetch(key)
             if (
                 fresh is not None
                 and fresh is not raw
@@ -242,7 +243,7 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
                     k: v for k, v in new.items() if k != "maintenance"
                 }  # fmt: skip
         notes = [*notes, *invalid_spec_notes(dict(raw.get("status") or {}), new)]
-        await record(self.api, self.ref, onto, new, self.manager.events, notes=notes, announce=())
+        await self.record_status(onto, new, notes, announce=())
 
     def _publish(self, cluster: EtcdCluster, etcd: EtcdView) -> None:
         """Backend sizes, alarms and leader changes for the metrics (memory, not status)."""
@@ -335,7 +336,7 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
             # and nothing of the pass is recorded (a member index reserved for a member never
             # added would be skipped).
             self._intents[key] = None
-            self._intents[key] = await record(self.api, self.ref, raw, status(seen, step, observed.now), None)
+            self._intents[key] = await self.record_status(raw, status(seen, step, observed.now), None)
         try:
             self._look_again[key] = await self._act(raw, cluster, seen, step)
         finally:
@@ -384,8 +385,8 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
             case Wait(reason=reason, seconds=seconds):
                 log.debug("waiting: %s", reason)
                 return seconds
-            case planner.QuorumLost():
-                return 2.0  # the record reports it once it has lasted QUORUM_LOSS_GRACE
+            case planner.QuorumLost(seconds=seconds):
+                return seconds  # the record reports it once it has lasted QUORUM_LOSS_GRACE
             case planner.UpgradeHalted():
                 return 5.0  # the record's Degraded condition (and its Event) says why
             case planner.CreateSeed(index=index):
@@ -417,7 +418,7 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
                     if not await membership.promote(members, tls, member_id):
                         return 1.0
                 except LearnerNotReady:
-                    return 1.0
+                    return planner.learner_look(o, member)
                 await self.event(cluster, "MemberPromoted", f"promoted {member} to a voting member")
             case planner.UpdatePeerURL(member_id=member_id, peer_url=url):
                 if not await membership.update_peer_url(members, tls, member_id, url):
@@ -523,6 +524,19 @@ def _service_matches(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     )
 
 
+def claim_change_matters(old: Obj, new: Obj) -> bool:
+    """What a pass reads of a member volume: its labels (cluster, member, epoch), its phase (one
+    left Pending says why its member cannot start: ``stuck``) and its deletion. A new volume's other
+    updates (the scheduler's selected node, the binder's volume name and bind annotations, two per
+    member on a WaitForFirstConsumer class) change none of that, and each cost a pass."""
+
+    def read(claim: Obj) -> tuple[Any, ...]:
+        meta = claim.get("metadata") or {}
+        return meta.get("labels"), meta.get("deletionTimestamp"), (claim.get("status") or {}).get("phase")
+
+    return read(old) != read(new)
+
+
 def _clusters_on_node(reconciler: EtcdClusterReconciler) -> Any:
     """A Node change wakes every cluster with a member on that node (the pods-by-node index)."""
     index = reconciler.pods.index_by_node_name()
@@ -558,7 +572,7 @@ def register(manager: Manager, deps: Deps) -> None:
     )
     controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.owns(SERVICES)
-    controller.owns(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL))
+    controller.owns(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL), claim_change_matters)
     controller.owns(DISRUPTION_BUDGETS, InformerOptions(label_selector=CLUSTER_LABEL))
     controller.owns(NETWORK_POLICIES, InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(SECRETS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))

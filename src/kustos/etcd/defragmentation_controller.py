@@ -34,7 +34,7 @@ from kustos.etcd.pods import space_shortage
 from kustos.etcd.resources import ETCDCLUSTERS
 from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
-from kustos.runtime.controller import Controller
+from kustos.runtime.controller import Controller, status_matters
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.manager import Manager
@@ -310,10 +310,26 @@ def _no_space_reported(cluster: EtcdCluster) -> bool:
     return any(c.type == "SpaceAvailable" and c.status == "False" for c in conditions)
 
 
+def decided_on(cluster: Obj) -> tuple[Any, ...]:
+    """What of an EtcdCluster's status a pass decides on; its checks repeat on their interval."""
+    status = cluster.get("status") or {}
+    members = tuple((m.get("name"), m.get("clientUrl")) for m in status.get("members") or [])
+    conditions = status.get("conditions") or []
+    space = next((c.get("status") for c in conditions if c.get("type") == "SpaceAvailable"), None)
+    return status.get("phase"), members, status.get("maintenance"), space
+
+
+# The EtcdCluster controller records each step in the status: each write woke a pass, and once
+# Running, each pass asked every member.
+cluster_change_matters = status_matters(decided_on)
+
+
 def register(manager: Manager, deps: Deps) -> None:
     reconciler = DefragmentationReconciler(manager, deps)
     # A pass may wait out one defragmentation: the runner's per-pass timeout must not cut it short.
     timeout = DEFRAGMENT_TIMEOUT + 60.0
-    manager.add_controller(
-        Controller("etcdmaintenance", ETCDCLUSTERS, reconciler.reconcile, workers=2, timeout=timeout)
-    )
+    controller = Controller(
+        "etcdmaintenance", ETCDCLUSTERS, reconciler.reconcile, workers=2, timeout=timeout,
+        primary_matters=cluster_change_matters,
+    )  # fmt: skip
+    manager.add_controller(controller)

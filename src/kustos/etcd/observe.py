@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
+from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus
 from kustos.etcd import chain, defragmentation, membership, planner
 from kustos.etcd.certs import CertificateManager, ClusterTLS
 from kustos.etcd.client import (
@@ -193,6 +193,26 @@ async def adoption_answers(endpoints: list[str]) -> AdoptionSeen:
     return AdoptionSeen(tuple(answers), members, listed.cluster_id)
 
 
+def unhealthy_since(
+    members: tuple[MemberView, ...] | None, recorded: list[MemberStatus], now: datetime
+) -> dict[str, datetime]:
+    """When each unhealthy member was first seen so, by name: the time recorded for the same
+    member ID (for a record without one, the same name), else now.
+
+    A member etcd has no name for has never started: it is joining (``stuck`` says why its pod
+    cannot start), and its failure timeout starts once its etcd has. Before, its status named it
+    after its pod while this looked it up by its peer URL, so its time was "now" on every pass:
+    one status write a second while a new member's pod started (issue 28), and a timeout that
+    could never run out, which is what this says outright."""
+    by_id = {m.id: parse_rfc3339(m.unhealthy_since) for m in recorded if m.id}
+    by_name = {m.name: parse_rfc3339(m.unhealthy_since) for m in recorded if not m.id}  # no ID said yet
+    found: dict[str, datetime] = {}
+    for m in members or ():
+        if not m.healthy and m.name:
+            found[m.name] = by_id.get(f"{m.id:x}") or by_name.get(m.name) or now
+    return found
+
+
 # ---- pods and volumes -------------------------------------------------------------------------
 
 
@@ -332,15 +352,10 @@ class Observer:
         downgrade_enabled = any(s.downgrade_enabled for s in etcd.statuses.values())
         walk = chain.progress(cluster, etcd.cluster_version, downgrade_enabled, now)
         members = member_views(etcd)
-        previous = {m.name: parse_rfc3339(m.unhealthy_since) for m in status.members}
-        unhealthy_since: dict[str, datetime] = {}
-        for m in members or ():
-            key = m.name or m.peer_url
-            if not m.healthy:
-                unhealthy_since[key] = previous.get(key) or now
         observed = replace(
             base, pods=tuple(views), members=members, next_index=status.next_member_index,
-            ever_formed=bool(status.cluster_id), unhealthy_since=unhealthy_since,
+            ever_formed=bool(status.cluster_id),
+            unhealthy_since=unhealthy_since(members, status.members, now),
             version=walk.version, hold=walk.hold,
             recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),

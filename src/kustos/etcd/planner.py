@@ -6,10 +6,11 @@ The rules, in the order they are tried:
 1. Without a readable membership: bootstrap a seed when nothing exists yet, wait
    for a seed that is starting, bring PVC-backed members back on their volumes,
    otherwise report quorum lost and touch nothing else.
+1b. Bring PVC-backed members whose pod is gone back on their volumes, before any
+   bookkeeping (with quorum, unless dead past the failure timeout).
 2. Record on each pod the member ID it became (so a removed member's pod is known),
    and give a member that came back in a new pod (pod-IP addressing) its new peer URL.
-3. Quorum lost (fewer healthy voters than a majority): touch nothing but bring
-   PVC-backed members whose pod is gone back on their volumes.
+3. Quorum lost (fewer healthy voters than a majority): touch nothing else.
 4. A member without a pod: create the pod a just-added member was waiting for
    (DNS addressing), bring a PVC-backed member back on its own volume, or remove
    the member from etcd when that keeps quorum.
@@ -71,6 +72,17 @@ RECONFIG_SETTLE = timedelta(seconds=6)  # 5 s, plus the second that startedAt ma
 # (a WAL replay, a snapshot from the leader): the next member does not restart until it is
 # closer. A few entries apart is normal under writes, between two status answers.
 CATCH_UP_SLACK = 1000
+# While a member's etcd started this recently, a quorum loss is looked at
+# again every RECOVERY_LOOK: its etcd may be electing a leader with the survivors, and no pod
+# event says when (the next one is the readiness probe's, up to its period later).
+RECOVERY_WINDOW = timedelta(seconds=10)
+RECOVERY_LOOK = 0.5
+# A learner is promoted once its raft log matches 90% of the leader's (etcd's isLearnerReady):
+# for one whose etcd has just started, a few heartbeats (100 ms each) after it connects. Its
+# pod runs before that and no event says when, so the promote is asked again this soon, for
+# LEARNER_FRESH; after that (a learner receiving a large snapshot) once a second.
+LEARNER_CATCH_UP = 0.25
+LEARNER_FRESH = timedelta(seconds=5)
 # A member volume is only ever collected this long after its creation (caches may not show
 # the pod of a claim created a moment ago).
 CLAIM_GRACE = timedelta(seconds=20)
@@ -246,6 +258,7 @@ class DeleteClaim:
 class QuorumLost:
     message: str
     refused: str | None = None  # the controller's: why a rebuild asked for cannot start
+    seconds: float = 2.0  # when to look again (sooner while member pods start: ``_recovering``)
 
 
 @dataclass(frozen=True)
@@ -339,6 +352,19 @@ def plan(o: Observed) -> Step:
         return _plan_without_membership(o)
     members = o.members
     pods = match_pods(o, members)
+    voters = [m for m in members if not m.learner]
+    healthy_voters = [m for m in voters if m.healthy]
+    quorum_lost = len(healthy_voters) < quorum(len(voters))
+
+    # 1b. A PVC-backed member whose pod is gone comes back on its volume before any bookkeeping
+    # (2, 2b): it is the same member with its data, often what restores quorum, and after a quorum
+    # loss the first member back must not hold the next one up by a pass. With quorum lost even a
+    # dead member comes back (removing it is impossible); with quorum, rule 7 removes a dead one.
+    existing_names = {p.name for p in o.pods}
+    for m in members:
+        gone = o.storage == "pvc" and m.name and m.id not in pods and m.name not in existing_names
+        if gone and m.id not in o.external_ids and (quorum_lost or not is_dead(o, m, None)):
+            return RecreatePod(m.name, m.id)
 
     # 2. Record membership on pods.
     for m in members:
@@ -355,18 +381,12 @@ def plan(o: Observed) -> Step:
         if url is not None and url != m.peer_url:
             return UpdatePeerURL(m.id, url)
 
-    # 3. Quorum. A PVC-backed member whose pod is gone comes back on its volume even now:
-    # it is the same member with its data, and often exactly what restores quorum.
-    voters = [m for m in members if not m.learner]
-    healthy_voters = [m for m in voters if m.healthy]
-    if len(healthy_voters) < quorum(len(voters)):
-        existing_names = {p.name for p in o.pods}
-        for m in members:
-            if o.storage == "pvc" and m.name and m.id not in pods and m.name not in existing_names:
-                return RecreatePod(m.name, m.id)
+    # 3. Quorum. PVC-backed members whose pod is gone are back on their volumes (1b).
+    if quorum_lost:
         return QuorumLost(
             f"{len(healthy_voters)} of {len(voters)} voting members are healthy; "
-            f"{quorum(len(voters))} are needed for quorum"
+            f"{quorum(len(voters))} are needed for quorum",
+            seconds=_quorum_look(o),
         )
 
     # 4. Members without a pod.
@@ -379,9 +399,7 @@ def plan(o: Observed) -> Step:
             index = pod_index(o.cluster, expected)
             if index is not None:
                 return CreatePod(index)
-        if o.storage == "pvc" and m.name and m.name not in existing and not is_dead(o, m, None):
-            return RecreatePod(m.name, m.id)
-        if removal_keeps_quorum(members, m):
+        if removal_keeps_quorum(members, m):  # a PVC-backed one not dead came back (1b)
             return RemoveMember(m.id, m.name or m.peer_url, "its pod is gone")
         return Wait(f"member {m.name or format(m.id, 'x')} has no pod, but removing it would cost quorum")
 
@@ -675,7 +693,25 @@ def _plan_without_membership(o: Observed) -> Step:
         if len(live) == 1:
             return Wait(f"seed member {live[0].name} is starting", 1.0)
         return Wait("waiting for the first member to answer", 1.0)
-    return QuorumLost("no member of the cluster answers")
+    return QuorumLost("no member of the cluster answers", seconds=_quorum_look(o))
+
+
+def learner_look(o: Observed, learner: str) -> float:
+    """When to ask again to promote ``learner``, which etcd found not caught up."""
+    pod = next((p for p in o.pods if p.name == learner and not p.deleting), None)
+    fresh = pod is not None and pod.running_since is not None and o.now - pod.running_since < LEARNER_FRESH
+    return LEARNER_CATCH_UP if fresh else 1.0
+
+
+def _quorum_look(o: Observed) -> float:
+    """When to look at a lost quorum again: soon while a member's etcd has just started (a
+    member back on its volume may restore quorum any moment), else every 2 s. A pod that starts
+    running wakes the controller by itself."""
+    starting = any(
+        not p.deleting and p.running_since is not None and o.now - p.running_since < RECOVERY_WINDOW
+        for p in o.pods
+    )
+    return RECOVERY_LOOK if starting else 2.0
 
 
 def _expected_pod(o: Observed, member: MemberView) -> str | None:

@@ -28,6 +28,7 @@ from kustos.maintenance import (
     internallb,
     minio,
     minio_controller,
+    minio_spread,
     planner,
     rook,
     rook_objects,
@@ -57,7 +58,7 @@ from kustos.runtime.events import NORMAL, WARNING
 from kustos.runtime.informer import InformerOptions
 from kustos.runtime.manager import Manager
 from kustos.runtime.reconciler import FamilyReconciler
-from kustos.runtime.record import Note, record, warning
+from kustos.runtime.record import Note, warning
 from kustos.runtime.refs import ResourceRef
 from kustos.runtime.resources import CLAIMS, DAEMONSETS, DEPLOYMENTS, NODES, PODS, STATEFULSETS, VOLUMES
 from kustos.runtime.times import parse_rfc3339, rfc3339
@@ -133,16 +134,14 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
         new = MaintenancePolicyStatus.model_validate(status)
         told = notes + planner.action_notes(old, new)
         try:
-            await record(self.api, POLICIES, raw, status, self.manager.events, notes=told, announce=ANNOUNCED,
-                         is_warning=_warning)  # fmt: skip
+            await self.record_status(raw, status, told, announce=ANNOUNCED, is_warning=_warning)
         except ApiStatusError as err:
             if not err.conflict:
                 raise
             fresh = await self.api.get(POLICIES, None, objects.name(raw))
             if fresh is None:
                 return
-            await record(self.api, POLICIES, fresh, status, self.manager.events, notes=told,
-                         announce=ANNOUNCED, is_warning=_warning)  # fmt: skip
+            await self.record_status(fresh, status, told, announce=ANNOUNCED, is_warning=_warning)
         if (
             new.last_action is not None
             and new.last_action != old.last_action
@@ -201,7 +200,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
             ),
             rook=await rook_objects.observe(self.api, spec, [rook_node(n) for n in self.nodes.list()]),
             minio=await minio_controller.observe_minio(
-                self.api, spec, self.pods, self.statefulsets, self.claims, ready,
+                self.api, spec, self.pods, self.statefulsets, self.claims, list(self.nodes.list()), now,
             ),
             kotsadm=minio_controller.observe_kotsadm(spec, self.statefulsets, ready),
             certificates=certrotation_act.view(
@@ -335,7 +334,7 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                 log.info("step: %s %s", step.action, step.message)
                 await rook_objects.act(self.api, step)
             case minio.CreateStatefulSet() | minio.SetServiceSelector() | minio.CopyObjects() | \
-                    minio.RemoveOldMinio() | minio.ScaleKotsadm():  # fmt: skip
+                    minio.RemoveOldMinio() | minio_spread.MoveReplica() | minio.ScaleKotsadm():  # fmt: skip
                 return await minio_controller.act(self.api, step)
             case certrotation.StartRenewal() | certrotation.FinishRenewal() | certrotation.RemoveRenewalPod():
                 await certrotation_act.act(self.api, self.manager.events, policy.spec, step, self.clock.now())

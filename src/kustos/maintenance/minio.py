@@ -13,7 +13,11 @@ spread over the nodes), one phase per pass:
 4. verify: the same keys on both sides, each with an equal checksum (ETag, else SHA-256);
    recorded as the phase ``Verified`` in the policy's status;
 5. point the Service at the StatefulSet: MinIO is online again;
-6. delete the old Deployment and its claim.
+6. delete the old Deployment and its claim: the phase ``Migrated``, which says the data moved and
+   MinIO is the StatefulSet, not that every replica is ready (the message says how many are).
+
+Before the copy and after the move, the replicas are kept spread over the nodes, one replica
+moved per pass (minio_spread.py).
 
 EKCO does the same steps, but expects kURL to have created ``ha-minio`` at zero replicas,
 copies everything in one long call in the background and never verifies; it also scales
@@ -28,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kustos.api.maintenance import KotsadmState, MaintenancePolicySpec, MinioStatus
+from kustos.maintenance import minio_spread
+from kustos.maintenance.minio_spread import MoveReplica, Spread
 
 DEPLOYMENT = "minio"
 SERVICE = "minio"
@@ -37,6 +43,8 @@ REPLICAS = 6
 MIN_READY_NODES = 3
 PORT = 9000
 DATA_PATH = "/export"
+DATA_VOLUME = "data"
+"""The claim template's name: replica ha-minio-N's claim is data-ha-minio-N."""
 DEFAULT_SIZE = "10Gi"
 STATEFULSET_LABELS = {"app": STATEFULSET}
 INHERITED_POD_FIELDS = (
@@ -56,6 +64,7 @@ ACCESS_KEY_VARIABLES = ("MINIO_ROOT_USER", "MINIO_ACCESS_KEY")
 SECRET_KEY_VARIABLES = ("MINIO_ROOT_PASSWORD", "MINIO_SECRET_KEY")
 POLL = 5.0
 HEALTH_PATH = "/minio/health/cluster"
+READY_PATH = "/minio/health/cluster/read"
 
 KOTSADM_DATABASE = "kotsadm-rqlite"
 KOTSADM_REPLICAS = 3
@@ -93,6 +102,8 @@ class StatefulSetView:
     healthy: bool = False
     """MinIO's cluster health check answers 200 at the target: it has write quorum (EKCO asks the
     same before its copy). Asked only once every replica is ready."""
+    spread: Spread = field(default_factory=Spread)
+    """Where the replicas run, where they may, and whether MinIO can spare the one to move."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,15 @@ class ScaleKotsadm:
     args: tuple[str, ...]
 
 
-MinioStep = CreateStatefulSet | SetServiceSelector | CopyObjects | Copied | RemoveOldMinio | ScaleKotsadm
+MinioStep = (
+    CreateStatefulSet
+    | SetServiceSelector
+    | CopyObjects
+    | Copied
+    | RemoveOldMinio
+    | MoveReplica
+    | ScaleKotsadm
+)
 
 
 @dataclass(frozen=True)
@@ -241,9 +260,12 @@ def statefulset_objects(
         "command": ["minio", "server", "--address", f":{PORT}", server_urls(namespace)],
         "env": list(first.get("env") or []),
         "ports": [{"name": "api", "containerPort": PORT}],
-        "volumeMounts": [{"name": "data", "mountPath": DATA_PATH}],
+        "volumeMounts": [{"name": DATA_VOLUME, "mountPath": DATA_PATH}],
+        # Ready is serving: MinIO's /minio/health/ready answers 200 before its server has loaded
+        # its object layer (a replica just moved answered "Server not initialized yet" through the
+        # Service); the cluster read check answers 200 only once it has, with read quorum.
         "readinessProbe": {
-            "httpGet": {"path": "/minio/health/ready", "port": PORT},
+            "httpGet": {"path": READY_PATH, "port": PORT},
             "periodSeconds": 2,
         },
     }
@@ -279,11 +301,16 @@ def statefulset_objects(
                     **inherited,
                     "containers": [container],
                     # Two replicas per node on three nodes: any one node lost keeps four of six
-                    # drives, MinIO's read quorum.
+                    # drives, MinIO's quorum.
                     "topologySpreadConstraints": [{
                         "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
                         "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": labels},
-                        # Tainted nodes (a control plane) take no replica, so they count for no skew.
+                        # A node whose taints the replicas do not tolerate (a control plane, another
+                        # pool's node) can never take one. Counted (Ignore) it would be a domain
+                        # holding none forever, and maxSkew 1 would cap every other node at one
+                        # replica: the rest Pending. Honor's price is a node tainted not-ready for a
+                        # moment being left out as well (three and three on two nodes); the
+                        # rebalance (minio_spread.py) moves replicas back once it is Ready.
                         "nodeTaintsPolicy": "Honor",
                     }],
                     "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
@@ -294,7 +321,7 @@ def statefulset_objects(
                 },
             },
             "volumeClaimTemplates": [{
-                "metadata": {"name": "data"},
+                "metadata": {"name": DATA_VOLUME},
                 "spec": {
                     "accessModes": ["ReadWriteOnce"],
                     "storageClassName": storage_class,
@@ -324,7 +351,7 @@ def plan_minio(spec: MaintenancePolicySpec, view: MinioView, previous: MinioStat
             return Decision(
                 SetServiceSelector(ns, STATEFULSET_LABELS, selector, "the old Deployment is gone")
             )
-        return Decision(None, Waiting("Migrated", f"MinIO runs as StatefulSet {ns}/{STATEFULSET}"))
+        return _settled(ns, new)
     if new is None:
         if view.ready_nodes < MIN_READY_NODES:
             return Decision(
@@ -354,6 +381,14 @@ def plan_minio(spec: MaintenancePolicySpec, view: MinioView, previous: MinioStat
             f"{REPLICAS} replicas ready, but {new.target} does not report the cluster healthy "
             f"({HEALTH_PATH}): no write quorum yet"
         ), poll=True))  # fmt: skip
+    if dict(selector) != DISABLED_SELECTOR:
+        # Spread before the copy, while moving a replica costs no data. Not while MinIO is offline
+        # for the copy: that ends first, and the move after it.
+        move = minio_spread.plan(ns, new.spread, REPLICAS)
+        if isinstance(move, MoveReplica):
+            return Decision(move)
+        if move is not None:
+            return Decision(None, Waiting("WaitingForStatefulSet", move, poll=True))
     verified = previous is not None and previous.phase == "Verified"
     if dict(selector) == DISABLED_SELECTOR and verified:
         return Decision(
@@ -371,6 +406,18 @@ def plan_minio(spec: MaintenancePolicySpec, view: MinioView, previous: MinioStat
     keys = credentials(old.template)
     assert keys is not None  # checked before the StatefulSet was made; a change shows here
     return Decision(CopyObjects(ns, old.source, new.target, *keys))
+
+
+def _settled(ns: str, new: StatefulSetView) -> Decision:
+    """The move is done: MinIO is the StatefulSet. Its replicas are kept spread; the message says
+    how many are ready and where (read again while one is not, or a move waits)."""
+    move = minio_spread.plan(ns, new.spread, REPLICAS)
+    if isinstance(move, MoveReplica):
+        return Decision(move)
+    where = minio_spread.summary(new.spread, REPLICAS)
+    message = f"MinIO runs as StatefulSet {ns}/{STATEFULSET}: {where}" + (f"; {move}" if move else "")
+    unsettled = move is not None or new.ready < REPLICAS
+    return Decision(None, Waiting("Migrated", message, poll=unsettled))
 
 
 def plan_kotsadm(spec: MaintenancePolicySpec, view: KotsadmView) -> ScaleKotsadm | None:
@@ -423,10 +470,13 @@ def minio_status(
             return MinioStatus(phase="Migrated", message=(
                 f"deleted Deployment {ns}/{DEPLOYMENT} and its claim(s) {', '.join(claims) or '(none)'}"
             ), **counts)  # fmt: skip
+        case MoveReplica():
+            # The phase is the move's progress, which a replica's move does not change.
+            counts = {"objects": keep.objects, "copied": keep.copied} if keep else {}
+            phase = keep.phase if keep else "WaitingForStatefulSet"
+            return MinioStatus(phase=phase, message=minio_spread.describe(step)[:500], **counts)
     if decision.waiting is None:
         return keep  # another step this pass, a failure, or MinIO not there
-    if decision.waiting.phase == "Migrated" and keep is not None and keep.phase == "Migrated":
-        return keep
     counts = {"objects": keep.objects, "copied": keep.copied} if keep else {}
     waiting = {"phase": decision.waiting.phase, "message": decision.waiting.message[:500]}
     return MinioStatus.model_validate({**waiting, **counts})
@@ -461,6 +511,8 @@ def describe(step: MinioStep) -> tuple[str, str]:
             return "MinioCopy", f"copying {ns}'s objects from {source} to {target}"
         case Copied(_, _, _, verified, message):
             return ("MinioVerified" if verified else "MinioCopy"), message
+        case MoveReplica():
+            return "MinioRebalance", minio_spread.describe(step)
         case RemoveOldMinio(ns, _, claims):
             return (
                 "MinioRemoveOld",

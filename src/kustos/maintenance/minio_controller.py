@@ -8,19 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import httpx2 as httpx  # the API client's httpx2: one HTTP stack loaded, not two
 
 from kustos.api.maintenance import MaintenancePolicySpec
-from kustos.maintenance import minio, minio_copy
+from kustos.maintenance import minio, minio_copy, minio_spread
 from kustos.runtime import objects
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.informer import Informer
-from kustos.runtime.resources import CLAIMS, DEPLOYMENTS, SECRETS, SERVICES, STATEFULSETS, STORAGE_CLASSES
+from kustos.runtime.resources import (
+    CLAIMS,
+    DEPLOYMENTS,
+    PODS,
+    SECRETS,
+    SERVICES,
+    STATEFULSETS,
+    STORAGE_CLASSES,
+)
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -52,7 +62,8 @@ async def observe_minio(
     pods: Informer,
     statefulsets: Informer,
     claims: Informer,
-    nodes: int,
+    nodes: Sequence[Obj],
+    now: datetime,
 ) -> minio.MinioView | None:
     """None when management is off (nothing is read)."""
     if spec.minio_should_disable_management:
@@ -87,7 +98,8 @@ async def observe_minio(
         )  # fmt: skip
     new = None
     if statefulset is not None:
-        ready = [p for p in in_namespace if _matches(p, minio.STATEFULSET_LABELS) and objects.pod_ready(p)]
+        replicas = [p for p in in_namespace if _matches(p, minio.STATEFULSET_LABELS)]
+        ready = [p for p in replicas if objects.pod_ready(p)]
         target = next((a for a in map(_address, sorted(ready, key=objects.name)) if a), None)
         count = int((statefulset.get("status") or {}).get("readyReplicas") or 0)
         new = minio.StatefulSetView(
@@ -95,6 +107,7 @@ async def observe_minio(
             ready=count,
             target=target,
             healthy=bool(deployment and target and count >= minio.REPLICAS and await _healthy(target)),
+            spread=await _spread(statefulset, replicas, claims, nodes, target, now),
         )
     storage_class = bool(
         statefulset is None
@@ -102,18 +115,56 @@ async def observe_minio(
             STORAGE_CLASSES, field_selector=f"metadata.name={spec.minio_storage_class}"
         )
     )
-    return minio.MinioView(ns, old, new, selector, storage_class, nodes)
+    return minio.MinioView(ns, old, new, selector, storage_class, ready_nodes(nodes))
+
+
+async def _spread(
+    statefulset: Obj,
+    pods: list[Obj],
+    claims: Informer,
+    nodes: Sequence[Obj],
+    target: str | None,
+    now: datetime,
+) -> minio_spread.Spread:
+    """Where the replicas run and may run; MinIO is asked only about a replica the planner would
+    move (whether the cluster can spare its server, and whether a drive heals)."""
+    ns = str(objects.namespace(statefulset))
+    template = ((statefulset.get("spec") or {}).get("template") or {}).get("spec") or {}
+    replicas = []
+    for pod in sorted(pods, key=objects.name):
+        claim = claims.get(f"{ns}/{minio.DATA_VOLUME}-{objects.name(pod)}")
+        replicas.append(minio_spread.Replica(
+            name=objects.name(pod), uid=str(objects.uid(pod)), node=objects.pod_node(pod),
+            ready=objects.pod_ready(pod), address=_address(pod),
+            claim=objects.name(claim) if claim else None, claim_uid=objects.uid(claim) if claim else None,
+            claim_deleting=bool(claim and objects.deleting(claim)), started=objects.running_since(pod),
+        ))  # fmt: skip
+    spread = minio_spread.Spread(tuple(replicas), minio_spread.eligible_nodes(nodes, template), now=now)
+    picked = minio_spread.candidate(spread, minio.REPLICAS)
+    if picked is None or picked[0].address is None or target is None:
+        return spread
+    healthy, healing = await _cluster_check(target, minio.HEALTH_PATH)
+    spare, _ = await _cluster_check(picked[0].address, minio_spread.MAINTENANCE_CHECK)
+    return dataclasses.replace(spread, spare=healthy and spare, healing=healing)
+
+
+async def _cluster_check(address: str, path: str) -> tuple[bool, int]:
+    """MinIO's cluster check at one server: (200, the drives it says heal). 503 (412 asked with
+    maintenance=true) when the cluster has, or would have, no write quorum."""
+    try:
+        async with httpx.AsyncClient(timeout=3.0) as client:
+            response = await client.get(f"http://{address}{path}")
+    except httpx.HTTPError as err:
+        log.info("MinIO at %s does not answer %s: %s", address, path, err)
+        return False, 0
+    healing = response.headers.get(minio_spread.HEALING_HEADER, "0")
+    return response.status_code == 200, int(healing) if healing.isdigit() else 0
 
 
 async def _healthy(target: str) -> bool:
     """MinIO's cluster check: 200 when the cluster has write quorum, 503 when not."""
-    try:
-        async with httpx.AsyncClient(timeout=3.0) as client:
-            response = await client.get(f"http://{target}{minio.HEALTH_PATH}")
-    except httpx.HTTPError as err:
-        log.info("MinIO at %s does not answer its health check: %s", target, err)
-        return False
-    return response.status_code == 200
+    healthy, _ = await _cluster_check(target, minio.HEALTH_PATH)
+    return healthy
 
 
 def observe_kotsadm(
@@ -168,6 +219,14 @@ async def act(api: Api, step: minio.MinioStep) -> minio.MinioStep:
                     f"copying MinIO's objects: {err}"[:1000], reason="MinioCopyFailed"
                 ) from err
             return minio.Copied(ns, result.objects, result.in_place, result.verified, result.message)
+        case minio_spread.MoveReplica(ns, pod, uid, claim, claim_uid, node, _):
+            log.info("step: MoveReplica %s/%s off node %s (claim %s)", ns, pod, node, claim)
+            # The claim first: it stays (kubernetes.io/pvc-protection) until its pod is gone, and the
+            # StatefulSet makes neither again before it is; deleted after the pod, a new pod could
+            # mount the old claim, still pinned to this node, in between.
+            if claim:
+                await api.delete(CLAIMS, ns, claim, uid=claim_uid)
+            await api.delete(PODS, ns, pod, uid=uid)
         case minio.RemoveOldMinio(ns, uid, claims):
             log.info("step: RemoveOldMinio %s (claims %s)", ns, ", ".join(claims))
             await api.delete(DEPLOYMENTS, ns, minio.DEPLOYMENT, uid=uid)

@@ -28,7 +28,7 @@ from kustos.api.maintenance import (
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
 )
-from kustos.maintenance import certrotation, internallb, minio, rook_scaling, scaling
+from kustos.maintenance import certrotation, internallb, minio, minio_spread, rook_scaling, scaling
 from kustos.maintenance.certrotation import CertRotationView, FinishRenewal, RemoveRenewalPod, StartRenewal
 from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
 from kustos.maintenance.minio import KotsadmView, MinioView
@@ -465,6 +465,8 @@ def describe(step: Step) -> tuple[str, str, str] | None:
             return certrotation.describe(step)
         case Refuse(node, action, message):
             return node, action, message
+        case minio_spread.MoveReplica(node=node):
+            return node, *minio.describe(step)
         case minio.CreateStatefulSet() | minio.SetServiceSelector() | minio.CopyObjects() | minio.Copied() | \
                 minio.RemoveOldMinio() | minio.ScaleKotsadm():  # fmt: skip
             return "", *minio.describe(step)

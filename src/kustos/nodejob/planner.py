@@ -24,6 +24,7 @@ from kustos.api.nodejob import (
     NodeSelectorTerm,
 )
 from kustos.api.nodejob import Toleration as TolerationSpec
+from kustos.runtime import objects
 from kustos.runtime.conditions import set_model_condition
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.objects import Taint
@@ -188,11 +189,7 @@ def term_matches(term: NodeSelectorTerm, node: NodeView) -> bool:
 
 
 def _tolerates(toleration: TolerationSpec, taint: Taint) -> bool:
-    if toleration.effect and toleration.effect != taint.effect:
-        return False
-    if toleration.operator == "Exists":
-        return not toleration.key or toleration.key == taint.key
-    return toleration.key == taint.key and toleration.value == taint.value
+    return objects.tolerates(taint, toleration.key, toleration.operator, toleration.value, toleration.effect)
 
 
 def schedulable(node: NodeView, tolerations: Sequence[TolerationSpec]) -> bool:

@@ -2,7 +2,9 @@
 
 A scenario records its history under its entry's ``title``, so the report can say, for every
 action, whether a checked history proves it this run, or that no scenario exists yet (and why).
-The order is the order of the work: cheapest first.
+The order is the order of the work: cheapest first. The actions a real kubelet does differently
+(it restarts, stops and cuts off containers, where the process runner only mimics it) have an
+entry of their own on real nodes (``on_real_nodes``), after the others.
 """
 
 from __future__ import annotations
@@ -12,24 +14,18 @@ from dataclasses import dataclass
 
 from kustos.proof.check import Verdict
 
-__all__ = ["ACTIONS", "Action", "action", "coverage_table"]
+__all__ = ["ACTIONS", "REAL_NODE_ACTIONS", "Action", "action", "coverage_table", "on_real_nodes"]
 
 
 @dataclass(frozen=True)
 class Action:
     key: str
     title: str  # the scenario name its history carries (the report's row)
-    test: str | None = None  # the test in tests/integration/test_proof.py that records it
+    test: str | None = None  # the test in tests/integration/test_proof*.py that records it
     missing: str = ""  # why no scenario exists yet
 
 
-_CA = (
-    "not yet: the recorder's TLS is fixed for a run; a rotation needs clients that take each new "
-    "client Secret, as test_etcd_ca_rotation's writer does"
-)
-_REAL = "not yet: needs the dev cluster's real nodes (kubelet) under the machine-wide lock"
-
-ACTIONS: tuple[Action, ...] = (
+_PROCESS_RUNNER: tuple[Action, ...] = (
     Action("etcd-killed", "etcd process killed (no operator)",
            "test_a_member_killed_under_load_leaves_a_linearizable_history"),
     Action("create", "create (members join under load)",
@@ -58,7 +54,8 @@ ACTIONS: tuple[Action, ...] = (
            "test_an_upgrade_then_a_rollback_under_load_leave_linearizable_histories"),
     Action("chained-upgrade", "chained upgrade (3.5 to 3.7 through 3.6)",
            "test_a_chained_upgrade_under_load_leaves_a_linearizable_history"),
-    Action("ca-rotation", "CA rotation", missing=_CA),
+    Action("ca-rotation", "CA rotation (clients take each new client certificate)",
+           "test_a_ca_rotation_under_load_leaves_a_linearizable_history"),
     Action("backup", "backup under load (restored elsewhere: the state at its revision)",
            "test_a_backup_under_load_restored_elsewhere_holds_every_write_acknowledged_before_it"),
     Action("restore", "restore",
@@ -67,10 +64,37 @@ ACTIONS: tuple[Action, ...] = (
            "test_quorum_loss_waits_for_approval_and_the_approved_rebuild_keeps_every_acknowledged_write"),
     Action("quorum-rebuild-unapproved", "quorum-loss, waiting for approval (nothing destroyed)",
            "test_quorum_loss_waits_for_approval_and_the_approved_rebuild_keeps_every_acknowledged_write"),
-    Action("drain", "node drain with member migration", missing=_REAL),
-    Action("nodeimage", "NodeImage rollout with etcd members on the nodes", missing=_REAL),
-    Action("dead-node", "dead-node clearing with etcd members on the nodes", missing=_REAL),
+    Action("drain", "node drain with member migration",
+           "test_every_member_node_drained_in_turn_under_load_leaves_a_linearizable_history"),
+    Action("nodeimage", "NodeImage rollout with etcd members on the nodes",
+           "test_a_nodeimage_rollout_over_member_nodes_under_load_leaves_a_linearizable_history"),
+    Action("dead-node", "dead-node clearing with etcd members on the nodes",
+           "test_a_dead_node_cleared_with_a_member_on_it_under_load_leaves_a_linearizable_history"),
 )  # fmt: skip
+
+
+def on_real_nodes(key: str) -> str:
+    """The key of action ``key`` proven on real kubelet nodes (containerd, runc)."""
+    return f"{key}@real-nodes"
+
+
+def _real(key: str, test: str) -> Action:
+    base = next(entry for entry in _PROCESS_RUNNER if entry.key == key)
+    return Action(on_real_nodes(key), f"{base.title}, on real kubelet nodes", test)
+
+
+REAL_NODE_ACTIONS: tuple[Action, ...] = (
+    _real("pod-deleted", "test_a_member_pod_deleted_on_real_nodes_under_load_leaves_a_linearizable_history"),
+    _real("container-killed",
+          "test_a_member_container_killed_on_real_nodes_under_load_leaves_a_linearizable_history"),
+    _real("node-stopped", "test_a_real_member_node_stopped_under_load_leaves_a_linearizable_history"),
+    _real("node-partitioned",
+          "test_a_real_member_node_partitioned_and_healed_under_load_leaves_a_linearizable_history"),
+    _real("leader-partitioned",
+          "test_the_leaders_real_node_partitioned_under_load_leaves_a_linearizable_history"),
+)  # fmt: skip
+
+ACTIONS: tuple[Action, ...] = _PROCESS_RUNNER + REAL_NODE_ACTIONS
 
 
 def action(key: str) -> Action:

@@ -7,7 +7,10 @@ together keep ``rate`` calls a second, and writes each call to the history file 
 revision on and resume where they stopped when their member goes away. A client whose call
 fails moves to the next endpoint, as etcd's own client does; with ``follow_members`` the
 endpoints are refreshed every second from etcd's member list, as etcd's client's auto-sync
-does (a rolling upgrade replaces every member, addresses and all).
+does (a rolling upgrade replaces every member, addresses and all). With TLS, the CA and
+client certificate files are read again every second and a changed set is used from the next
+call on (``_ClientTLS``): a CA rotation or a renewal replaces the client certificate while
+the load runs, as a mounted Secret changes under a pod.
 
 The recorder is bounded in calls and time and talks only to loopback, private or cluster
 addresses: it is load for test clusters, never for someone else's etcd. It must be the only
@@ -26,6 +29,7 @@ import contextlib
 import ipaddress
 import json
 import random
+import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -58,6 +62,7 @@ MAX_OPERATIONS = 2_000_000
 MAX_RATE = 5_000.0
 CLUSTER_DOMAINS = (".svc", ".cluster.local")
 WATCH_SILENCE = 5.0  # seconds without a watch response before the watch is resumed elsewhere
+TLS_RELOAD_EVERY = 1.0  # seconds between reads of the TLS files (a change is used from the next call)
 
 
 class WorkloadError(ValueError):
@@ -90,7 +95,7 @@ class Workload:
     request_timeout: float = 2.0
     scenario: str = ""
     seed: int | None = None
-    tls: EtcdTLS | None = None
+    tls: EtcdTLS | None = None  # its files are read again while recording: see _ClientTLS
     follow_members: bool = False  # refresh the endpoints from etcd's member list every second
     # Relative weights of the calls a client makes.
     mix: Mapping[str, int] = field(default_factory=lambda: {"get": 4, "put": 3, "txn": 2, "delete": 1})
@@ -141,6 +146,8 @@ class Recording:
     watch_events: int
     watch_resumes: int  # watches started again after their stream broke
     seconds: float
+    clock_zero: float  # time.monotonic() at the history's time 0: places a caller's events on it
+    tls_reloads: int = 0  # changed TLS files taken while recording (a renewal, a CA rotation)
 
 
 def _b64(text: str | bytes) -> str:
@@ -209,17 +216,70 @@ class _Endpoints:
             self.urls = allowed
 
 
-class _Gateway:
-    """One HTTP connection pool per endpoint; a client moves to the next on failure."""
+class _ClientTLS:
+    """The workload's CA and client certificate files as one SSL context, shared by a
+    recording's clients, read again at most every ``TLS_RELOAD_EVERY`` seconds.
 
-    def __init__(self, workload: Workload, first: int, endpoints: _Endpoints | None = None) -> None:
+    Why files, re-read: a CA rotation reissues the client certificate mid-run (kustos's
+    ``<name>-client-tls``), and a Secret mounted in a pod changes in place (the kubelet swaps
+    every file at once), so a recorder started on the old files keeps loading the cluster on
+    the new ones, with no history cut in two. A set that does not load (a key that does not
+    match its certificate yet, while someone writes the files one by one) is skipped: the
+    last good one is used until the files agree.
+    """
+
+    def __init__(self, tls: EtcdTLS | None) -> None:
+        self.tls = tls
+        # Files that do not load when the recording starts are the caller's error: raised.
+        self.context: ssl.SSLContext | None = tls.shared_ssl_context() if tls is not None else None
+        self.checked = time.monotonic()
+        self.reloads = 0
+
+    def current(self) -> ssl.SSLContext | None:
+        if self.tls is None or time.monotonic() - self.checked < TLS_RELOAD_EVERY:
+            return self.context
+        self.checked = time.monotonic()
+        try:
+            context = self.tls.shared_ssl_context()  # the same object while the contents are
+        except (OSError, ssl.SSLError, ValueError):
+            return self.context
+        if context is not self.context:
+            self.context = context
+            self.reloads += 1
+        return self.context
+
+
+class _Gateway:
+    """One HTTP connection pool per endpoint; a client moves to the next on failure. Its pool
+    is replaced (between calls) when the TLS files changed: new connections, new handshakes."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        first: int,
+        endpoints: _Endpoints | None = None,
+        tls: _ClientTLS | None = None,
+    ) -> None:
         self.workload = workload
         self.endpoints = endpoints or _Endpoints(workload.endpoints)
         self.index = first
-        verify: Any = True
-        if workload.tls is not None:
-            verify = workload.tls.ssl_context()
-        self.http = httpx.AsyncClient(timeout=workload.request_timeout, verify=verify, trust_env=False)
+        self.tls = tls or _ClientTLS(workload.tls)
+        self.context = self.tls.current()
+        self.http = self._pool()
+
+    def _pool(self) -> httpx.AsyncClient:
+        verify: Any = self.context if self.context is not None else True
+        return httpx.AsyncClient(timeout=self.workload.request_timeout, verify=verify, trust_env=False)
+
+    async def _current(self) -> httpx.AsyncClient:
+        """The pool for the TLS files as they are now (every call of a gateway is sequential, so
+        the old pool has nothing in flight when it is closed)."""
+        context = self.tls.current()
+        if context is not self.context:
+            self.context = context
+            old, self.http = self.http, self._pool()
+            await old.aclose()
+        return self.http
 
     @property
     def endpoint(self) -> str:
@@ -230,7 +290,8 @@ class _Gateway:
         self.index += 1
 
     async def post(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        response = await self.http.post(self.endpoint + path, json=body)
+        http = await self._current()
+        response = await http.post(self.endpoint + path, json=body)
         if response.status_code != 200:
             raise _Answer(response.status_code, response.text)
         payload = response.json()
@@ -243,7 +304,8 @@ class _Gateway:
         # A watch of a member that vanished without closing its connections would wait forever:
         # a silent stream is given up and resumed elsewhere (harmless when it was only quiet).
         timeout = httpx.Timeout(self.workload.request_timeout, read=WATCH_SILENCE)
-        async with self.http.stream("POST", self.endpoint + path, json=body, timeout=timeout) as response:
+        http = await self._current()
+        async with http.stream("POST", self.endpoint + path, json=body, timeout=timeout) as response:
             yield response
 
 
@@ -299,12 +361,13 @@ async def _client(
     number: int,
     workload: Workload,
     endpoints: _Endpoints,
+    tls: _ClientTLS,
     journal: _Journal,
     deadline: float,
     budget: list[int],
     rng: random.Random,
 ) -> None:
-    gateway = _Gateway(workload, number, endpoints)
+    gateway = _Gateway(workload, number, endpoints, tls)
     kinds, weights = zip(*workload.mix.items(), strict=True)
     seen: dict[str, int] = {}  # key -> the mod revision this client last saw (for its txns)
     interval = workload.clients / workload.rate
@@ -337,10 +400,16 @@ async def _client(
 
 
 async def _watcher(
-    number: int, workload: Workload, endpoints: _Endpoints, journal: _Journal, start: int, stop: asyncio.Event
+    number: int,
+    workload: Workload,
+    endpoints: _Endpoints,
+    tls: _ClientTLS,
+    journal: _Journal,
+    start: int,
+    stop: asyncio.Event,
 ) -> None:
     """Watch the prefix from ``start``; resume after the last revision seen when the stream breaks."""
-    gateway = _Gateway(workload, number, endpoints)
+    gateway = _Gateway(workload, number, endpoints, tls)
     prefix = workload.prefix.encode()
     next_revision = start
     try:
@@ -411,9 +480,9 @@ def _event(obj: Mapping[str, Any]) -> Event:
     return Event(kind, _text(kv.get("key", "")), _int(kv, "mod_revision"), _text(kv.get("value", "")))
 
 
-async def _initial_state(workload: Workload, deadline: float) -> tuple[int, dict[str, Read]]:
+async def _initial_state(workload: Workload, tls: _ClientTLS, deadline: float) -> tuple[int, dict[str, Read]]:
     """The store revision and the prefix's keys before the first call (retried until ``deadline``)."""
-    gateway = _Gateway(workload, 0)
+    gateway = _Gateway(workload, 0, tls=tls)
     prefix = workload.prefix.encode()
     body = {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))}
     try:
@@ -433,9 +502,11 @@ async def _initial_state(workload: Workload, deadline: float) -> tuple[int, dict
         await gateway.http.aclose()
 
 
-async def _final_reads(workload: Workload, endpoints: _Endpoints, journal: _Journal, deadline: float) -> None:
+async def _final_reads(
+    workload: Workload, endpoints: _Endpoints, tls: _ClientTLS, journal: _Journal, deadline: float
+) -> None:
     """A linearizable read of every key after the load, by one more client: what survived."""
-    gateway = _Gateway(workload, 0, endpoints)
+    gateway = _Gateway(workload, 0, endpoints, tls)
     try:
         for key in workload.key_names:
             while True:
@@ -449,10 +520,12 @@ async def _final_reads(workload: Workload, endpoints: _Endpoints, journal: _Jour
         await gateway.http.aclose()
 
 
-async def _follow_members(workload: Workload, endpoints: _Endpoints, stop: asyncio.Event) -> None:
+async def _follow_members(
+    workload: Workload, endpoints: _Endpoints, tls: _ClientTLS, stop: asyncio.Event
+) -> None:
     """Every second, the started voting members' client URLs from etcd's member list (etcd's
     client's auto-sync leaves learners and members not started yet out too)."""
-    gateway = _Gateway(workload, 0, endpoints)
+    gateway = _Gateway(workload, 0, endpoints, tls)
     try:
         while not stop.is_set():
             try:
@@ -493,7 +566,8 @@ async def record(workload: Workload, path: Path, settle: float = 30.0) -> Record
     most ``settle`` seconds before and after it to read the first and last state and let the
     watchers catch up) and ``workload.max_operations`` calls."""
     began = time.monotonic()
-    initial_revision, initial = await _initial_state(workload, began + settle)
+    tls = _ClientTLS(workload.tls)
+    initial_revision, initial = await _initial_state(workload, tls, began + settle)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as out:
         journal = _Journal(out, time.monotonic_ns())
@@ -513,22 +587,24 @@ async def record(workload: Workload, path: Path, settle: float = 30.0) -> Record
         rng = random.Random(workload.seed)
         endpoints = _Endpoints(workload.endpoints)
         watchers = [
-            asyncio.create_task(_watcher(i, workload, endpoints, journal, initial_revision + 1, stop))
+            asyncio.create_task(_watcher(i, workload, endpoints, tls, journal, initial_revision + 1, stop))
             for i in range(workload.watchers)
         ]
         if workload.follow_members:
-            watchers.append(asyncio.create_task(_follow_members(workload, endpoints, stop)))
+            watchers.append(asyncio.create_task(_follow_members(workload, endpoints, tls, stop)))
         load_started = time.monotonic()
         budget = [workload.max_operations]
         deadline = load_started + workload.duration
         try:
             await asyncio.gather(
                 *(
-                    _client(i, workload, endpoints, journal, deadline, budget, random.Random(rng.random()))
+                    _client(
+                        i, workload, endpoints, tls, journal, deadline, budget, random.Random(rng.random())
+                    )
                     for i in range(workload.clients)
                 )
             )
-            await _final_reads(workload, endpoints, journal, time.monotonic() + settle)
+            await _final_reads(workload, endpoints, tls, journal, time.monotonic() + settle)
             await _watchers_caught_up(journal, workload.watchers, initial_revision, settle)
         finally:
             stop.set()
@@ -541,4 +617,6 @@ async def record(workload: Workload, path: Path, settle: float = 30.0) -> Record
             watch_events=journal.events,
             watch_resumes=journal.watch_starts - workload.watchers,
             seconds=time.monotonic() - load_started,
+            clock_zero=journal.started / 1e9,
+            tls_reloads=tls.reloads,
         )

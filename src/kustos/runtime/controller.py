@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import httpx2
 
+from kustos.runtime import objects
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.errors import ReconcileError, ReconcileTimeout, RetryAfter, TerminalError
 from kustos.runtime.informer import Informer, InformerOptions, Obj, ResourceRef
@@ -89,6 +90,21 @@ def through_index(
     return keys
 
 
+# (old, new) of an update: whether it changed anything the woken controller decides on.
+ChangeFilter = Callable[[Obj, Obj], bool]
+
+
+def status_matters(decided_on: Callable[[Obj], object]) -> ChangeFilter:
+    """A ``primary_matters`` for a controller that reads a few fields of an object another
+    controller records its steps in: an update wakes it when more than the status changed, or
+    what ``decided_on`` takes from the object did."""
+
+    def matters(old: Obj, new: Obj) -> bool:
+        return objects.changed_beyond_status(old, new) or decided_on(old) != decided_on(new)
+
+    return matters
+
+
 @dataclass
 class Watch:
     """A secondary resource whose changes wake the primary objects ``map_keys`` names."""
@@ -96,6 +112,8 @@ class Watch:
     resource: ResourceRef
     map_keys: KeyMapper
     options: InformerOptions | None = None
+    matters: ChangeFilter | None = None
+    """An update for which this says False wakes nobody (additions and deletions always wake)."""
 
 
 @dataclass
@@ -114,10 +132,19 @@ class Controller:
     nobody's since) does not wake it again. For a controller whose every pass ends in a requeue
     or a failure, so that event only repeats a pass: it cost the etcd controller a pass (and a
     round of questions to every member) per status write (issue 28)."""
+    primary_matters: ChangeFilter | None = None
+    """An update of the primary object for which this says False wakes nobody: for a controller
+    that decides on a few fields of an object another controller records every step in."""
 
-    def owns(self, resource: ResourceRef, options: InformerOptions | None = None) -> Controller:
-        """Wake the owner when an object it owns (by ownerReference) changes."""
-        self.watches.append(Watch(resource, owner_keys(self.primary), options))
+    def owns(
+        self,
+        resource: ResourceRef,
+        options: InformerOptions | None = None,
+        matters: ChangeFilter | None = None,
+    ) -> Controller:
+        """Wake the owner when an object it owns (by ownerReference) changes (in a way that
+        ``matters``, when given)."""
+        self.watches.append(Watch(resource, owner_keys(self.primary), options, matters))
         return self
 
     def watch(

@@ -121,6 +121,8 @@ class Manager:
         primary = self.informer(controller.primary, controller.primary_options)
         sources = self._sources.setdefault(controller.name, [primary])
 
+        primary_matters = controller.primary_matters or (lambda _old, _new: True)
+
         def enqueue_primary(kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
             key = object_key(obj)
             if kind == "DELETED":
@@ -135,16 +137,21 @@ class Manager:
                 and not objects.changed_beyond_status(old, obj)
             ):  # fmt: skip
                 return
+            if kind == "MODIFIED" and old is not None and not primary_matters(old, obj):
+                return  # nothing the controller decides on changed
             runner.enqueue(key)
 
         primary.add_handler(enqueue_primary)
         for watch in controller.watches:
 
             def enqueue_mapped(
-                kind: str, obj: dict[str, Any], old: dict[str, Any] | None, mapper: Any = watch.map_keys
-            ) -> None:
+                kind: str, obj: dict[str, Any], old: dict[str, Any] | None, mapper: Any = watch.map_keys,
+                matters: Any = watch.matters,
+            ) -> None:  # fmt: skip
                 if kind == "MODIFIED" and old is not None and not objects.changed_beyond_heartbeat(old, obj):
                     return  # a heartbeat changes nothing a controller decides on
+                if kind == "MODIFIED" and old is not None and matters is not None and not matters(old, obj):
+                    return
                 keys = set(mapper(obj))
                 if old is not None:
                     keys |= set(mapper(old))  # e.g. a label moved from one owner to another

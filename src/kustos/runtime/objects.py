@@ -5,7 +5,7 @@ path); these helpers keep ``obj["metadata"]["name"]``-style lookups, and the sma
 judgements every family makes (is this pod ready, is that node lost), in one place.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -185,6 +185,27 @@ def taints(node: Mapping[str, Any] | None) -> tuple[Taint, ...]:
     return tuple(
         Taint(t.get("key", ""), t.get("value", ""), t.get("effect", "NoSchedule")) for t in node_taints(node)
     )
+
+
+def tolerates(
+    taint: Taint, key: str = "", operator: str = "Equal", value: str = "", effect: str = ""
+) -> bool:
+    """One toleration (a pod spec's fields) tolerates ``taint``, as the scheduler matches them: an
+    empty effect matches every effect, Exists with an empty key every taint."""
+    if effect and effect != taint.effect:
+        return False
+    if operator == "Exists":
+        return not key or key == taint.key
+    return key == taint.key and value == taint.value
+
+
+def pod_tolerates(taint: Taint, tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    """Some toleration of a pod spec's ``tolerations`` tolerates ``taint``."""
+    return any(
+        tolerates(taint, str(t.get("key") or ""), str(t.get("operator") or "Equal"),
+                  str(t.get("value") or ""), str(t.get("effect") or ""))
+        for t in tolerations
+    )  # fmt: skip
 
 
 def provider_id(node: Mapping[str, Any] | None) -> str:

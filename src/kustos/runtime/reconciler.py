@@ -22,7 +22,10 @@ The base does the rest, the same way on every path:
 - observe fails: the previous status kept with the failure on the failure condition;
 - act fails: ``status(observed, step, now, failure)``;
 - the status is written once (``record``: only when it changed), then the failure raised:
-  the runner logs it, counts it and backs the key off (or waits what a ``RetryAfter`` said).
+  the runner logs it, counts it and backs the key off (or waits what a ``RetryAfter`` said);
+- the next pass starts from that write while the cache still shows the object it replaced
+  (``fetch``): a pass woken by a child's event often starts before the watch brings the
+  write back, and would plan on the status before it, or be refused (409) writing onto it.
 
 Failures are ``ReconcileError``s (API refusals, ``ApiUnreachable``, provider errors); a
 network error that reaches here untyped (a client other than ``runtime.api``) is made one.
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -41,12 +44,13 @@ import httpx2
 from pydantic import BaseModel, ValidationError
 
 from kustos.runtime import objects
+from kustos.runtime.conditions import Condition
 from kustos.runtime.controller import Result
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError, TerminalError, as_reconcile_error
 from kustos.runtime.informer import Informer, ResourceRef
 from kustos.runtime.manager import Manager
-from kustos.runtime.record import Note, note_failure, record
+from kustos.runtime.record import Note, note_failure, record, warning
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +113,9 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
         self.clock = deps.clock
         self.ref: ResourceRef = self.model.crd.ref  # type: ignore[attr-defined]
         self.cache = cache if cache is not None else manager.informer(self.ref)
+        # Per object: the resourceVersions this reconciler's status writes replaced since the
+        # cache last caught up, and the object the last write returned (``fetch``).
+        self._written: dict[str, tuple[frozenset[str | None], Obj]] = {}
 
     # ---- what a family supplies -------------------------------------------------------------
 
@@ -140,12 +147,27 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
     # ---- the reconcile -----------------------------------------------------------------------
 
     def fetch(self, key: str) -> Obj | None:
-        """The object ``key`` names (default: the cache's copy; None: gone, nothing to do)."""
-        return self.cache.get(key)
+        """The object ``key`` names (None: gone, nothing to do): the cache's copy, or this
+        reconciler's own last status write while the cache still shows an object that write (or
+        one just before it) replaced."""
+        cached = self.cache.get(key)
+        written = self._written.get(key)
+        if cached is None or written is None:
+            return cached
+        replaced, newest = written
+        if objects.resource_version(cached) in replaced:
+            return newest
+        del self._written[key]  # the cache has caught up, or someone else wrote since
+        return cached
+
+    def forget(self, key: str) -> None:
+        """The object is gone or going: nothing of it to remember."""
+        self._written.pop(key, None)
 
     async def reconcile(self, key: str) -> Result | None:
         raw = self.fetch(key)
         if raw is None:
+            self.forget(key)
             return None
         if objects.deleting(raw) and not self.plans_deletion:
             return await self.finalize(raw)
@@ -192,9 +214,37 @@ class FamilyReconciler(ABC, Generic[ModelT, ObservedT, StepT]):
 
     async def write_status(self, raw: Obj, status: Obj, notes: list[Note]) -> None:
         """The pass's one status write and its Events (``record``: only when it changed)."""
-        await record(
-            self.api, self.ref, raw, status, self.manager.events, notes=notes, announce=self.announce
+        await self.record_status(raw, status, notes, announce=self.announce)
+
+    async def record_status(
+        self,
+        onto: Obj,
+        status: Obj,
+        notes: list[Note] | None,
+        *,
+        announce: Collection[str] | None = None,
+        is_warning: Callable[[Condition], bool] = warning,
+    ) -> Obj:
+        """``record`` onto ``onto`` (no Events at all when ``notes`` is None), remembered for
+        ``fetch``: a family's own ``write_status`` writes through here too."""
+        events = None if notes is None else self.manager.events
+        updated = await record(
+            self.api,
+            self.ref,
+            onto,
+            status,
+            events,
+            notes=notes or (),
+            announce=announce,
+            is_warning=is_warning,
         )
+        if updated is not onto:
+            key, version = objects.key(onto), objects.resource_version(onto)
+            replaced, newest = self._written.get(key, (frozenset(), None))
+            if newest is None or objects.resource_version(newest) != version:
+                replaced = frozenset()  # onto a copy other than our last write: a new chain
+            self._written[key] = (replaced | {version}, updated)
+        return updated
 
 
 __all__ = ["NETWORK_ERRORS", "FamilyReconciler", "InvalidSpec", "invalid_spec", "previous_with_failure"]

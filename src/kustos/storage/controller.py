@@ -26,7 +26,7 @@ from kustos.runtime.errors import ReconcileError
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
 from kustos.runtime.manager import Manager, ManagerOptions
 from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
-from kustos.runtime.record import Note, record
+from kustos.runtime.record import Note
 from kustos.runtime.resources import (
     CLUSTER_ROLE_BINDINGS,
     CLUSTER_ROLES,
@@ -315,12 +315,10 @@ class StorageClusterReconciler(FamilyReconciler[StorageCluster, Observed, Step])
     async def write_status(self, raw: Obj, status: Obj, notes: list[Note]) -> None:
         """Written over the freshest copy the cache has (a finalizer added this pass), with an
         Event for each transition the status shows; a conflict is left to the next pass."""
-        fresh = self.clusters.get(objects.key(raw)) or raw
+        fresh = self.fetch(objects.key(raw)) or raw
         told = notes + planner.status_notes(fresh.get("status") or {}, status)
         try:
-            await record(
-                self.api, STORAGECLUSTERS, fresh, status, self.manager.events, notes=told, announce=()
-            )
+            await self.record_status(fresh, status, told, announce=())
         except ApiStatusError as err:  # the next pass writes it (and says what changed)
             log.debug("status not written: %s", err)
 

@@ -31,7 +31,7 @@ from kustos.runtime.errors import ReconcileError
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.manager import Manager
 from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
-from kustos.runtime.record import Note, record
+from kustos.runtime.record import Note
 from kustos.runtime.resources import CLAIMS, DAEMONSETS, DEPLOYMENTS, PODS, STATEFULSETS, STORAGE_CLASSES
 from kustos.runtime.steps import Done, Wait
 from kustos.runtime.times import parse_duration, parse_rfc3339
@@ -292,7 +292,7 @@ class StorageUpgradeReconciler(FamilyReconciler[StorageUpgrade, Seen, up.Step]):
         old = raw.get("status") or {}
         told = [*notes, *up.rejection_notes(old, status)]
         try:
-            await record(self.api, STORAGEUPGRADES, raw, status, self.manager.events, notes=told, announce=())
+            await self.record_status(raw, status, told, announce=())
         except ApiStatusError as err:
             if not (err.conflict and status.get("step") == old.get("step")):
                 raise
