@@ -10,13 +10,14 @@ pinned claim, or one step of one node's purge; then the status is written once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
 from kustos.api.maintenance import (
     POLICY_NAME,
     MaintenancePolicy,
+    MaintenancePolicySpec,
     MaintenancePolicyStatus,
     ScaledResource,
 )
@@ -51,7 +52,7 @@ from kustos.runtime import faults, objects
 from kustos.runtime.api import ApiStatusError
 from kustos.runtime.cloud import CloudProvider, InstanceState, NotFound, ProviderError
 from kustos.runtime.conditions import Condition as RawCondition
-from kustos.runtime.controller import Controller
+from kustos.runtime.controller import ChangeFilter, Controller
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.events import NORMAL, WARNING
@@ -412,12 +413,44 @@ def _policy(_: dict[str, Any]) -> list[str]:
     return [POLICY_NAME]
 
 
+WATCHED_NAMESPACES = tuple(
+    MaintenancePolicySpec.model_fields[name]
+    for name in ("minio_namespace", "rook_namespace", "kotsadm_namespace", "host_task_namespace")
+)
+"""The policy's fields naming namespaces whose pods' status a pass reads (MinIO's replicas,
+Rook's toolbox, kotsadm, the host tasks)."""
+
+
+def read_whole_in(policies: Callable[[], Iterable[dict[str, Any]]]) -> ChangeFilter:
+    """A pod or claim update wakes node maintenance when it changed more than its status, or
+    where a pass reads the status too: the namespaces a policy names (``WATCHED_NAMESPACES``),
+    kube-system (kubeadm's static pods) and the certificate renewal pods. Of any other pod a
+    pass reads only metadata and spec (its node, its deletion, its claims), so the status
+    updates of every workload's pods (an etcd member's four on its way to Ready) woke it for
+    nothing (issue 28: about 30 passes per etcd create, as many as etcd's own)."""
+
+    def matters(old: dict[str, Any], new: dict[str, Any]) -> bool:
+        if objects.changed_beyond_status(old, new) or certrotation_act.task_index(new):
+            return True
+        namespace = objects.namespace(new)
+        if namespace == kubeadm.KUBE_SYSTEM:
+            return True
+        for policy in policies():
+            spec = policy.get("spec") or {}
+            if any(namespace == (spec.get(str(f.alias)) or f.default) for f in WATCHED_NAMESPACES):
+                return True
+        return False
+
+    return matters
+
+
 def register(manager: Manager, deps: Deps) -> None:
     reconciler = NodeMaintenanceReconciler(manager, deps)
     controller = Controller("maintenance", POLICIES, reconciler.reconcile, workers=1)
     controller.watch(NODES, _policy)
-    controller.watch(PODS, _policy)
-    controller.watch(CLAIMS, _policy)
+    pod_matters = read_whole_in(reconciler.policies.list)
+    controller.watch(PODS, _policy, matters=pod_matters)
+    controller.watch(CLAIMS, _policy, matters=pod_matters)
     controller.watch(STATEFULSETS, _policy)  # MinIO's StatefulSet coming up, kotsadm's database
     controller.watch(DAEMONSETS, _policy, InformerOptions(label_selector=WRITER_SELECTOR))
     manager.add_controller(controller)

@@ -148,9 +148,13 @@ class Controller:
         return self
 
     def watch(
-        self, resource: ResourceRef, map_keys: KeyMapper, options: InformerOptions | None = None
+        self,
+        resource: ResourceRef,
+        map_keys: KeyMapper,
+        options: InformerOptions | None = None,
+        matters: ChangeFilter | None = None,
     ) -> Controller:
-        self.watches.append(Watch(resource, map_keys, options))
+        self.watches.append(Watch(resource, map_keys, options, matters))
         return self
 
 
