@@ -125,15 +125,23 @@ def interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def record_seconds(out: Path, sessions: list[Session]) -> None:
-    """Per-module durations of this run (from each session's JUnit XML), for the next deal."""
-    figures = json.loads(MEASURED_SECONDS.read_text()) if MEASURED_SECONDS.exists() else {}
+def reports(out: Path, sessions: list[Session]) -> list[tuple[str, list[ET.Element]]]:
+    """Each session's label and test cases, from its JUnit XML (parsed once: the durations and
+    the failures both read it)."""
+    found = []
     for s in sessions:
         report = out / f"{s.label}.xml"
-        if not report.exists():
-            continue
+        if report.exists():
+            found.append((s.label, list(ET.parse(report).iter("testcase"))))
+    return found
+
+
+def record_seconds(cases: list[tuple[str, list[ET.Element]]]) -> None:
+    """Per-module durations of this run, for the next deal."""
+    figures = json.loads(MEASURED_SECONDS.read_text()) if MEASURED_SECONDS.exists() else {}
+    for _label, session_cases in cases:
         totals: dict[str, float] = {}
-        for case in ET.parse(report).iter("testcase"):
+        for case in session_cases:
             classname = case.get("classname", "")
             name = "unit" if classname.startswith("tests.unit") else classname.split(".")[-1] + ".py"
             totals[name] = totals.get(name, 0.0) + float(case.get("time") or 0)
@@ -142,21 +150,18 @@ def record_seconds(out: Path, sessions: list[Session]) -> None:
     MEASURED_SECONDS.write_text(json.dumps(dict(sorted(figures.items())), indent=1) + "\n")
 
 
-def failures(out: Path, sessions: list[Session]) -> list[str]:
-    """Each failed or erred test of every session, one line each (from its JUnit XML): the
-    sessions' output interleaves, and CI shows only the tail of it."""
+def failures(cases: list[tuple[str, list[ET.Element]]]) -> list[str]:
+    """Each failed or erred test of every session, one line each: the sessions' output
+    interleaves, and CI shows only the tail of it."""
     lines = []
-    for s in sessions:
-        report = out / f"{s.label}.xml"
-        if not report.exists():
-            continue
-        for case in ET.parse(report).iter("testcase"):
+    for label, session_cases in cases:
+        for case in session_cases:
             for kind in ("failure", "error"):
                 found = case.find(kind)
                 if found is not None:
                     message = (found.get("message") or "").splitlines()[:1]
                     test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-                    lines.append(f"[{s.label}] {kind.upper()} {test}: {''.join(message)[:300]}")
+                    lines.append(f"[{label}] {kind.upper()} {test}: {''.join(message)[:300]}")
     return lines
 
 
@@ -191,12 +196,13 @@ def main() -> int:
             if s.process:
                 s.process.wait()
         return 130
-    record_seconds(out, sessions)
+    cases = reports(out, sessions)
+    record_seconds(cases)
     took = time.monotonic() - started
     print(f"\n{len(sessions)} sessions in {took:.0f} s; exit codes {codes}; reports in {out}")
     failed = any(codes)
     if failed:
-        print("\n".join(failures(out, sessions)))
+        print("\n".join(failures(cases)))
     # Only a whole run that passed can say a permission is never needed.
     unused = [] if failed or args.modules else unused_everywhere(out, sessions)
     if unused:
