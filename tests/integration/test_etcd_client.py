@@ -59,6 +59,7 @@ from kustos.etcd.client import (
     prefix_end,
 )
 from tests.integration.etcd_support import build_missing_etcd_binaries, free_port
+from tests.integration.kube import wait_until
 
 T = TypeVar("T")
 
@@ -309,7 +310,15 @@ async def test_maintenance(single: tuple[EtcdProcess, EtcdClient], version: str)
     if version.startswith("v3.5"):
         assert (status.storage_version, status.db_size_quota) == ("", 0)
     else:
-        assert status.storage_version == _storage_version(version) and status.db_size_quota > 0
+        # etcd writes its storage version once it has decided the cluster version, from its own
+        # loop (monitorStorageVersion: on that change, else every 4 s): a status read right
+        # after the start may still name the older schema it began with.
+        async def storage_version() -> str | None:
+            found = (await client.status()).storage_version
+            return found if found == _storage_version(version) else None
+
+        await wait_until(storage_version, f"storage version {_storage_version(version)}", timeout=20)
+        assert status.db_size_quota > 0
     assert await client.health() and await client.health(serializable=True)
 
     for i in range(50):
