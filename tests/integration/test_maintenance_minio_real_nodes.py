@@ -30,7 +30,6 @@ their readiness and spread are waited for, and the status's message says them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -52,6 +51,7 @@ from kustos.maintenance import minio, minio_copy
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import is_ready, wait_until
 from tests.integration.operator import OperatorProcess, chart_maintenance_operator
+from tests.integration.test_maintenance_minio_copy import contents
 
 pytestmark = [pytest.mark.integration, pytest.mark.real_nodes]
 
@@ -135,16 +135,6 @@ def old_minio(namespace: str) -> list[dict[str, Any]]:
 
 def s3_at(address: str) -> Any:
     return minio_copy.client(f"http://{address}:9000", ACCESS, SECRET)
-
-
-def contents(s3: Any) -> dict[str, str]:
-    """bucket/key -> SHA-256 of the body, for every object."""
-    found = {}
-    for bucket in (b["Name"] for b in s3.list_buckets()["Buckets"]):
-        for key in minio_copy.listing(s3, bucket):
-            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-            found[f"{bucket}/{key}"] = hashlib.sha256(body).hexdigest()
-    return found
 
 
 def set_command(kubectl: Kubectl, command: list[str]) -> None:
