@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from httpx2 import Timeout
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.resources.core_v1 import Namespace, ServiceAccount
 
@@ -218,7 +219,10 @@ def check_least_privilege(cluster: DevCluster, session: pytest.Session, out: Pat
 
 @pytest.fixture(scope="session")
 async def kube(dev_cluster: DevCluster) -> AsyncIterator[AsyncClient]:
-    client = AsyncClient(config=KubeConfig.from_file(dev_cluster.kubeconfig), field_manager="kustos-test")
+    # lightkube's 10 s default is shorter than the API server can take under three sessions'
+    # load (a burst of patches to one object once took longer); client-go waits without limit.
+    config = KubeConfig.from_file(dev_cluster.kubeconfig)
+    client = AsyncClient(config=config, field_manager="kustos-test", timeout=Timeout(60.0))
     yield client
     await client.close()
 
