@@ -15,8 +15,13 @@ a bad model fails at generation time instead of at ``kubectl apply``.
 
 from __future__ import annotations
 
+import ast
 import copy
+import functools
+import inspect
+import itertools
 import json
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,15 +71,13 @@ class KubeModel(BaseModel):
     """Base of every kustos API model: camelCase on the wire, snake_case in Python.
 
     Attribute docstrings become field descriptions, so the CRD documents what
-    the code documents.
+    the code documents. They are read from the source when a schema is generated
+    (``attribute_docstrings``), not by pydantic at import: its
+    ``use_attribute_docstrings`` searched every loaded module for each of the
+    hundred models, a third of an operator's start.
     """
 
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        serialize_by_alias=True,
-        use_attribute_docstrings=True,
-    )
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
 
 
 IntOrString = Annotated[int | str, WithJsonSchema({INT_OR_STRING: True})]
@@ -259,14 +262,51 @@ class CustomResource(KubeModel, Generic[SpecT, StatusT]):
 # ---- JSON schema generation ----------------------------------------------------------
 
 
+@functools.cache
+def attribute_docstrings(model: type[BaseModel]) -> dict[str, str]:
+    """Field name -> the string right below the field in the class body (PEP 257's attribute
+    docstrings), the model's own over its bases'."""
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if not issubclass(cls, BaseModel) or cls is BaseModel:
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError, SyntaxError):  # no source: a parametrised generic, say
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for field, below in itertools.pairwise(body):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(below, ast.Expr)
+                and isinstance(below.value, ast.Constant)
+                and isinstance(below.value.value, str)
+            ):
+                docs[field.target.id] = inspect.cleandoc(below.value.value)
+    return docs
+
+
 class _KubeJsonSchema(GenerateJsonSchema):
-    """pydantic's generator, with defaults as the API server should apply them.
+    """pydantic's generator, with defaults as the API server should apply them, and attribute
+    docstrings as descriptions (where ``Field`` gives none).
 
     Defaults from plain-data ``default_factory`` are emitted too; ``None``
     defaults are not (absent already means unset); model defaults are dumped
     without the values their own schema defaults anyway, so an all-default
     object becomes ``default: {}`` and the API server fills in the rest.
     """
+
+    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
+        json_schema = super().model_schema(schema)
+        model: type[BaseModel] = schema["cls"]
+        docs = attribute_docstrings(model)
+        properties = json_schema.get("properties", {})
+        for name, field in model.model_fields.items():
+            key = field.validation_alias if isinstance(field.validation_alias, str) else field.alias or name
+            if name in docs and key in properties and "description" not in properties[key]:
+                properties[key]["description"] = docs[name]
+        return json_schema
 
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
         if "default" in schema:
