@@ -8,10 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig, DevClusterError
 from tests.integration.api_reads import ReadingCluster
@@ -194,6 +196,38 @@ def test_a_second_cluster_gets_its_own_network_and_leaves_nothing_behind(dev_clu
     assert not theirs.namespaces()
     assert not [pid for pid in pids if running(pid)]
     assert not other.state_dir.exists()
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
+    assert f"inet {theirs.firewall_table}\n" not in tables and f"inet {mine.firewall_table}\n" in tables
+
+
+def reaches(port: int, host: str, netns: str | None = None) -> bool:
+    """A TCP connection to host:port opens within 3 s (from inside ``netns`` if named)."""
+    probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=3)"
+    argv = [sys.executable, "-c", probe]
+    return (
+        subprocess.run(
+            [*(["ip", "netns", "exec", netns] if netns else []), *argv], capture_output=True
+        ).returncode
+        == 0
+    )
+
+
+def test_kwoks_kubelet_api_is_closed_to_all_but_loopback(dev_cluster: DevCluster) -> None:
+    """kwok's kubelet API listens on every address, asks for no credentials, and its exec runs
+    commands on this host: a pod (the cluster's bridge, as any other machine) cannot connect to
+    it, while the API server, on every address too, answers there."""
+    options = next(yaml.safe_load_all((dev_cluster.state_dir / "kwokctl.yaml").read_text()))["options"]
+    kwok, api_server = options["kwokControllerPort"], options["kubeApiserverPort"]
+    network = dev_cluster.network
+    outsider, address = f"fence-{uuid.uuid4().hex[:8]}", str(network.cidr.network_address + 254 * 256 + 250)
+    try:
+        for argv in network.pod_up_commands(outsider, address):
+            subprocess.run(argv, check=True, capture_output=True)
+        assert reaches(api_server, network.gateway, network.netns(outsider))
+        assert not reaches(kwok, network.gateway, network.netns(outsider))
+        assert reaches(kwok, "127.0.0.1") and reaches(kwok, network.gateway)
+    finally:
+        network.pod_down(outsider)
 
 
 def test_dev_up_without_the_capabilities_fails_in_one_line_naming_them(tmp_path: Path) -> None:

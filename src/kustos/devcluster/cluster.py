@@ -212,10 +212,19 @@ class DevCluster:
         config_file = self.state_dir / "kwokctl.yaml"
         audit_policy = self.state_dir / "audit-policy.yaml"
         audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+        ports = _free_ports()
         config = kwokctl_config(
-            self.config.timings, kwok_source_dir(), slot, _free_ports(), network, audit_policy,
+            self.config.timings, kwok_source_dir(), slot, ports, network, audit_policy,
             kubelet_client=(self.pki_dir / "admin.crt", self.pki_dir / "admin.key"),
         )  # fmt: skip
+        # kwok's kubelet API listens on every address (kwokctl_config) and asks for no
+        # credentials, and its exec runs commands on this host: loopback alone reaches it (the
+        # API server calls the kwok nodes at their 127.x addresses).
+        try:
+            binaries.ensure_debian_tools(("nftables",), log=log)
+        except binaries.BuildError as err:
+            raise DevClusterError(str(err)) from err
+        network.loopback_only(ports["kwokControllerPort"])
         config_file.write_text(yaml.safe_dump_all(config, sort_keys=False))
         log("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok ...")
         self._kwokctl(

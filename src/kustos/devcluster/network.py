@@ -19,6 +19,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -177,8 +178,33 @@ class ClusterNetwork:
             return []
         return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(self.netns_prefix))
 
+    # ---- the host's firewall -------------------------------------------------------------
+
+    @property
+    def firewall_table(self) -> str:
+        return f"kustos-{self.tag}"
+
+    def loopback_only(self, port: int) -> None:
+        """Drop what reaches the host's ``port`` by any link but loopback: from other machines and
+        from this cluster's pods (its bridge). A connection from the host itself to any of its
+        addresses comes in by loopback and passes."""
+        self._remove_firewall()
+        rules = (
+            f"table inet {self.firewall_table} {{\n chain input {{\n"
+            "  type filter hook input priority filter; policy accept;\n"
+            f'  iifname != "lo" tcp dport {port} drop\n }}\n}}\n'
+        )
+        subprocess.run(["nft", "-f", "-"], input=rules, text=True, capture_output=True, check=True)
+
+    def _remove_firewall(self) -> None:
+        if shutil.which("nft"):
+            delete = ["nft", "delete", "table", "inet", self.firewall_table]
+            subprocess.run(delete, capture_output=True, check=False)
+
     def cleanup(self) -> None:
-        """Kill what still runs in this cluster's pod namespaces, remove them and the bridge."""
+        """Kill what still runs in this cluster's pod namespaces, remove them, the bridge and the
+        firewall table."""
+        self._remove_firewall()
         for ns in self.namespaces():
             for pid in netns_pids(ns):
                 with contextlib.suppress(ProcessLookupError):
