@@ -179,6 +179,7 @@ async def test_rook_follows_the_nodes_as_they_join(
         dev_cluster.kubectl("apply", "-n", namespace, "-f", "-", input_text=json.dumps(listing))
         health("HEALTH_OK")
         dev_cluster.kubectl("apply", "-f", "-", input_text=json.dumps(policy))
+        policy_uid = get("maintenancepolicy", "default")["metadata"]["uid"]
         with running_operator(kubectl, tmp_path / "operator") as operator:
             # rookShouldUseAllNodes (EKCO's default): storage.nodes, pools and counts are Rook's.
             async def observed_all_nodes() -> bool:
@@ -203,9 +204,14 @@ async def test_rook_follows_the_nodes_as_they_join(
             )
 
             async def two_nodes_followed() -> bool:
-                return set(sizes().values()) == {2} and counts() == (1, 2)
+                # The MDS placement is a step of its own, on a pass after the counts' (it was
+                # read once, before that pass, under load).
+                mds = "requiredDuringSchedulingIgnoredDuringExecution" in anti_affinity()
+                return set(sizes().values()) == {2} and counts() == (1, 2) and mds
 
-            await wait_until(two_nodes_followed, "pools at 2, mgr at 2", timeout=120, cluster=dev_cluster)
+            await wait_until(
+                two_nodes_followed, "pools at 2, mgr at 2, MDS spread", timeout=120, cluster=dev_cluster
+            )
             cluster = get("cephcluster", "rook-ceph")
             assert cluster["spec"]["storage"]["nodes"][1] == {"name": names[1], "devices": [{"name": "sdb"}]}
             assert get("cephblockpool", "replicapool")["spec"]["replicated"]["requireSafeReplicaSize"] is True
@@ -242,12 +248,23 @@ async def test_rook_follows_the_nodes_as_they_join(
             said = rook_status()
             assert (said["readyStorageNodes"], said["poolReplication"]) == (3, 3)
             assert operator.alive()
-        events = json.loads(dev_cluster.kubectl("get", "events", "-A", "-o", "json"))["items"]
-        mine = [e for e in events if (e.get("involvedObject") or {}).get("kind") == "MaintenancePolicy"]
-        reasons = [e.get("reason") for e in mine]
-        # Each pool one replica per step: five pools, 1 -> 2 -> 3.
-        steps = sum(e.get("count", 1) for e in mine if e.get("reason") == "CephPoolReplication")
-        assert steps == 10, reasons
+
+        def policy_events() -> list[dict[str, Any]]:
+            """This policy's: an earlier module's ``default`` (deleted) left Events of its own."""
+            events = json.loads(dev_cluster.kubectl("get", "events", "-A", "-o", "json"))["items"]
+            return [e for e in events if (e.get("involvedObject") or {}).get("uid") == policy_uid]
+
+        def replication_steps() -> int:
+            return sum(e.get("count", 1) for e in policy_events() if e.get("reason") == "CephPoolReplication")
+
+        async def ten_steps_told() -> bool:
+            return replication_steps() >= 10
+
+        # Each pool one replica per step: five pools, 1 -> 2 -> 3. Events are written after the
+        # step they tell of: waited for, not read once.
+        await wait_until(ten_steps_told, "ten replication events", timeout=30)
+        reasons = [e.get("reason") for e in policy_events()]
+        assert replication_steps() == 10, reasons
         for reason in ("RookStorageNode", "CephMonCount", "CephMgrCount", "MDSPlacement", "CephCSIResources"):
             assert reason in reasons, reasons
     finally:
