@@ -2,9 +2,9 @@
 
 The integration suite mostly waits: on etcd elections, failure timeouts, kwok's node
 timings, operator backoffs. One session on 2 cores leaves the machine idle much of the time.
-Two sessions side by side still left 41 % of it idle; three keep it busy and, with the tests'
-reads served in-process (integration/api_reads.py), finish in about 29 minutes against 43 for
-two (docs/benchmarks.md, issue 26 item 5). They
+Two sessions side by side left 41 % of it idle, three still 36 % once the tests' reads were
+served in-process (integration/api_reads.py); four keep it busy (5 % idle) and finish in about
+28 minutes against 31-34 for three and 43 for two (docs/benchmarks.md, issue 26 item 5). They
 are separate processes, not pytest-xdist workers: a session enters a private mount
 namespace at import, which a process with threads (as xdist's workers are) cannot do.
 
@@ -175,7 +175,7 @@ def unused_everywhere(out: Path, sessions: list[Session]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=int(os.environ.get("KUSTOS_TEST_SESSIONS", "3")))
+    parser.add_argument("--sessions", type=int, default=int(os.environ.get("KUSTOS_TEST_SESSIONS", "4")))
     parser.add_argument("--modules", nargs="*", help="integration modules (default: all, and the unit tests)")
     args, pytest_args = parser.parse_known_args()
     every = sorted(INTEGRATION.glob("test_*.py"))
