@@ -51,7 +51,9 @@ async def test_a_controller_with_an_absent_crd_waits_without_stopping_the_others
     server = FakeApiServer()
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
     clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
-    options = ManagerOptions(leader_election=False, metrics_address="127.0.0.1:0", cache_sync_timeout=0.3)
+    # 2 s: long enough that the first checks fall inside it on a loaded machine (0.3 s did not
+    # once, with four test sessions beside it).
+    options = ManagerOptions(leader_election=False, metrics_address="127.0.0.1:0", cache_sync_timeout=2)
     manager = Manager(clients, options)
     reconciled: dict[str, asyncio.Event] = {"things": asyncio.Event(), "ghosts": asyncio.Event()}
 
@@ -69,7 +71,7 @@ async def test_a_controller_with_an_absent_crd_waits_without_stopping_the_others
         ready, detail = manager._informers_synced()
         assert not ready and "ghosts.kustos.dev" in detail  # within the sync timeout: not ready
         assert _sample(manager.metrics, "things") == 1 and _sample(manager.metrics, "ghost") == 0
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(options.cache_sync_timeout)  # the wait began before the checks above
         ready, detail = manager._informers_synced()
         assert ready, detail  # past it: the absent CRD no longer fails readiness ...
         waiting = manager._controllers_waiting()
