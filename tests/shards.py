@@ -3,8 +3,8 @@
 The integration suite mostly waits: on etcd elections, failure timeouts, kwok's node
 timings, operator backoffs. One session on 2 cores leaves the machine idle much of the time.
 Two sessions side by side left 41 % of it idle, three still 36 % once the tests' reads were
-served in-process (integration/api_reads.py); four keep it busy (5 % idle) and finish in about
-28 minutes against 31-34 for three and 43 for two (docs/benchmarks.md, issue 26 item 5). They
+served in-process (integration/api_reads.py); four keep it busy (6 % idle) and finished in 28-32
+minutes against 31-34 for three and 43 for two (docs/benchmarks.md, issue 26 item 5). They
 are separate processes, not pytest-xdist workers: a session enters a private mount
 namespace at import, which a process with threads (as xdist's workers are) cannot do.
 
