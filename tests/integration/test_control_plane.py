@@ -203,13 +203,8 @@ def test_a_second_cluster_gets_its_own_network_and_leaves_nothing_behind(dev_clu
 def reaches(port: int, host: str, netns: str | None = None) -> bool:
     """A TCP connection to host:port opens within 3 s (from inside ``netns`` if named)."""
     probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=3)"
-    argv = [sys.executable, "-c", probe]
-    return (
-        subprocess.run(
-            [*(["ip", "netns", "exec", netns] if netns else []), *argv], capture_output=True
-        ).returncode
-        == 0
-    )
+    inside = ["ip", "netns", "exec", netns] if netns else []
+    return subprocess.run([*inside, sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
 def test_kwoks_kubelet_api_is_closed_to_all_but_loopback(dev_cluster: DevCluster) -> None:

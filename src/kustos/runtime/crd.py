@@ -74,7 +74,7 @@ class KubeModel(BaseModel):
     the code documents. They are read from the source when a schema is generated
     (``attribute_docstrings``), not by pydantic at import: its
     ``use_attribute_docstrings`` searched every loaded module for each of the
-    hundred models, a third of an operator's start.
+    hundred models, a fifth of an operator's start.
     """
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
