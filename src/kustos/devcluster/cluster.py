@@ -343,10 +343,7 @@ class DevCluster:
         packet to a ClusterIP reaches the host through the gateway route (``cni_config``)
         and is translated there; a Service whose endpoint is on the host (``kubernetes``)
         answers locally."""
-        try:
-            binaries.ensure_debian_tools(("nftables",), log=log)
-        except binaries.BuildError as err:
-            raise DevClusterError(str(err)) from err
+        # nftables: installed by ``start`` (the kwok port's table).
         # A Service whose endpoints are pods is translated to a pod IP on the host and must
         # leave by the bridge it came in by: forwarding on the bridge alone (the host's
         # ip_forward stays 0; pods have no default route, so nothing leaves the machine).

@@ -262,29 +262,33 @@ class CustomResource(KubeModel, Generic[SpecT, StatusT]):
 # ---- JSON schema generation ----------------------------------------------------------
 
 
-@functools.cache
 def attribute_docstrings(model: type[BaseModel]) -> dict[str, str]:
     """Field name -> the string right below the field in the class body (PEP 257's attribute
     docstrings), the model's own over its bases'."""
     docs: dict[str, str] = {}
     for cls in reversed(model.__mro__):
-        if not issubclass(cls, BaseModel) or cls is BaseModel:
-            continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-        except (OSError, TypeError, SyntaxError):  # no source: a parametrised generic, say
-            continue
-        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for field, below in itertools.pairwise(body):
-            if (
-                isinstance(field, ast.AnnAssign)
-                and isinstance(field.target, ast.Name)
-                and isinstance(below, ast.Expr)
-                and isinstance(below.value, ast.Constant)
-                and isinstance(below.value.value, str)
-            ):
-                docs[field.target.id] = inspect.cleandoc(below.value.value)
+        if issubclass(cls, BaseModel) and cls is not BaseModel:
+            docs.update(_own_docstrings(cls))
     return docs
+
+
+@functools.cache
+def _own_docstrings(cls: type[BaseModel]) -> dict[str, str]:
+    """One class body's attribute docstrings (each base parsed once, not once per subclass)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):  # no source: a parametrised generic, say
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    return {
+        field.target.id: inspect.cleandoc(below.value.value)
+        for field, below in itertools.pairwise(body)
+        if isinstance(field, ast.AnnAssign)
+        and isinstance(field.target, ast.Name)
+        and isinstance(below, ast.Expr)
+        and isinstance(below.value, ast.Constant)
+        and isinstance(below.value.value, str)
+    }
 
 
 class _KubeJsonSchema(GenerateJsonSchema):
