@@ -93,6 +93,25 @@ def test_members_are_healthy_when_they_answered_without_errors_and_lag_behind_th
     assert by_id[3].learner and not by_id[3].healthy and by_id[3].version == ""
 
 
+def test_a_promoted_member_is_healthy_only_once_it_has_applied_its_own_promotion() -> None:
+    """The leader lists it as a voter a moment before it knows itself: writes sent to it until
+    then are refused ("rpc not supported for learner")."""
+    listed = MemberList(1, 1, [
+        Member(1, "e-0", ("http://a:2380",), ("http://a:2379",), False),
+        Member(2, "e-1", ("http://b:2380",), ("http://b:2379",), False),
+        Member(3, "e-2", ("http://c:2380",), ("http://c:2379",), True),
+    ])  # fmt: skip
+    still_learner = replace(status(2, 1), is_learner=True)
+    learner = replace(status(3, 1), is_learner=True)
+    answered = {"http://a:2379": status(1, 1), "http://b:2379": still_learner, "http://c:2379": learner}
+    members = member_views(EtcdView(listed, answered, answered))
+    assert members is not None
+    by_id = {m.id: m for m in members}
+    assert by_id[1].healthy
+    assert not by_id[2].learner and not by_id[2].healthy, "promoted, but not yet by its own word"
+    assert by_id[3].learner and by_id[3].healthy, "a learner that answers is a healthy learner"
+
+
 def test_only_name_resolution_failures_count_as_unresolved() -> None:
     from kustos.etcd.client import EtcdUnavailable
     from kustos.etcd.observe import unresolved_hosts

@@ -106,7 +106,11 @@ def member_views(etcd: EtcdView) -> tuple[MemberView, ...] | None:
     if etcd.members is None:
         return None
     leader_ids = {s.leader_id for s in etcd.statuses.values()}
+    # A member the leader lists as a voter serves writes only once it has applied its own
+    # promotion; until its status says so a client sent to it is told "rpc not supported for
+    # learner", so it is not healthy yet (the planner still sees it as promoted).
     healthy_ids = {s.member_id for s in etcd.statuses.values()}
+    learners_by_own_word = {s.member_id for s in etcd.statuses.values() if s.is_learner}
     said = {s.member_id: s for s in etcd.answered.values()}
     # A silent leader gives 0 (no lag): the cluster is then unhealthy, and nothing rolls.
     leader_index = max((s.raft_index for s in etcd.statuses.values() if s.is_leader), default=0)
@@ -116,7 +120,7 @@ def member_views(etcd: EtcdView) -> tuple[MemberView, ...] | None:
             name=m.name,
             peer_url=m.peer_urls[0] if m.peer_urls else "",
             learner=m.is_learner,
-            healthy=m.id in healthy_ids,
+            healthy=m.id in healthy_ids and (m.is_learner or m.id not in learners_by_own_word),
             leader=m.id in leader_ids and len(leader_ids) == 1,
             version=said[m.id].version if m.id in said else "",
             storage_version=said[m.id].storage_version if m.id in said else "",
