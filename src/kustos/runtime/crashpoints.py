@@ -6,7 +6,9 @@ environment variables, read once when the process starts:
 
 * ``KUSTOS_CRASH_AFTER_WRITE=k``: exit (``os._exit(137)``: no cleanup, no lease release, as a
   SIGKILL) right after the k-th write was accepted; ``=step``: right after the first step that
-  follows a recorded intent (``STEP``), whatever its number in this run;
+  follows a recorded intent (``STEP``), whatever its number in this run; ``=each``: right after
+  this process's first write of the work (``EACH``), so a chain of operators, each started
+  after the last one's crash, crashes after every write of a scenario in one run of it;
 * ``KUSTOS_WRITE_LOG=path``: append one line per accepted write, ``<n> <target> <what>``; a
   clean run's log tells a test how many writes its scenario makes, and which one a crash
   followed.
@@ -45,18 +47,38 @@ window where a next operator that trusts only its status repeats the step (a sec
 an orphan)."""
 
 
+EACH = "each"
+"""``KUSTOS_CRASH_AFTER_WRITE=each``: the first write of the work (a step or a status record:
+not an Event, not the start's webhook configurations) that no earlier operator of the chain
+crashed after, following the same write. Given to every operator of a scenario in turn, with
+one ``KUSTOS_WRITE_LOG`` for the chain, it crashes after each of the scenario's writes in one
+run of it, where crashing after write k of a fresh run for every k repeats the scenario once
+per write. A transition a crash already followed is let through the next time: work that
+takes two writes in one pass (an intent, then the provider's call) would otherwise be crashed
+between them forever."""
+
+Transition = tuple[str, str]
+"""The chain's previous write of the work ("" for none), and the write after it."""
+
+POINTS_BY_NAME = (STEP, EACH)
+
+
 class CrashPoints:
     """The write counter of one process."""
 
     def __init__(self, crash_after: int | str | None, log: Path | None) -> None:
-        if crash_after != STEP and not (
+        if crash_after not in POINTS_BY_NAME and not (
             (isinstance(crash_after, int) and crash_after >= 1) or crash_after is None
         ):
             raise ValueError(
-                f"KUSTOS_CRASH_AFTER_WRITE: {crash_after} is not a write number (1, 2, ...) or step"
+                f"KUSTOS_CRASH_AFTER_WRITE: {crash_after} is not a write number (1, 2, ...), step or each"
             )
+        if crash_after == EACH and log is None:
+            raise ValueError("KUSTOS_CRASH_AFTER_WRITE=each needs KUSTOS_WRITE_LOG, the chain's one record")
         self.crash_after = crash_after
         self.log = log
+        # What the chain's earlier operators crashed after, and its last write of the work.
+        self.crashed, self.last_work = chain_so_far(log_lines(log)) if crash_after == EACH else (set(), "")
         self.active = crash_after is not None or log is not None
         self.writes = 0
         self.intent_recorded = False
@@ -66,10 +88,10 @@ class CrashPoints:
     def from_env(cls, env: Mapping[str, str]) -> CrashPoints:
         after, log = env.get("KUSTOS_CRASH_AFTER_WRITE"), env.get("KUSTOS_WRITE_LOG")
         try:
-            crash_after = (after if after == STEP else int(after)) if after else None
+            crash_after = (after if after in POINTS_BY_NAME else int(after)) if after else None
         except ValueError:
             raise ValueError(
-                f"KUSTOS_CRASH_AFTER_WRITE: {after!r} is not a write number (1, 2, ...) or step"
+                f"KUSTOS_CRASH_AFTER_WRITE: {after!r} is not a write number (1, 2, ...), step or each"
             ) from None
         return cls(crash_after, Path(log) if log else None)
 
@@ -90,12 +112,19 @@ class CrashPoints:
         """Whether write ``n`` (``<api|etcd> <what>``) is the one to crash after; called once
         per write, in order."""
         kind = write_kind(write)
+        if self.crash_after == EACH:
+            if kind == "other":
+                return False
+            transition = (self.last_work, write)
+            self.last_work = write
+            return transition not in self.crashed
         first_step = kind == "step" and self.intent_recorded
         self.intent_recorded = self.intent_recorded or kind == "status"
-        return n == self.crash_after or (first_step and self.crash_after == STEP)
-
-
-POINTS = CrashPoints.from_env(os.environ)
+        return (
+            n == self.crash_after
+            or (first_step and self.crash_after == STEP)
+            or (kind != "other" and self.crash_after == EACH)
+        )
 
 
 def api_write(method: str, path: str, status: int) -> None:
@@ -114,11 +143,41 @@ def etcd_write(endpoint: str, path: str, body: Mapping[str, object]) -> None:
         POINTS.wrote("etcd", f"{path} {endpoint}")
 
 
+def log_lines(log: Path | None) -> list[str]:
+    """A ``KUSTOS_WRITE_LOG``'s lines, ``<n> <target> <what>`` (none if no process wrote yet)."""
+    if log is None or not log.exists():
+        return []
+    return [line for line in log.read_text(encoding="utf-8").splitlines() if line]
+
+
 def logged_writes(log: Path) -> list[str]:
     """The writes a ``KUSTOS_WRITE_LOG`` holds, in order (none if the process made none)."""
-    if not log.exists():
-        return []
-    return [line.split(" ", 1)[1] for line in log.read_text(encoding="utf-8").splitlines() if line]
+    return [line.split(" ", 1)[1] for line in log_lines(log)]
+
+
+def transitions(writes: list[str]) -> set[Transition]:
+    """Every transition between writes of the work in a log's writes: in a whole ``each`` run,
+    one per crash."""
+    work = [w for w in writes if write_kind(w) != "other"]
+    return set(zip(["", *work], work, strict=False))
+
+
+def chain_so_far(lines: list[str]) -> tuple[set[Transition], str]:
+    """The transitions a chain's operators crashed after, and its last write of the work, from
+    its shared log: each operator's writes start again at 1, and every operator that came
+    before this one crashed right after its last write."""
+    crashed: set[Transition] = set()
+    last_work = ""
+    previous_work = ""
+    for i, line in enumerate(lines):
+        _, write = line.split(" ", 1)
+        if write_kind(write) == "other":
+            continue
+        previous_work, last_work = last_work, write
+        ends_an_operator = i + 1 == len(lines) or lines[i + 1].split(" ", 1)[0] == "1"
+        if ends_an_operator:
+            crashed.add((previous_work, write))
+    return crashed, last_work
 
 
 NOT_STEPS = ("/events", "webhookconfigurations/")
@@ -133,3 +192,6 @@ def write_kind(write: str) -> str:
     if path.endswith("/status"):
         return "status"
     return "other" if any(part in path for part in NOT_STEPS) else "step"
+
+
+POINTS = CrashPoints.from_env(os.environ)
