@@ -183,6 +183,14 @@ def test_the_temporary_directory_is_removed_when_the_process_exits(tmp_path: Pat
     assert not workdir.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_no_directory_is_made_before_the_first_client_files(tmp_path: Path) -> None:
+    script = "from kustos.etcd.certs import CertificateManager\nm = CertificateManager(None, None)\n"
+    script += "import os\nos._exit(0)\n"  # as a SIGKILL would: no cleanup
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert list(tmp_path.iterdir()) == []
+
+
 class FakeManager:
     """What ``operator_certificates`` uses of a manager: its API and its shared informers."""
 

@@ -323,19 +323,23 @@ class ClusterTLS:
 class CertificateManager:
     """Issues and renews a cluster's certificates; keeps the operator's client files.
 
-    Without ``workdir`` the files go to a private temporary directory that is removed
-    when this object is collected, at the latest when the process exits (a SIGKILL
-    leaves it behind).
+    Without ``workdir`` the files go to a private temporary directory, made when the first
+    client files are, and removed when this object is collected, at the latest when the
+    process exits (a SIGKILL leaves it behind; an operator with no TLS cluster leaves none).
     """
 
     def __init__(self, api: Api, secrets: Informer, workdir: Path | None = None) -> None:
         self.api = api
         self.secrets = secrets
         self._tempdir: tempfile.TemporaryDirectory[str] | None = None
-        if workdir is None:
+        self._workdir = workdir
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
             self._tempdir = tempfile.TemporaryDirectory(prefix="kustos-etcd-tls-")
-            workdir = Path(self._tempdir.name)
-        self.workdir = workdir
+            self._workdir = Path(self._tempdir.name)
+        return self._workdir
 
     def cleanup(self) -> None:
         """Remove the temporary directory now (one given as ``workdir`` is left alone)."""
