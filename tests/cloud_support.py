@@ -118,6 +118,11 @@ class Cloud:
 
     @contextlib.asynccontextmanager
     async def _bridged(self) -> AsyncIterator[None]:
+        # A provider's first call loads its cloud's SDK in a worker thread, and the imports add
+        # loggers. Made here, it is awaited within the fixture; made by the bridge's first pass,
+        # it ran while pytest began the test's next phase, which iterates logging's loggers to
+        # attach its handlers: "dictionary changed size during iteration" failed a test.
+        await self.provider().groups()
         stop = asyncio.Event()
         task = asyncio.create_task(self._bridge(stop))
         try:
