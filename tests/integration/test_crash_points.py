@@ -9,8 +9,8 @@ must stay linearizable with no acknowledged write lost.
 The default (what `make test` runs) crashes once per scenario, after its first step that follows
 a recorded intent (``KUSTOS_CRASH_AFTER_WRITE=step``, found as the operator writes: a clean
 run's numbering shifts by a status write from run to run): the step done, its outcome not yet
-recorded. ``KUSTOS_CRASH_POINTS=all`` (what `make proof` sets) crashes after every write in turn,
-in one run of the scenario: a chain of operators (``KUSTOS_CRASH_AFTER_WRITE=each``), each
+recorded. ``KUSTOS_CRASH_POINTS=all`` (what `make proof` sets) crashes after every distinct
+write in turn, in one run of the scenario: a chain of operators (``KUSTOS_CRASH_AFTER_WRITE=each``), each
 crashing after the first write of the work no earlier one crashed after, following the same
 write. One run per write took over an hour for a NodeImage replacement (about 70 writes) and
 for a resize 3 -> 5 -> 3 (about 45). A clean run first says how many writes a scenario makes:
@@ -100,7 +100,7 @@ def recording_seconds(k: str, clean_seconds: float, writes: int) -> float:
 
 def crash_label(k: str, crashes: int, log: Path) -> str:
     """What a run crashed after, checked: ``step`` once; ``each`` once per distinct transition
-    in its log (every write of the work, once)."""
+    between writes of the work in its log."""
     if k == EACH:
         chained = logged_writes(log)
         distinct = len(transitions(chained))

@@ -7,8 +7,8 @@ environment variables, read once when the process starts:
 * ``KUSTOS_CRASH_AFTER_WRITE=k``: exit (``os._exit(137)``: no cleanup, no lease release, as a
   SIGKILL) right after the k-th write was accepted; ``=step``: right after the first step that
   follows a recorded intent (``STEP``), whatever its number in this run; ``=each``: right after
-  this process's first write of the work (``EACH``), so a chain of operators, each started
-  after the last one's crash, crashes after every write of a scenario in one run of it;
+  the first write of the work no earlier operator of a chain crashed after (``EACH``), so the
+  chain crashes after every distinct write of a scenario in one run of it;
 * ``KUSTOS_WRITE_LOG=path``: append one line per accepted write, ``<n> <target> <what>``; a
   clean run's log tells a test how many writes its scenario makes, and which one a crash
   followed.
@@ -51,11 +51,12 @@ EACH = "each"
 """``KUSTOS_CRASH_AFTER_WRITE=each``: the first write of the work (a step or a status record:
 not an Event, not the start's webhook configurations) that no earlier operator of the chain
 crashed after, following the same write. Given to every operator of a scenario in turn, with
-one ``KUSTOS_WRITE_LOG`` for the chain, it crashes after each of the scenario's writes in one
-run of it, where crashing after write k of a fresh run for every k repeats the scenario once
-per write. A transition a crash already followed is let through the next time: work that
-takes two writes in one pass (an intent, then the provider's call) would otherwise be crashed
-between them forever."""
+one ``KUSTOS_WRITE_LOG`` for the chain, it crashes after each distinct transition of the
+scenario's writes in one run of it, where crashing after write k of a fresh run for every k
+repeats the scenario once per write. A transition a crash already followed is let through the
+next time: work that takes two writes in one pass (an intent, then the provider's call) would
+otherwise be crashed between them forever. So a step that follows the same write as an earlier
+one (a second member's add after its status record) is crashed after once, not twice."""
 
 Transition = tuple[str, str]
 """The chain's previous write of the work ("" for none), and the write after it."""
@@ -120,11 +121,7 @@ class CrashPoints:
             return transition not in self.crashed
         first_step = kind == "step" and self.intent_recorded
         self.intent_recorded = self.intent_recorded or kind == "status"
-        return (
-            n == self.crash_after
-            or (first_step and self.crash_after == STEP)
-            or (kind != "other" and self.crash_after == EACH)
-        )
+        return n == self.crash_after or (first_step and self.crash_after == STEP)
 
 
 def api_write(method: str, path: str, status: int) -> None:
