@@ -133,9 +133,12 @@ class Operators:
     crashes: int = 0
     started: list[OperatorProcess] = field(default_factory=list)
 
+    @property
+    def chained(self) -> bool:
+        return self.env.get("KUSTOS_CRASH_AFTER_WRITE") == EACH
+
     def start(self) -> None:
-        chained = self.env.get("KUSTOS_CRASH_AFTER_WRITE") == EACH
-        env = self.env if chained or not self.started else {}
+        env = self.env if self.chained or not self.started else {}
         log_dir = self.log_dir / str(len(self.started))
         args = ("--namespace", self.kubectl.namespace, *self.extra)
         for attempt in range(START_ATTEMPTS):
@@ -224,8 +227,7 @@ async def run_stages(
     started whenever the last one crashed."""
     began = time.monotonic()
     operators = Operators(kubectl, log_dir, env, extra)
-    chained = env.get("KUSTOS_CRASH_AFTER_WRITE") == EACH
-    timeout = CHAIN_STAGE_TIMEOUT if chained else STAGE_TIMEOUT
+    timeout = CHAIN_STAGE_TIMEOUT if operators.chained else STAGE_TIMEOUT
     status: dict[str, Any] = {}
     try:
         operators.start()
