@@ -395,9 +395,13 @@ async def purge_a_dead_node(
 
         async def purged() -> bool:
             gone = not cluster.kubectl("get", "node", dead.node, "-o", "name", check=False).strip()
-            found = json.loads(cluster.kubectl("get", "maintenancepolicy", "default", "-o", "json"))
-            last = (found.get("status") or {}).get("lastAction") or {}
-            return gone and last.get("node") == dead.node and last.get("outcome") == "Done"
+            status = json.loads(cluster.kubectl("get", "maintenancepolicy", "default", "-o", "json")).get(
+                "status"
+            )
+            last = (status or {}).get("lastAction") or {}
+            # Recorded done: the deletion's decision is cleared only by the purge's last record.
+            deciding = [d for d in (status or {}).get("purgeDeletions") or [] if d.get("node") == dead.node]
+            return gone and not deciding and last.get("node") == dead.node and last.get("outcome") == "Done"
 
         try:
             with purges_on(kubectl, pki):

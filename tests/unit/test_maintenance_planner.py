@@ -12,6 +12,7 @@ from kustos.maintenance import planner
 from kustos.maintenance.nodes import node_view
 from kustos.maintenance.planner import (
     ClaimView,
+    DecideDeletion,
     ForceDeletePod,
     Ignored,
     NodeView,
@@ -195,6 +196,11 @@ def dead(name: str, seconds: float = 61, **fields: object) -> NodeView:
     return down(name, seconds, fenced_at=ago(1), out_of_service=True, **fields)
 
 
+def purges(step: planner.Step, node: str) -> bool:
+    """``step`` is the node's next purge step (a worker's purge is its deletion alone, decided first)."""
+    return step in (Purge(node), DecideDeletion(node, ""))
+
+
 def test_an_unfenced_node_past_its_toleration_is_not_purged() -> None:
     """A Node deleted while merely partitioned would let its pods run twice."""
     nodes = (ready("c1", True), ready("c2", True), ready("w1"))
@@ -205,11 +211,11 @@ def test_an_unfenced_node_past_its_toleration_is_not_purged() -> None:
     assert status.last_refusal is not None and "not fenced" in status.last_refusal.message
     # afterToleration keeps EKCO's behaviour: past the toleration is fenced, and purged.
     policy = purge_policy(fencing=FencingPolicy(after_toleration=True))
-    assert plan_of(observed(*nodes, down("w2", 61), policy=policy)) == Purge("w2")
+    assert purges(plan_of(observed(*nodes, down("w2", 61), policy=policy)), "w2")
     # So do the provider and the annotation.
-    assert plan_of(observed(*nodes, dead("w2"), policy=purge_policy())) == Purge("w2")
+    assert purges(plan_of(observed(*nodes, dead("w2"), policy=purge_policy())), "w2")
     stopped = down("w2", 61, instance=InstanceState.STOPPED)
-    assert plan_of(observed(*nodes, stopped, policy=purge_policy())) == Purge("w2")
+    assert purges(plan_of(observed(*nodes, stopped, policy=purge_policy())), "w2")
 
 
 def test_a_node_back_ready_mid_purge_is_shown_in_the_status_until_its_purge_is_gone() -> None:
@@ -234,14 +240,14 @@ def test_a_node_back_ready_mid_purge_is_shown_in_the_status_until_its_purge_is_g
 def test_purge_comes_after_the_toleration_only() -> None:
     nodes = (ready("c1", True), ready("c2", True), ready("w1"))
     assert isinstance(plan_of(observed(*nodes, dead("w2", 59), policy=purge_policy())), Wait)
-    assert plan_of(observed(*nodes, dead("w2"), policy=purge_policy())) == Purge("w2")
+    assert purges(plan_of(observed(*nodes, dead("w2"), policy=purge_policy())), "w2")
 
 
 def test_guards_count_ready_nodes_of_the_dead_nodes_own_role_without_it() -> None:
     dead_cp = dead("c3", control_plane=True)
     # Two ready control-plane nodes remain: purge allowed at the default minimum of 2.
     o = observed(ready("c1", True), ready("c2", True), dead_cp, policy=purge_policy())
-    assert plan_of(o) == Purge("c3")
+    assert purges(plan_of(o), "c3")
     # One remains: refused, and the message names the count and the minimum.
     o = observed(ready("c1", True), down("c2", 5, control_plane=True), dead_cp, policy=purge_policy())
     step = plan_of(o)
@@ -251,12 +257,12 @@ def test_guards_count_ready_nodes_of_the_dead_nodes_own_role_without_it() -> Non
     o = observed(
         ready("c1", True), ready("c2", True), dead_cp, policy=purge_policy(min_ready_worker_node_count=5)
     )
-    assert plan_of(o) == Purge("c3")
+    assert purges(plan_of(o), "c3")
     # And the control-plane minimum does not apply to a worker.
     o = observed(
         ready("c1", True), ready("w1"), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1)
     )
-    assert plan_of(o) == Purge("w2")
+    assert purges(plan_of(o), "w2")
     o = observed(ready("c1", True), dead("w2"), policy=purge_policy(min_ready_worker_node_count=1))
     assert isinstance(plan_of(o), Refuse)
 
@@ -278,7 +284,7 @@ def test_purge_never_leaves_fewer_ready_nodes_of_a_role_than_its_minimum(
     victim = dead("dead", control_plane=dead_cp)
     policy = purge_policy(min_ready_master_node_count=min_m, min_ready_worker_node_count=min_w)
     step = plan_of(observed(*nodes, victim, policy=policy))
-    if isinstance(step, Purge):
+    if isinstance(step, Purge | DecideDeletion):
         if dead_cp:
             assert masters >= min_m
         else:
@@ -297,6 +303,72 @@ def test_only_the_policy_named_default_is_acted_on() -> None:
     status = planner.status(observed(name="other"), step, NOW)
     ready_condition = next(c for c in status.conditions if c.type == "Ready")
     assert ready_condition.status == "False" and "default" in ready_condition.message
+
+
+def test_a_nodes_deletion_is_recorded_as_decided_before_it_is_asked_and_done_once_it_is_gone() -> None:
+    """The operator may stop between the Node's deletion and its record: the decision, recorded
+    first, is what a later pass finds to record the purge done (nothing else names the Node)."""
+    w2 = dead("w2", uid="u2")
+    deciding = observed(ready("c1", True), w2, policy=purge_policy())
+    step = plan_of(deciding)
+    assert step == DecideDeletion("w2", "u2")
+    decided = planner.status(deciding, step, NOW)
+    assert [(d.node, d.uid) for d in decided.purge_deletions] == [("w2", "u2")]
+    assert decided.last_action is not None and decided.last_action.message.startswith("deleting Node w2")
+    again = Observed(deciding.spec, deciding.nodes, now=NOW, previous=decided)
+    assert plan_of(again) == Purge("w2")  # decided: now it is asked
+    # The operator stopped right after the deletion: the next one finds the Node gone.
+    gone = Observed(deciding.spec, (ready("c1", True),), now=NOW, previous=decided)
+    finished = plan_of(gone)
+    assert finished == Purged("w2", "Node w2 is gone: its purge is complete", finished=True)
+    done = planner.status(gone, finished, NOW)
+    assert done.purge_deletions == []
+    assert done.last_action is not None and (done.last_action.node, done.last_action.outcome) == (
+        "w2",
+        "Done",
+    )
+    assert [n.reason for n in planner.action_notes(decided, done)] == ["Purge"]
+    assert plan_of(Observed(gone.spec, gone.nodes, now=NOW, previous=done)) == Done()
+    # Without a stop, the pass that deleted it records it done the same way.
+    deleted = planner.status(again, Purged("w2", "deleted Node w2", finished=True), NOW)
+    assert deleted.purge_deletions == [] and deleted.last_action is not None
+    assert deleted.last_action.message == "deleted Node w2"
+
+
+def test_a_deletion_decided_is_forgotten_when_its_node_is_back_with_its_purge_undone() -> None:
+    w2 = dead("w2", uid="u2")
+    decided = planner.status(
+        observed(ready("c1", True), w2, policy=purge_policy()), DecideDeletion("w2", "u2"), NOW
+    )
+    # Still dead, the purge under way: the decision stays.
+    under_way = dead("w2", uid="u2", purge_done=("Node",))
+    kept = planner.status(
+        Observed(purge_policy(), (ready("c1", True), under_way), now=NOW, previous=decided), Done(), NOW
+    )
+    assert [d.node for d in kept.purge_deletions] == ["w2"]
+    # A person brought it back and removed the purge's annotation: no longer decided.
+    back = Observed(
+        purge_policy(), (ready("c1", True), NodeView("w2", ready=True, uid="u2")), now=NOW, previous=decided
+    )
+    assert plan_of(back) == Done()
+    assert planner.status(back, Done(), NOW).purge_deletions == []
+    # A Node registered again under its name is another Node: the one decided is gone.
+    again = Observed(
+        purge_policy(), (ready("c1", True), NodeView("w2", ready=True, uid="u3")), now=NOW, previous=decided
+    )
+    assert plan_of(again) == Purged("w2", "Node w2 is gone: its purge is complete", finished=True)
+
+
+def test_the_deletion_is_decided_only_once_every_other_step_of_the_purge_is_done() -> None:
+    rook = purge_policy(rook_should_use_all_nodes=False)
+    assert plan_of(observed(ready("c1", True), dead("w2", uid="u2"), policy=rook)) == Purge("w2")
+    cp_nodes = (ready("c1", True), ready("c2", True))
+    control = dead("c3", uid="u3", control_plane=True, purge_done=("Address", "ControlPlaneEndpoint"))
+    assert plan_of(observed(*cp_nodes, control, policy=purge_policy())) == Purge("c3")
+    control = dead(
+        "c3", uid="u3", control_plane=True, purge_done=("Address", "ControlPlaneEndpoint", "EtcdMember")
+    )
+    assert plan_of(observed(*cp_nodes, control, policy=purge_policy())) == DecideDeletion("c3", "u3")
 
 
 def test_status_records_the_action_and_the_refusal_until_that_node_succeeds() -> None:
@@ -435,7 +507,7 @@ def test_nothing_is_moved_off_a_node_that_is_not_fenced_except_by_legacy_clear(
         node = by_name.get(step.node)
         assert node is None or planner.fenced_by(policy, node, NOW) is not None
         assert next(c for c in claim_views if c.name == step.name).opted_in
-    if isinstance(step, Purge):  # a Node deleted is its pods started elsewhere
+    if isinstance(step, Purge | DecideDeletion):  # a Node deleted is its pods started elsewhere
         assert planner.fenced_by(policy, by_name[step.node], NOW) is not None
     if isinstance(step, RemoveOutOfService):
         assert by_name[step.node].ready

@@ -190,6 +190,18 @@ class MaintenanceAction(KubeModel):
     """What was done, or why not."""
 
 
+class PurgeDeletion(KubeModel):
+    """A Node a purge is deleting, recorded before it asks: the purge's end is then recorded
+    even when the operator stops between the deletion and its record."""
+
+    node: str
+    uid: str
+    """The Node's, as it was when its deletion was decided (a Node of that name registered
+    later is another)."""
+    time: str = Field(json_schema_extra={"format": "date-time"})
+    """When its deletion was decided (RFC 3339)."""
+
+
 class InternalLoadBalancerStatus(KubeModel):
     """Where the internal load balancer's configuration is, on the nodes."""
 
@@ -284,6 +296,9 @@ class MaintenancePolicyStatus(KubeModel):
     """The newest action, done or refused."""
     last_refusal: MaintenanceAction | None = None
     """The newest refusal, kept until a later action on that node succeeds."""
+    purge_deletions: list[PurgeDeletion] = Field(default_factory=list)
+    """Nodes whose purge has every other step done and deletes them next; each stays until
+    the Node is gone and the purge is recorded done."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
     """Ready (the policy is valid and applied), Degraded (an action keeps failing)."""
     internal_load_balancer: InternalLoadBalancerStatus | None = None

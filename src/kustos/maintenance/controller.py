@@ -345,7 +345,9 @@ class NodeMaintenanceReconciler(FamilyReconciler[MaintenancePolicy, Observed, St
                 outcome = await purger.next(node)
                 if outcome.deleted:
                     self.manager.observations.count_purged(policy.metadata["name"])
-                return planner.Purged(node, outcome.message, outcome.refused)
+                return planner.Purged(node, outcome.message, outcome.refused, outcome.finished)
+            case planner.Purged(finished=True):  # a Node whose deletion was decided is gone
+                self.manager.observations.count_purged(policy.metadata["name"])
         return step
 
     async def _toolbox(self, options: PurgeOptions) -> rook.CephToolbox | None:

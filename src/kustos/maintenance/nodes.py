@@ -9,10 +9,10 @@ from kustos.api.maintenance import FENCED_ANNOTATION
 from kustos.maintenance.planner import (
     OUT_OF_SERVICE_OWNER,
     OUT_OF_SERVICE_TAINT,
-    PURGE_ANNOTATION,
     UNREACHABLE_TAINT,
     NodeView,
 )
+from kustos.maintenance.purge_planner import PURGE_ANNOTATION
 from kustos.maintenance.rook_scaling import RookNode
 from kustos.runtime import objects
 from kustos.runtime.cloud import InstanceState
@@ -40,6 +40,7 @@ def node_view(node: Mapping[str, Any], instance: InstanceState | None = None) ->
     return NodeView(
         name=objects.name(node),
         ready=objects.node_ready(node),
+        uid=objects.uid(node) or "",
         control_plane=objects.is_control_plane(node),
         unreachable_since=since,
         out_of_service=out_of_service,

@@ -27,8 +27,17 @@ from kustos.api.maintenance import (
     MaintenanceAction,
     MaintenancePolicySpec,
     MaintenancePolicyStatus,
+    PurgeDeletion,
 )
-from kustos.maintenance import certrotation, internallb, minio, minio_spread, rook_scaling, scaling
+from kustos.maintenance import (
+    certrotation,
+    internallb,
+    minio,
+    minio_spread,
+    purge_planner,
+    rook_scaling,
+    scaling,
+)
 from kustos.maintenance.certrotation import CertRotationView, FinishRenewal, RemoveRenewalPod, StartRenewal
 from kustos.maintenance.internallb import ApplyLoadBalancer, LoadBalancerView, RemoveLoadBalancer
 from kustos.maintenance.minio import KotsadmView, MinioView
@@ -46,8 +55,6 @@ OUT_OF_SERVICE_VALUE = "nodeshutdown"
 OUT_OF_SERVICE_OWNER = "kustos.dev/out-of-service"
 """Annotation on a Node kustos tainted out of service (value: when): only such a taint is
 removed by kustos when the node returns; one an administrator set is theirs."""
-PURGE_ANNOTATION = "kustos.dev/purge"
-"""Annotation on a Node being purged: the purge steps done so far, comma-separated."""
 RELEASE_CLAIMS_ANNOTATION = "kustos.dev/release-pinned-claims"
 """On a StatefulSet ("true"): the workload replicates its own data, so a claim pinned to a
 fenced node may be deleted for its pod to start elsewhere with a fresh volume."""
@@ -64,6 +71,7 @@ FenceSource = Literal["provider", "annotation", "toleration"]
 class NodeView:
     name: str
     ready: bool
+    uid: str = ""
     control_plane: bool = False
     unreachable_since: datetime | None = None
     """When the node lifecycle controller tainted it unreachable (the taint's timeAdded)."""
@@ -179,13 +187,25 @@ class Purge:
 
 
 @dataclass(frozen=True)
+class DecideDeletion:
+    """The purge's next step deletes the Node: the status records that first (``PurgeDeletion``),
+    so that once the Node is gone a pass still knows the purge is to be recorded done."""
+
+    node: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class Purged:
     """What one purge step did (the act's account of a ``Purge``): ``refused`` when a safety
-    check (etcd quorum, Ceph's ok-to-stop) kept it from acting."""
+    check (etcd quorum, Ceph's ok-to-stop) kept it from acting. Planned as it is when a Node
+    whose deletion was decided is gone: the purge is recorded done, whoever's pass deleted it."""
 
     node: str
     message: str
     refused: bool = False
+    finished: bool = False
+    """The Node is gone: the purge is complete."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +226,7 @@ class Ignored:
 
 Step = (
     Purged
+    | DecideDeletion
     | TaintOutOfService
     | RemoveOutOfService
     | ForceDeletePod
@@ -310,6 +331,15 @@ def unfinished_purges(nodes: Sequence[NodeView]) -> list[NodeView]:
     return sorted((n for n in nodes if n.ready and n.purge_done), key=lambda n: n.name)
 
 
+def _purge(o: Observed, node: NodeView) -> Step:
+    """The node's next purge step; its deletion recorded as decided before it is asked."""
+    last = purge_planner.deletes_next(
+        node.control_plane, node.purge_done, purge_planner.maintains_rook(o.spec)
+    )
+    decided = any((d.node, d.uid) == (node.name, node.uid) for d in o.previous.purge_deletions)
+    return DecideDeletion(node.name, node.uid) if last and not decided else Purge(node.name)
+
+
 def dead_nodes(o: Observed) -> list[NodeView]:
     """Unreachable nodes that are fenced or past their toleration, oldest outage first."""
     dead = [
@@ -321,6 +351,14 @@ def dead_nodes(o: Observed) -> list[NodeView]:
 def plan(o: Observed) -> Step:
     if o.name != POLICY_NAME:
         return Ignored(f"only the MaintenancePolicy named {POLICY_NAME!r} is acted on")
+    present = {(n.name, n.uid) for n in o.nodes}
+    for deletion in o.previous.purge_deletions:
+        # 0. A purge whose Node is gone is recorded done, even when the pass that deleted it
+        # stopped before recording it.
+        if (deletion.node, deletion.uid) not in present:
+            return Purged(
+                deletion.node, f"Node {deletion.node} is gone: its purge is complete", finished=True
+            )
     spec = o.spec
     clear = not spec.should_disable_clear_nodes
     # 1. A node we tainted out of service that is back: its pods may run there again.
@@ -345,7 +383,7 @@ def plan(o: Observed) -> Step:
         if spec.should_enable_purge_nodes and past_toleration(spec, node, o.now):
             refusal = purge_refusal(spec, o.nodes, node) if source is not None else not_fenced(node)
             if refusal is None:
-                return Purge(node.name)
+                return _purge(o, node)
             refusals.append(Refuse(node.name, "Purge", refusal))
         if not clear:
             continue
@@ -465,6 +503,8 @@ def describe(step: Step) -> tuple[str, str, str] | None:
             return certrotation.describe(step)
         case Refuse(node, action, message):
             return node, action, message
+        case DecideDeletion(node):
+            return node, "Purge", f"deleting Node {node}: every other step of its purge is done"
         case minio_spread.MoveReplica(node=node):
             return node, *minio.describe(step)
         case minio.CreateStatefulSet() | minio.SetServiceSelector() | minio.CopyObjects() | minio.Copied() | \
@@ -493,6 +533,7 @@ def status(
         scaled = step if isinstance(step, minio.ScaleKotsadm) and failure is None else None
         result.kotsadm = minio.kotsadm_status(o.spec, o.kotsadm, scaled)
     result.certificate_rotation = certrotation.status(o.spec, o.certificates, o.now)
+    result.purge_deletions = purge_deletions(o, step, now)
 
     def conditions(type_: str, value: bool, reason: str, message: str) -> list[Condition]:
         return set_model_condition(
@@ -523,7 +564,8 @@ def status(
             "NodeReturned",
             "; ".join(
                 f"node {n.name} is Ready with its purge unfinished (done: {', '.join(n.purge_done)}): "
-                f"check it, then finish with `kustos purge-node {n.name}` or remove {PURGE_ANNOTATION}"
+                f"check it, then finish with `kustos purge-node {n.name}` or remove "
+                f"{purge_planner.PURGE_ANNOTATION}"
                 for n in returned
             )[:1000],
         )
@@ -568,6 +610,21 @@ def status(
     return result
 
 
+def purge_deletions(o: Observed, step: Step, now: str) -> list[PurgeDeletion]:
+    """The deletions decided and not yet recorded done, after ``step``. One whose Node is back
+    with its purge undone (a person removed the annotation) is dropped: it is no longer decided."""
+    present = {(n.name, n.uid): n for n in o.nodes}
+    kept = [
+        d for d in o.previous.purge_deletions
+        if (d.node, d.uid) not in present or present[d.node, d.uid].purge_done
+    ]  # fmt: skip
+    if isinstance(step, DecideDeletion):
+        return [*kept, PurgeDeletion(node=step.node, uid=step.uid, time=now)]
+    if isinstance(step, Purged) and step.finished:
+        return [d for d in kept if d.node != step.node]
+    return kept
+
+
 def action_notes(old: MaintenancePolicyStatus, new: MaintenancePolicyStatus) -> list[Note]:
     """An Event for an action the status records anew (a failure shows on Degraded instead)."""
     last = new.last_action
@@ -595,6 +652,7 @@ def requeue_after(step: Step) -> float:
 __all__ = [
     "ApplyLoadBalancer",
     "ClaimView",
+    "DecideDeletion",
     "FinishRenewal",
     "ForceDeletePod",
     "Ignored",
@@ -618,6 +676,7 @@ __all__ = [
     "not_fenced",
     "past_toleration",
     "plan",
+    "purge_deletions",
     "purge_refusal",
     "ready_counts",
     "status",

@@ -34,7 +34,7 @@ from kustos.api.maintenance import MaintenancePolicySpec
 from kustos.etcd import kubeadm
 from kustos.maintenance import purge_planner as pp
 from kustos.maintenance import rook
-from kustos.maintenance.planner import PURGE_ANNOTATION
+from kustos.maintenance.purge_planner import PURGE_ANNOTATION
 from kustos.runtime import faults, objects
 from kustos.runtime.api import Api
 from kustos.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NODES, PODS
@@ -65,7 +65,7 @@ class PurgeOptions:
         return cls(
             Path(spec.certificates_dir),
             spec.etcd_certificates_secret,
-            maintain_rook=not spec.rook_should_use_all_nodes,
+            maintain_rook=pp.maintains_rook(spec),
             rook_namespace=spec.rook_namespace,
         )
 

@@ -11,11 +11,13 @@ that failed; an etcd member whose removal would lose quorum).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from kustos.maintenance.planner import PURGE_ANNOTATION
+from kustos.api.maintenance import MaintenancePolicySpec
 
+PURGE_ANNOTATION = "kustos.dev/purge"
+"""Annotation on a Node being purged: the purge steps done so far, comma-separated."""
 ROOK_NODES, ROOK_OSDS, CEPH_PURGE = "RookStorageNode", "RookOSDDeployment", "CephOSDPurge"
 ADDRESS, ENDPOINT, ETCD, NODE = "Address", "ControlPlaneEndpoint", "EtcdMember", "Node"
 ROOK_STEPS = (ROOK_NODES, ROOK_OSDS, CEPH_PURGE)
@@ -155,13 +157,26 @@ Step = (
 # ---- the decision --------------------------------------------------------------------------------
 
 
+def maintains_rook(spec: MaintenancePolicySpec) -> bool:
+    """The purge removes the node from Rook (EKCO's ``--maintain_rook_storage_nodes``)."""
+    return not spec.rook_should_use_all_nodes
+
+
 def steps_for(node: NodeView | None, maintain_rook: bool) -> tuple[str, ...]:
     """The steps a node's purge takes, in order."""
     if node is None:
         return ()
+    return _steps(node.control_plane, maintain_rook)
+
+
+def deletes_next(control_plane: bool, done: Collection[str], maintain_rook: bool) -> bool:
+    """Every step before the Node's deletion is recorded done: the purge deletes the Node next."""
+    return all(step in done for step in _steps(control_plane, maintain_rook) if step != NODE)
+
+
+def _steps(control_plane: bool, maintain_rook: bool) -> tuple[str, ...]:
     rook = ROOK_STEPS if maintain_rook else ()
-    control_plane = CONTROL_PLANE_STEPS if node.control_plane else ()
-    return (*rook, *control_plane, NODE)
+    return (*rook, *(CONTROL_PLANE_STEPS if control_plane else ()), NODE)
 
 
 def pending(node: NodeView | None, maintain_rook: bool) -> str | None:
@@ -251,6 +266,7 @@ def _numeric(osd_id: str) -> tuple[int, str]:
 
 __all__ = [
     "CEPH_PURGE",
+    "PURGE_ANNOTATION",
     "STEPS",
     "ControlPlaneView",
     "DeleteNode",
@@ -268,6 +284,8 @@ __all__ = [
     "Step",
     "by_hand",
     "ceph_commands",
+    "deletes_next",
+    "maintains_rook",
     "pending",
     "plan",
     "steps_for",
