@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,8 +41,10 @@ INTEGRATION = REPO / "tests" / "integration"
 UNIT = "tests/unit"
 # Seconds per module from a full run here; a module not listed counts as DEFAULT_SECONDS.
 KNOWN_SECONDS = INTEGRATION / "module_seconds.json"
-# The newest figures of this machine's runs, preferred to the checked-in ones.
+# This machine's figures of its last runs, preferred to the checked-in ones: their median, so that
+# one run on a loaded machine does not deal the next (stop 31's did, and that run took 36 minutes).
 MEASURED_SECONDS = cache_root() / "module-seconds.json"
+KEPT_RUNS = 5
 DEFAULT_SECONDS = 60.0
 # How a module that starts real nodes says so (its pytestmark).
 REAL_NODES_MARK = "pytest.mark.real_nodes"
@@ -62,11 +65,16 @@ class Session:
 
 
 def module_seconds() -> dict[str, float]:
-    figures: dict[str, float] = {}
-    for source in (KNOWN_SECONDS, MEASURED_SECONDS):
-        if source.exists():
-            figures.update(json.loads(source.read_text()))
+    figures: dict[str, float] = json.loads(KNOWN_SECONDS.read_text()) if KNOWN_SECONDS.exists() else {}
+    figures.update({name: statistics.median(runs) for name, runs in measured_runs().items()})
     return figures
+
+
+def measured_runs() -> dict[str, list[float]]:
+    """Each module's seconds in this machine's last runs, oldest first (an older file kept one
+    figure per module)."""
+    found = json.loads(MEASURED_SECONDS.read_text()) if MEASURED_SECONDS.exists() else {}
+    return {name: runs if isinstance(runs, list) else [runs] for name, runs in found.items()}
 
 
 def needs_real_nodes(module: Path) -> bool:
@@ -137,17 +145,35 @@ def reports(out: Path, sessions: list[Session]) -> list[tuple[str, list[ET.Eleme
 
 
 def record_seconds(cases: list[tuple[str, list[ET.Element]]]) -> None:
-    """Per-module durations of this run, for the next deal."""
-    figures = json.loads(MEASURED_SECONDS.read_text()) if MEASURED_SECONDS.exists() else {}
+    """Add this run's module durations to the last runs', for the next deal."""
+    merged = with_run(measured_runs(), passed_module_seconds(cases))
+    MEASURED_SECONDS.parent.mkdir(parents=True, exist_ok=True)
+    MEASURED_SECONDS.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
+
+
+def passed_module_seconds(cases: list[tuple[str, list[ET.Element]]]) -> dict[str, float]:
+    """Seconds per module whose tests all passed or were skipped: a failed one stopped early or
+    waited out a timeout, and says nothing of how long it takes."""
+    totals: dict[str, float] = {}
+    failed: set[str] = set()
     for _label, session_cases in cases:
-        totals: dict[str, float] = {}
         for case in session_cases:
             classname = case.get("classname", "")
+            if "." not in classname:
+                continue  # an error outside any module (collection, a session fixture)
             name = "unit" if classname.startswith("tests.unit") else classname.split(".")[-1] + ".py"
             totals[name] = totals.get(name, 0.0) + float(case.get("time") or 0)
-        figures.update({k: round(v, 1) for k, v in totals.items()})
-    MEASURED_SECONDS.parent.mkdir(parents=True, exist_ok=True)
-    MEASURED_SECONDS.write_text(json.dumps(dict(sorted(figures.items())), indent=1) + "\n")
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed.add(name)
+    return {name: round(seconds, 1) for name, seconds in totals.items() if name not in failed}
+
+
+def with_run(runs: dict[str, list[float]], run: dict[str, float]) -> dict[str, list[float]]:
+    """``runs`` with this run's figures appended, each module's last ``KEPT_RUNS`` kept."""
+    merged = {name: list(figures) for name, figures in runs.items()}
+    for name, seconds in run.items():
+        merged[name] = [*merged.get(name, []), seconds][-KEPT_RUNS:]
+    return merged
 
 
 def failures(cases: list[tuple[str, list[ET.Element]]]) -> list[str]:

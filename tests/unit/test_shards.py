@@ -1,0 +1,54 @@
+"""How the suite's sessions learn each module's duration for the next deal."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests import shards
+
+
+def case(classname: str, seconds: float, outcome: str = "") -> ET.Element:
+    element = ET.Element("testcase", classname=classname, name="t", time=str(seconds))
+    if outcome:
+        ET.SubElement(element, outcome, message="boom")
+    return element
+
+
+def test_a_module_with_a_failed_test_teaches_nothing_and_the_others_add_up() -> None:
+    cases = [
+        (
+            "a",
+            [
+                case("tests.integration.test_x", 10),
+                case("tests.integration.test_x", 5),
+                case("tests.integration.test_y", 900, "failure"),
+            ],
+        ),
+        (
+            "b",
+            [
+                case("tests.unit.test_p", 1),
+                case("tests.unit.test_q", 2),
+                case("tests.integration.test_z", 3, "error"),
+                case("", 4, "error"),
+            ],
+        ),
+    ]
+    assert shards.passed_module_seconds(cases) == {"test_x.py": 15.0, "unit": 3.0}
+
+
+def test_one_slow_run_does_not_move_the_median_and_old_runs_are_forgotten(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runs: dict[str, list[float]] = {"test_x.py": [100.0]}  # an older file's single figure, read as one run
+    for seconds in (110.0, 105.0, 300.0, 95.0, 102.0):  # one run on a loaded machine
+        runs = shards.with_run(runs, {"test_x.py": seconds})
+    assert runs["test_x.py"] == [110.0, 105.0, 300.0, 95.0, 102.0]
+    measured = tmp_path / "module-seconds.json"
+    monkeypatch.setattr(shards, "MEASURED_SECONDS", measured)
+    monkeypatch.setattr(shards, "KNOWN_SECONDS", tmp_path / "none.json")
+    measured.write_text('{"test_x.py": [110.0, 105.0, 300.0, 95.0, 102.0], "test_old.py": 42.0}')
+    assert shards.module_seconds() == {"test_x.py": 105.0, "test_old.py": 42.0}
