@@ -69,6 +69,23 @@ def test_webhook_certificates_are_made_and_read_without_loading_cryptography(tmp
     assert "cryptography" not in modules
 
 
+def test_no_api_model_is_built_before_an_object_of_its_kind_is_read() -> None:
+    """A built model holds its validator and serializer: a kind the cluster has no object of
+    should cost the operator nothing but its classes."""
+    code = (
+        "import kustos.cli, kustos.controllers, kustos.runtime.manager\n"
+        "from kustos.runtime.crd import KubeModel\n"
+        "def every(cls):\n"
+        "    for sub in cls.__subclasses__():\n"
+        "        yield sub\n"
+        "        yield from every(sub)\n"
+        "built = {m.__qualname__ for m in every(KubeModel) if m.__pydantic_complete__}\n"
+        "print(sorted(built - {'CustomResource'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"built at import: {out.stdout.strip()}"
+
+
 def test_controllers_load_no_cli() -> None:
     """Controllers are a library: typer belongs to the command line."""
     modules = loaded_after("import kustos.controllers")
