@@ -353,3 +353,14 @@ def test_a_wait_is_said_once_and_a_failure_keeps_the_record() -> None:
         MaintenanceStatus(in_progress=started), m.Disarm(), ReconcileError("refused", "EtcdError")
     )
     assert failed.in_progress == started and failed.message == "EtcdError: refused"
+
+
+def test_a_new_clusters_absent_record_and_an_empty_one_are_the_same_and_a_real_change_is_not() -> None:
+    """The defragmentation controller wrote ``{"defragmentations": []}`` over every new cluster's
+    absent record: a status write that conflicted with the EtcdCluster controller's first."""
+    from kustos.etcd.defragmentation_controller import same_record
+
+    empty = {"maintenance": MaintenanceStatus().model_dump(by_alias=True, exclude_none=True)}
+    assert same_record({}, empty) and same_record({"maintenance": {}}, empty)
+    said = {"maintenance": {"defragmentations": [], "message": "outside the schedule's window"}}
+    assert not same_record({}, said)

@@ -234,8 +234,7 @@ class DefragmentationReconciler(FamilyReconciler[EtcdCluster, Observation, StepO
         return {"maintenance": (raw.get("status") or {}).get("maintenance") or {}}
 
     def unobserved(self, raw: Obj, failure: ReconcileError, now: datetime) -> Obj:
-        recorded = MaintenanceStatus.model_validate((raw.get("status") or {}).get("maintenance") or {})
-        return _status(defrag.record(recorded, defrag.Say(""), failure))
+        return _status(defrag.record(_read(raw.get("status") or {}), defrag.Say(""), failure))
 
     def requeue_after(self, observed: Observation, step: StepOrOutcome) -> float | None:
         match step:
@@ -260,7 +259,7 @@ class DefragmentationReconciler(FamilyReconciler[EtcdCluster, Observation, StepO
         current = raw
         for attempt in range(WRITE_ATTEMPTS):
             before = current.get("status") or {}
-            if (before.get("maintenance") or {}) == status["maintenance"]:
+            if same_record(before, status):
                 break
             # replace_status stamps observedGeneration from the object's generation; what the
             # EtcdCluster controller observed stays as it recorded it (the API server ignores a
@@ -289,6 +288,18 @@ class DefragmentationReconciler(FamilyReconciler[EtcdCluster, Observation, StepO
 
 def _gated(observation: Observation, gate: defrag.Step | defrag.Say) -> Observation:
     return Observation(observation.raw, observation.recorded, observation.cluster, observation.interval, gate)
+
+
+def same_record(before: Obj, after: Obj) -> bool:
+    """The two statuses' ``maintenance`` say the same, however written: a new cluster's absent
+    record and an empty one (``{"defragmentations": []}``) are one, and writing the second
+    over the first cost every create a conflicting write and a pass of the EtcdCluster
+    controller."""
+    return _read(before) == _read(after)
+
+
+def _read(status: Obj) -> MaintenanceStatus:
+    return MaintenanceStatus.model_validate(status.get("maintenance") or {})
 
 
 def _status(recorded: MaintenanceStatus) -> Obj:
