@@ -44,7 +44,7 @@ BREAKDOWN: list[tuple[str, str]] = [
     ("lightkube (kubeconfig, Lease client)", "import lightkube"),
     ("prometheus_client, h11, yaml", "import prometheus_client, h11, yaml"),
     ("kustos.runtime (manager, informers, server)", "import kustos.runtime.manager"),
-    ("kustos.api (CRD models built)", "import kustos.api"),
+    ("kustos.api (model classes; validators built on first use)", "import kustos.api"),
     ("every controller (kustos.controllers)", "import kustos.controllers"),
     ("the CLI (kustos.cli: typer, ...)", "import kustos.cli"),
     ("the first API request (httpcore2, anyio, h2)", "import httpcore2"),
