@@ -335,26 +335,24 @@ def test_a_nodes_deletion_is_recorded_as_decided_before_it_is_asked_and_done_onc
     assert deleted.last_action.message == "deleted Node w2"
 
 
-def test_a_deletion_decided_is_forgotten_when_its_node_is_back_with_its_purge_undone() -> None:
-    w2 = dead("w2", uid="u2")
-    decided = planner.status(
-        observed(ready("c1", True), w2, policy=purge_policy()), DecideDeletion("w2", "u2"), NOW
-    )
-    # Still dead, the purge under way: the decision stays.
-    under_way = dead("w2", uid="u2", purge_done=("Node",))
-    kept = planner.status(
-        Observed(purge_policy(), (ready("c1", True), under_way), now=NOW, previous=decided), Done(), NOW
-    )
+def test_a_deletion_decided_stays_while_its_node_is_dead_and_is_forgotten_once_it_is_back() -> None:
+    policy = purge_policy()
+    w2 = dead("w2", uid="u2")  # a worker: nothing on its Node records the purge
+    decided = planner.status(observed(ready("c1", True), w2, policy=policy), DecideDeletion("w2", "u2"), NOW)
+    # Still dead: the decision stays through passes that do something else.
+    elsewhere = Observed(policy, (ready("c1", True), w2, down("w3")), now=NOW, previous=decided)
+    kept = planner.status(elsewhere, TaintOutOfService("w3", "fenced"), NOW)
     assert [d.node for d in kept.purge_deletions] == ["w2"]
-    # A person brought it back and removed the purge's annotation: no longer decided.
+    assert plan_of(Observed(policy, (ready("c1", True), w2), now=NOW, previous=kept)) == Purge("w2")
+    # Ready again: no longer dead, no longer decided.
     back = Observed(
-        purge_policy(), (ready("c1", True), NodeView("w2", ready=True, uid="u2")), now=NOW, previous=decided
+        policy, (ready("c1", True), NodeView("w2", ready=True, uid="u2")), now=NOW, previous=decided
     )
     assert plan_of(back) == Done()
     assert planner.status(back, Done(), NOW).purge_deletions == []
     # A Node registered again under its name is another Node: the one decided is gone.
     again = Observed(
-        purge_policy(), (ready("c1", True), NodeView("w2", ready=True, uid="u3")), now=NOW, previous=decided
+        policy, (ready("c1", True), NodeView("w2", ready=True, uid="u3")), now=NOW, previous=decided
     )
     assert plan_of(again) == Purged("w2", "Node w2 is gone: its purge is complete", finished=True)
 

@@ -298,7 +298,7 @@ class MaintenancePolicyStatus(KubeModel):
     """The newest refusal, kept until a later action on that node succeeds."""
     purge_deletions: list[PurgeDeletion] = Field(default_factory=list)
     """Nodes whose purge has every other step done and deletes them next; each stays until
-    the Node is gone and the purge is recorded done."""
+    the Node is gone and the purge is recorded done, or the node is Ready again."""
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=list_map("type"))
     """Ready (the policy is valid and applied), Degraded (an action keeps failing)."""
     internal_load_balancer: InternalLoadBalancerStatus | None = None

@@ -611,12 +611,12 @@ def status(
 
 
 def purge_deletions(o: Observed, step: Step, now: str) -> list[PurgeDeletion]:
-    """The deletions decided and not yet recorded done, after ``step``. One whose Node is back
-    with its purge undone (a person removed the annotation) is dropped: it is no longer decided."""
+    """The deletions decided and not yet recorded done, after ``step``. One whose Node is Ready
+    again is dropped: that node is no longer dead, and is decided again if it dies again."""
     present = {(n.name, n.uid): n for n in o.nodes}
     kept = [
         d for d in o.previous.purge_deletions
-        if (d.node, d.uid) not in present or present[d.node, d.uid].purge_done
+        if (d.node, d.uid) not in present or not present[d.node, d.uid].ready
     ]  # fmt: skip
     if isinstance(step, DecideDeletion):
         return [*kept, PurgeDeletion(node=step.node, uid=step.uid, time=now)]
