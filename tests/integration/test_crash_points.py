@@ -55,7 +55,7 @@ from tests.integration.test_nodeimage import (  # noqa: F401 (fixtures api, flee
     node_image,
     start_fleet,
 )
-from tests.integration.test_proof import assert_proven
+from tests.integration.test_proof import assert_proven, write_report
 from tests.integration.test_purge_node import (
     client_tls,
     member_names,
@@ -290,7 +290,8 @@ def checker() -> Path:
 
 @pytest.fixture(scope="module")
 def figures() -> Iterator[list[str]]:
-    """One line per scenario, printed when the module ends (the figures of docs/proof.md)."""
+    """One line per scenario, printed when the module ends (the figures of docs/proof.md) and
+    appended to $KUSTOS_PROOF_REPORT (`make proof`)."""
     lines: list[str] = []
     yield lines
     if lines:
@@ -298,7 +299,9 @@ def figures() -> Iterator[list[str]]:
         header = (
             "| scenario | writes | crash points | crashes | verdict | acknowledged writes lost | seconds |"
         )
-        print(f"\n\ncrash points ({mode}):\n{header}\n|---|---|---|---|---|---|---|\n" + "\n".join(lines))
+        table = f"{header}\n|---|---|---|---|---|---|---|\n" + "\n".join(lines)
+        print(f"\n\ncrash points ({mode}):\n{table}")
+        write_report(table, f"Crash points ({mode})")
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)

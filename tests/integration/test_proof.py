@@ -28,7 +28,7 @@ from kustos.devcluster import binaries
 from kustos.devcluster.s3 import S3Server
 from kustos.etcd.client import EtcdClient, EtcdTLS
 from kustos.maintenance.planner import OUT_OF_SERVICE_TAINT
-from kustos.proof.catalogue import ACTIONS, Action, action, coverage_table
+from kustos.proof.catalogue import PROCESS_RUNNER_ACTIONS, Action, action, coverage_table
 from kustos.proof.check import Verdict, acknowledged_writes_missing, check_history, report_table, state_at
 from kustos.proof.history import History, load_history
 from kustos.proof.recorder import Recording, Workload, record
@@ -132,7 +132,7 @@ def histories(tmp_path: Path) -> Path:
 class Report:
     verdicts: list[Verdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    actions: tuple[Action, ...] = ACTIONS
+    actions: tuple[Action, ...] = PROCESS_RUNNER_ACTIONS
     """The catalogue's entries this module's coverage table lists."""
 
     def text(self) -> str:
@@ -148,7 +148,7 @@ def report() -> Iterator[Report]:
 
 
 def module_report(
-    title: str, section: str | None = None, actions: tuple[Action, ...] = ACTIONS
+    title: str, section: str | None = None, actions: tuple[Action, ...] = PROCESS_RUNNER_ACTIONS
 ) -> Iterator[Report]:
     """A proof module's report fixture body: the Report its scenarios fill, published once the
     module ends."""
@@ -164,6 +164,12 @@ def publish(report: Report, title: str, section: str | None = None) -> None:
         return
     text = report.text()
     print(f"\n\n{title} (profile {profile_name()}):\n{text}\n")
+    write_report(text, section)
+
+
+def write_report(text: str, section: str | None = None) -> None:
+    """Into $KUSTOS_PROOF_REPORT when set: the first module's ``text`` replaces the file, a later
+    one's is appended under ``section``."""
     target = os.environ.get("KUSTOS_PROOF_REPORT")
     if target:
         with Path(target).open("a" if section else "w", encoding="utf-8") as out:

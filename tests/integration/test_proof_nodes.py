@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from kustos.nodes.cloud.kwok import GROUP_LABEL
-from kustos.proof.catalogue import action
+from kustos.proof.catalogue import NODE_ACTIONS
 from kustos.proof.recorder import Workload
 from kustos.runtime.api import Api
 from tests.integration.conftest import Kubectl
@@ -65,8 +65,6 @@ __all__ = ["api", "checker", "fleet", "histories", "operator"]  # fixtures, re-e
 pytestmark = pytest.mark.process_runner(
     "members moved over more nodes than real nodes fit, under a recorded load"
 )
-
-NODE_ACTIONS = (action("drain"), action("nodeimage"))  # the catalogue's entries proven here
 
 
 @pytest.fixture(scope="module")

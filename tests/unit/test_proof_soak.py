@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from kustos.proof.catalogue import ACTIONS, REAL_NODE_ACTIONS, action, coverage_table
+from kustos.proof.catalogue import (
+    ACTIONS,
+    NODE_ACTIONS,
+    PROCESS_RUNNER_ACTIONS,
+    REAL_NODE_ACTIONS,
+    action,
+    coverage_table,
+)
 from kustos.proof.check import Linearizability, Verdict
 from kustos.proof.soak import MIB, Sample, sample_of, soak_summary, what_grew
 
@@ -116,3 +123,12 @@ def test_each_action_is_one_row_and_its_real_node_variant_is_proven_on_real_node
     tests = {node.name for node in ast.walk(ast.parse(real_nodes.read_text()))
              if isinstance(node, ast.AsyncFunctionDef)}  # fmt: skip
     assert {a.test for a in REAL_NODE_ACTIONS} <= tests
+
+
+def test_the_modules_sections_list_every_action_once() -> None:
+    """`make proof` writes one section per module, each listing the actions it proves: an
+    action listed in another module's section showed there as "not run"."""
+    sections = PROCESS_RUNNER_ACTIONS + NODE_ACTIONS + REAL_NODE_ACTIONS
+    assert sorted(a.key for a in sections) == sorted(a.key for a in ACTIONS)
+    nodes = (PROOF_TESTS.parent / "test_proof_nodes.py").read_text()
+    assert all(a.test is not None and a.test in nodes for a in NODE_ACTIONS)
