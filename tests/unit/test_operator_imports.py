@@ -31,11 +31,16 @@ NOT_ON_THE_OPERATOR_PATH = {
 }
 
 
+def printed_by(code: str) -> str:
+    """What ``code`` prints, run in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
 def loaded_after(statement: str) -> set[str]:
     """The modules in sys.modules after ``statement`` runs in a fresh interpreter."""
-    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(json.loads(out.stdout))
+    return set(
+        json.loads(printed_by(f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +87,8 @@ def test_no_api_model_is_built_before_an_object_of_its_kind_is_read() -> None:
         "built = {m.__qualname__ for m in every(KubeModel) if m.__pydantic_complete__}\n"
         "print(sorted(built - {'CustomResource'}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]", f"built at import: {out.stdout.strip()}"
+    built = printed_by(code).strip()
+    assert built == "[]", f"built at import: {built}"
 
 
 def test_controllers_load_no_cli() -> None:

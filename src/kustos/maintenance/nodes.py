@@ -12,7 +12,7 @@ from kustos.maintenance.planner import (
     UNREACHABLE_TAINT,
     NodeView,
 )
-from kustos.maintenance.purge_planner import PURGE_ANNOTATION
+from kustos.maintenance.purge_planner import PURGE_ANNOTATION, steps_done
 from kustos.maintenance.rook_scaling import RookNode
 from kustos.runtime import objects
 from kustos.runtime.cloud import InstanceState
@@ -36,7 +36,6 @@ def node_view(node: Mapping[str, Any], instance: InstanceState | None = None) ->
         except ValueError:
             problem = f"annotation {FENCED_ANNOTATION}={raw!r} is not an RFC 3339 time"
     out_of_service = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in objects.node_taints(node))
-    done = tuple(s for s in annotations.get(PURGE_ANNOTATION, "").split(",") if s)
     return NodeView(
         name=objects.name(node),
         ready=objects.node_ready(node),
@@ -48,7 +47,7 @@ def node_view(node: Mapping[str, Any], instance: InstanceState | None = None) ->
         fenced_at=fenced_at,
         fenced_annotation_problem=problem,
         instance=instance,
-        purge_done=done,
+        purge_done=steps_done(annotations),
         hostname=objects.labels(node).get("kubernetes.io/hostname", ""),
     )
 

@@ -251,7 +251,7 @@ class Purger:
     async def _mark(
         self, node: dict[str, Any], step: str, extra: dict[str, str | None] | None = None
     ) -> None:
-        done = [*_done(node), step]
+        done = [*pp.steps_done(objects.annotations(node)), step]
         patch = {"metadata": {"annotations": {PURGE_ANNOTATION: ",".join(done), **(extra or {})}}}
         await self.api.patch(NODES, None, objects.name(node), patch)
 
@@ -266,15 +266,11 @@ def node_view(node: dict[str, Any] | None) -> pp.NodeView | None:
         name=objects.name(node),
         uid=objects.uid(node) or "",
         control_plane=objects.is_control_plane(node),
-        done=tuple(_done(node)),
+        done=pp.steps_done(annotations),
         recorded_osds=tuple(i for i in annotations.get(OSDS_ANNOTATION, "").split(",") if i),
         ceph_commands_run=int(recorded) if recorded.isdigit() else 0,
         recorded_address=annotations.get(ADDRESS_ANNOTATION) or None,
     )
-
-
-def _done(node: dict[str, Any]) -> list[str]:
-    return [s for s in objects.annotations(node).get(PURGE_ANNOTATION, "").split(",") if s]
 
 
 __all__ = [

@@ -11,13 +11,20 @@ that failed; an etcd member whose removal would lose quorum).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from kustos.api.maintenance import MaintenancePolicySpec
 
 PURGE_ANNOTATION = "kustos.dev/purge"
 """Annotation on a Node being purged: the purge steps done so far, comma-separated."""
+
+
+def steps_done(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    """The purge steps a Node's annotations record done (``PURGE_ANNOTATION``)."""
+    return tuple(s for s in annotations.get(PURGE_ANNOTATION, "").split(",") if s)
+
+
 ROOK_NODES, ROOK_OSDS, CEPH_PURGE = "RookStorageNode", "RookOSDDeployment", "CephOSDPurge"
 ADDRESS, ENDPOINT, ETCD, NODE = "Address", "ControlPlaneEndpoint", "EtcdMember", "Node"
 ROOK_STEPS = (ROOK_NODES, ROOK_OSDS, CEPH_PURGE)
@@ -288,5 +295,6 @@ __all__ = [
     "maintains_rook",
     "pending",
     "plan",
+    "steps_done",
     "steps_for",
 ]
