@@ -45,6 +45,8 @@ KNOWN_SECONDS = INTEGRATION / "module_seconds.json"
 # one run on a loaded machine does not deal the next (stop 31's did, and that run took 36 minutes).
 MEASURED_SECONDS = cache_root() / "module-seconds.json"
 KEPT_RUNS = 5
+# Every test of the last run, slowest first, with its session: where the suite's time went.
+LAST_RUN_TESTS = cache_root() / "last-run-tests.tsv"
 DEFAULT_SECONDS = 60.0
 # How a module that starts real nodes says so (its pytestmark).
 REAL_NODES_MARK = "pytest.mark.real_nodes"
@@ -149,6 +151,17 @@ def record_seconds(cases: list[tuple[str, list[ET.Element]]]) -> None:
     merged = with_run(measured_runs(), passed_module_seconds(cases))
     MEASURED_SECONDS.parent.mkdir(parents=True, exist_ok=True)
     MEASURED_SECONDS.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
+    LAST_RUN_TESTS.write_text("".join(f"{line}\n" for line in slowest_first(cases)))
+
+
+def slowest_first(cases: list[tuple[str, list[ET.Element]]]) -> list[str]:
+    """``seconds, session, test`` per test case, tab-separated, the slowest first."""
+    rows = [
+        (float(case.get("time") or 0), label, f"{case.get('classname', '')}::{case.get('name', '')}")
+        for label, session_cases in cases
+        for case in session_cases
+    ]
+    return [f"{seconds:.1f}\t{label}\t{test}" for seconds, label, test in sorted(rows, reverse=True)]
 
 
 def passed_module_seconds(cases: list[tuple[str, list[ET.Element]]]) -> dict[str, float]:

@@ -52,3 +52,11 @@ def test_one_slow_run_does_not_move_the_median_and_old_runs_are_forgotten(
     monkeypatch.setattr(shards, "KNOWN_SECONDS", tmp_path / "none.json")
     measured.write_text('{"test_x.py": [110.0, 105.0, 300.0, 95.0, 102.0], "test_old.py": 42.0}')
     assert shards.module_seconds() == {"test_x.py": 105.0, "test_old.py": 42.0}
+
+
+def test_the_last_runs_tests_are_listed_slowest_first_with_their_session() -> None:
+    cases = [("a", [case("tests.integration.test_x", 10)]), ("b", [case("tests.unit.test_p", 90.25)])]
+    assert shards.slowest_first(cases) == [
+        "90.2\tb\ttests.unit.test_p::t",
+        "10.0\ta\ttests.integration.test_x::t",
+    ]
