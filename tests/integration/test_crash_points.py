@@ -16,8 +16,8 @@ write. One run per write took over an hour for a NodeImage replacement (about 70
 for a resize 3 -> 5 -> 3 (about 45). A clean run first says how many writes a scenario makes:
 the length of the chain's recording.
 
-Scenarios return the cluster to where they began (3 -> 5 -> 3; a member replaced), so one
-EtcdCluster serves the clean run and the crash run.
+Scenarios return the cluster to where they began (3 -> 5 -> 3; a member replaced; a quorum
+loss rebuilt as a new epoch of 3), so one EtcdCluster serves the clean run and the crash run.
 """
 
 from __future__ import annotations
@@ -37,13 +37,16 @@ import pytest
 from kustos.devcluster import binaries
 from kustos.devcluster.kwokconfig import MANAGED_LABEL
 from kustos.etcd.client import EtcdClient, EtcdError
-from kustos.proof.check import check_history
+from kustos.etcd.recovery import BUMP_REVISION
+from kustos.proof.check import acknowledged_writes_missing, check_history
+from kustos.proof.history import load_history
 from kustos.proof.recorder import Recording, Workload, record
 from kustos.runtime.crashpoints import EACH, EXIT_CODE, STEP, logged_writes, transitions
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_consistent, etcd_cluster, status_of, wait_healthy
 from tests.integration.kube import describe, wait_until
 from tests.integration.operator import OperatorProcess, start_chart_operator
+from tests.integration.test_etcd_recovery import AUTOMATIC, kill_members
 from tests.integration.test_nodeimage import (  # noqa: F401 (fixtures api, fleet)
     NEW,
     OLD,
@@ -55,7 +58,7 @@ from tests.integration.test_nodeimage import (  # noqa: F401 (fixtures api, flee
     node_image,
     start_fleet,
 )
-from tests.integration.test_proof import assert_proven, write_report
+from tests.integration.test_proof import assert_proven, felt, leader_of, member_urls, write_report
 from tests.integration.test_purge_node import (
     client_tls,
     member_names,
@@ -83,6 +86,9 @@ PURGE_RECORDING = 40.0  # seconds: a purge takes 15-30 s after the node dies
 # out the crashed one's Lease (6 s, the suite's timings) before its first pass.
 CHAIN_SECONDS_PER_WRITE = 12.0
 CHAIN_RECORDING_MAX = 900.0
+QUORUM_LOSS_RECORDING = 20.0  # seconds of the first history of a rebuild: load, then the loss
+QUORUM_LOST_AFTER = 5.0  # seconds into it
+REBUILT_RECORDING = 30.0  # the second history's, in `step` mode: the growth back to 3 members
 
 
 def crash_point() -> str:
@@ -350,6 +356,135 @@ async def test_a_crash_after_any_write_is_finished_by_the_next_operator(
     figures.append(
         f"| {scenario} | {len(writes)} | {label} | {run.crashes} | "
         f"linearizable | {verdict.writes_lost} | {time.monotonic() - began:.0f} |"
+    )
+
+
+def rebuilt_workload(endpoints: tuple[str, ...], seconds: float, scenario: str) -> Workload:
+    """A rebuild's histories: the same keys before and after it, so the second one's initial
+    state says whether the rebuild kept every write the first one had acknowledged."""
+    return Workload(endpoints, clients=3, watchers=1, rate=100, duration=seconds, scenario=scenario,
+                    follow_members=True)  # fmt: skip
+
+
+@dataclass
+class Rebuild:
+    """A quorum loss rebuilt automatically, as one stage: both followers killed and their pods
+    deleted (the leader, which holds every committed write, survives). Once the new epoch's seed
+    serves alone, a second history (``recording_for`` seconds, when given) is recorded on it
+    while the operators grow it back: the first (``loss``) must have ended by then."""
+
+    kubectl: Kubectl
+    name: str
+    history: Path
+    recording_for: float = 0.0
+    loss: asyncio.Task[Recording] | None = None
+    epoch: int = 0
+    recording: asyncio.Task[Recording] | None = None
+
+    def lose_quorum(self, kubectl: Kubectl, name: str) -> Done:
+        status = status_of(kubectl, name)
+        self.epoch = int(status.get("epoch") or 0) + 1
+        survivor = leader_of(status)
+        kill_members(kubectl, [m["name"] for m in status["members"] if m["name"] != survivor])
+        return lambda status: False  # done() decides
+
+    async def done(self) -> bool:
+        status = await asyncio.to_thread(status_of, self.kubectl, self.name)
+        if status.get("epoch") != self.epoch or (status.get("recovery") or {}).get("phase") != "Succeeded":
+            return False
+        urls = tuple(member_urls(status))
+        ready_to_record = self.recording_for and self.recording is None and urls
+        if ready_to_record and (self.loss is None or self.loss.done()):
+            workload = rebuilt_workload(urls, self.recording_for, f"rebuilt, epoch {self.epoch}")
+            self.recording = asyncio.create_task(
+                asyncio.to_thread(asyncio.run, record(workload, self.history))
+            )
+        return healthy(status, 3)
+
+    def assert_nothing_twice(self, old_members: list[str]) -> dict[str, Any]:
+        """One seed, one new epoch, its three members new and one per pod."""
+        status = status_of(self.kubectl, self.name)
+        assert status["recovery"]["attempts"] == 1, f"more than one seed: {status['recovery']}"
+        assert status["epoch"] == self.epoch, f"rebuilt more than once: epoch {status['epoch']}"
+        assert_nothing_twice(self.kubectl, self.name, status)
+        assert not {m["name"] for m in status["members"]} & set(old_members), status["members"]
+        pods = self.kubectl.get("pods", None, "-l", f"kustos.dev/cluster={self.name}")["items"]
+        assert {p["metadata"]["labels"]["kustos.dev/epoch"] for p in pods} == {str(self.epoch)}
+        return status
+
+
+async def lose_quorum_and_rebuild(
+    kubectl: Kubectl, name: str, directory: Path, env: dict[str, str], recording_for: float = 0.0
+) -> tuple[Run, Recording | None, Recording | None]:
+    """One rebuild with operators started with ``env``; with ``recording_for`` the loss and the
+    rebuilt cluster are each recorded, and the rebuild must have kept every acknowledged write."""
+    status = await asyncio.to_thread(status_of, kubectl, name)
+    old_members = [m["name"] for m in status["members"]]
+    loss: asyncio.Task[Recording] | None = None
+    if recording_for:
+        workload = rebuilt_workload(
+            tuple(member_urls(status)), QUORUM_LOSS_RECORDING, "2 of 3 members killed"
+        )
+        loss = asyncio.create_task(asyncio.to_thread(asyncio.run, record(workload, directory / "loss.jsonl")))
+        await asyncio.sleep(QUORUM_LOST_AFTER)
+    rebuild = Rebuild(kubectl, name, directory / "rebuilt.jsonl", recording_for, loss)
+    try:
+        run = await run_stages(
+            kubectl, [(rebuild.lose_quorum, rebuild.done)], directory / "operators", env, name
+        )
+    finally:
+        lost = await loss if loss is not None else None
+        rebuilt = await rebuild.recording if rebuild.recording is not None else None
+    rebuild.assert_nothing_twice(old_members)
+    return run, lost, rebuilt
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+async def test_a_crash_after_any_write_of_a_quorum_loss_rebuild_is_finished_by_the_next_operator(
+    crds: None, kubectl: Kubectl, tmp_path: Path, checker: Path, figures: list[str]
+) -> None:
+    """The loss is recorded, then the rebuilt cluster from the moment its seed serves: both
+    histories linearizable, and the second starts from every write the first acknowledged."""
+    began = time.monotonic()
+    name = "rebuilt"
+    kubectl.apply(etcd_cluster(name, 3, recovery=AUTOMATIC))
+    operators = Operators(kubectl, tmp_path / "setup", {})
+    operators.start()
+    try:
+        await wait_healthy(kubectl, name, 3)
+    finally:
+        operators.stop()
+    writes: list[str] = []
+    recording_for = REBUILT_RECORDING
+    if FULL:  # the writes to crash after in turn; `step` needs no clean run to find its write
+        clean_log = tmp_path / "clean.writes"
+        clean, _, _ = await lose_quorum_and_rebuild(
+            kubectl, name, tmp_path / "clean", {"KUSTOS_WRITE_LOG": str(clean_log)}
+        )
+        writes = logged_writes(clean_log)
+        assert clean.crashes == 0 and writes, "a clean run made no write"
+        recording_for = recording_seconds(EACH, clean.seconds, len(writes))
+    k = crash_point()
+    log = tmp_path / f"crash-{k}.writes"
+    env = {"KUSTOS_CRASH_AFTER_WRITE": k, "KUSTOS_WRITE_LOG": str(log)}
+    run, lost, rebuilt = await lose_quorum_and_rebuild(
+        kubectl, name, tmp_path / f"crash-{k}", env, recording_for
+    )
+    assert lost is not None and rebuilt is not None, "the rebuilt cluster was never recorded"
+    label = crash_label(k, run.crashes, log)
+    assert felt(lost), "the quorum loss was never felt"
+    for recording, what in ((lost, "the quorum loss"), (rebuilt, "the rebuilt cluster")):
+        verdict = check_history(
+            recording.path, checker, f"{what}, crash after {label}", 120, recording.path.with_suffix(".html")
+        )
+        assert_proven(verdict, recording)
+    after = load_history(rebuilt.path).header
+    kept = {key: read.value for key, read in after.initial.items()}
+    assert acknowledged_writes_missing(load_history(lost.path), kept) == [], "the rebuild lost a write"
+    assert after.initial_revision > BUMP_REVISION, "watchers would see old revisions again"
+    figures.append(
+        f"| etcd quorum-loss rebuild | {len(writes) or '-'} | {label} | {run.crashes} | "
+        f"linearizable | 0 | {time.monotonic() - began:.0f} |"
     )
 
 
