@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from kustos.devcluster import binaries
+from kustos.devcluster.imagestore import link_preloaded
 from kustos.devcluster.network import SERVICE_CIDR, ClusterNetwork, short_hash
 from kustos.devcluster.pids import alive, read_pid
 
@@ -83,6 +84,10 @@ class RealNode:
         return self.directory / "containerd"
 
     @property
+    def containerd_root(self) -> Path:
+        return self.containerd_dir / "root"
+
+    @property
     def containerd_socket(self) -> Path:
         return self.containerd_dir / "sock"
 
@@ -123,7 +128,7 @@ class RealNode:
         runtime = "plugins.'io.containerd.cri.v1.runtime'"
         lines = [
             "version = 3",
-            f'root = "{self.containerd_dir / "root"}"',
+            f'root = "{self.containerd_root}"',
             f'state = "{state}"',
             # Keep every plugin's files inside the node's directory.
             f"[plugins.'io.containerd.internal.v1.opt']\n  path = \"{self.containerd_dir / 'opt'}\"",
@@ -269,11 +274,16 @@ class RealNode:
         (self.directory / "resolv.conf").write_text(f"nameserver {network.gateway}\n")
         (self.directory / "containerd.toml").write_text(self.containerd_config(pause_image))
         (self.cni_conf_dir / "10-kustos.conflist").write_text(json.dumps(self.cni_config(network), indent=2))
+        # A new node's root starts as links to the images imported once (imagestore); a node
+        # started again on its own directory imports them (what it has is kept).
+        linked = not self.containerd_root.exists()
+        if linked:
+            link_preloaded(images, self.containerd_root)
         self._spawn("containerd", [str(binaries.binary_path("containerd")), "--config",
                                    str(self.directory / "containerd.toml")])  # fmt: skip
         what = f"containerd of {self.name}; see {self.log('containerd')}"
         _wait_for(self.containerd_socket.exists, 30, what)
-        for archive in images:
+        for archive in () if linked else images:
             self.ctr("images", "import", str(archive))
         config = self.kubelet_config(network, client_ca, (_free_port(), _free_port()))
         (self.directory / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
