@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 # What an operator's log says when the API server refused it: the refusal's reason is "Forbidden"
 # and its message "... is forbidden". A bare "403" matched a log line's milliseconds (",403").
 REFUSED = re.compile(r"forbidden", re.IGNORECASE)
+# How long a started operator has to answer /healthz. At a load of 15 (four sessions and a crash
+# chain) one answered none of 30 s of one-second probes; a Deployment's probes wait longer.
+HEALTHZ_TIMEOUT = 60.0
 
 
 def free_port() -> int:
@@ -120,12 +123,12 @@ def start_operator(
         argv = operator_argv(resolv_conf or cluster.resolv_conf, args)
         process = subprocess.Popen(argv, stdout=sink, stderr=sink, env=env, cwd=REPO)
     operator = OperatorProcess(process, metrics_port, webhook_port, log_file, args)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + HEALTHZ_TIMEOUT
     while time.monotonic() < deadline:
         if not operator.alive():
             raise AssertionError(f"operator exited with {process.returncode}:\n{operator.log()[-3000:]}")
         try:
-            httpx.get(f"{operator.base_url}/healthz", timeout=1)
+            httpx.get(f"{operator.base_url}/healthz", timeout=5)
             return operator
         except httpx.HTTPError:
             time.sleep(0.1)
@@ -133,7 +136,9 @@ def start_operator(
     # every operator after it would wait to lead while this one acts on a test now gone.
     operator.kill()
     operator.wait(10)
-    raise AssertionError(f"operator did not serve /healthz within 30s:\n{operator.log()[-3000:]}")
+    raise AssertionError(
+        f"operator did not serve /healthz within {HEALTHZ_TIMEOUT:.0f}s:\n{operator.log()[-3000:]}"
+    )
 
 
 # The session's chart install (``chart_identity``): replicas 0, the operators are the tests'

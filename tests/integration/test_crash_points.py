@@ -151,7 +151,7 @@ class Operators:
             try:
                 process = start_chart_operator(self.kubectl.cluster, log_dir / str(attempt), *args, env=env)
             except AssertionError as err:
-                # At a load of 20 the import alone can pass the fixture's 30 s (stop 23's
+                # At a load of 20 the import alone can pass the fixture's HEALTHZ_TIMEOUT (stop 23's
                 # note); a Deployment would wait for its pod longer than that too.
                 if "did not serve /healthz" not in str(err) or attempt == START_ATTEMPTS - 1:
                     raise

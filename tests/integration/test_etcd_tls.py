@@ -278,7 +278,13 @@ async def test_user_secrets_missing_are_reported_then_used_once_they_exist(
         return ready.get("status") == "False" and "my-peer does not exist" in ready.get("message", "")
 
     await wait_until(reported, "the missing Secret reported", timeout=60)
-    assert "TLSSecretInvalid" in events(kubectl, "own")
+
+    async def told() -> bool:
+        # The Event follows the status write that turned the condition (a CI run at a load of
+        # 15 read the events in between).
+        return "TLSSecretInvalid" in events(kubectl, "own")
+
+    await wait_until(told, "a TLSSecretInvalid Event", timeout=30)
 
     # The member waits for its Secrets; a user who knows its address can now issue them.
     async def pod_ip() -> str | None:
