@@ -282,6 +282,17 @@ async def run_scenario(
     return await run_stages(kubectl, [(act, None) for act in stages], log_dir, env, name)
 
 
+async def create_healthy(kubectl: Kubectl, cluster: dict[str, Any], log_dir: Path) -> None:
+    """The EtcdCluster created and healthy at 3, by an operator stopped once it is."""
+    kubectl.apply(cluster)
+    operators = Operators(kubectl, log_dir, {})
+    operators.start()
+    try:
+        await wait_healthy(kubectl, cluster["metadata"]["name"], 3)
+    finally:
+        operators.stop()
+
+
 def assert_nothing_twice(kubectl: Kubectl, name: str, status: dict[str, Any]) -> None:
     """One member per pod and per name, no pod or member left over."""
     assert_consistent(kubectl, name, 3, status)
@@ -318,13 +329,7 @@ async def test_a_crash_after_any_write_is_finished_by_the_next_operator(
     began = time.monotonic()
     name = "crash"
     stages = SCENARIOS[scenario]
-    kubectl.apply(etcd_cluster(name, 3))
-    operators = Operators(kubectl, tmp_path / "setup", {})
-    operators.start()
-    try:
-        await wait_healthy(kubectl, name, 3)
-    finally:
-        operators.stop()
+    await create_healthy(kubectl, etcd_cluster(name, 3), tmp_path / "setup")
 
     clean_log = tmp_path / "clean.writes"
     clean = await run_scenario(
@@ -447,13 +452,7 @@ async def test_a_crash_after_any_write_of_a_quorum_loss_rebuild_is_finished_by_t
     histories linearizable, and the second starts from every write the first acknowledged."""
     began = time.monotonic()
     name = "rebuilt"
-    kubectl.apply(etcd_cluster(name, 3, recovery=AUTOMATIC))
-    operators = Operators(kubectl, tmp_path / "setup", {})
-    operators.start()
-    try:
-        await wait_healthy(kubectl, name, 3)
-    finally:
-        operators.stop()
+    await create_healthy(kubectl, etcd_cluster(name, 3, recovery=AUTOMATIC), tmp_path / "setup")
     writes: list[str] = []
     recording_for = REBUILT_RECORDING
     if FULL:  # the writes to crash after in turn; `step` needs no clean run to find its write

@@ -37,8 +37,7 @@ def imported(images: list[Path]) -> Path:
 def test_a_nodes_root_links_the_images_and_owns_its_databases(images: list[Path], tmp_path: Path) -> None:
     shared = imported(images)
     node_root = tmp_path / "node" / "root"
-    node_root.parent.mkdir()
-    imagestore.link_preloaded(images, node_root)
+    assert imagestore.link_preloaded(images, node_root)
 
     for layer in ("content/blobs/sha256-1", "overlayfs/snapshots/1/fs/etcd"):
         assert (node_root / layer).samefile(shared / layer), layer

@@ -12,17 +12,16 @@ which containerd does write, are copied.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from kustos.devcluster import binaries
+from kustos.devcluster.network import locked
 from kustos.devcluster.paths import cache_root
 
 STORE = "containerd-roots"
@@ -45,15 +44,22 @@ def root_key(images: Sequence[Path]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def link_preloaded(images: Sequence[Path], root: Path) -> None:
+def link_preloaded(images: Sequence[Path], root: Path) -> bool:
     """Make ``root`` (a node's containerd root, not yet there) a copy of the shared root holding
-    ``images``: hard links, the databases copied. Builds the shared root first if needed."""
+    ``images``: hard links, the databases copied. Builds the shared root first if needed.
+    False, and nothing done, when the cache is on another filesystem (no hard link reaches)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    store = store_dir()
+    store.mkdir(parents=True, exist_ok=True)
+    if store.stat().st_dev != root.parent.stat().st_dev:
+        return False
     shared = shared_root(images)
     subprocess.run(["cp", "-al", str(shared), str(root)], check=True, capture_output=True)
     for database in root.rglob("*.db"):
         copy = database.with_name(database.name + ".copy")
         shutil.copy2(database, copy)
         copy.replace(database)
+    return True
 
 
 def shared_root(images: Sequence[Path]) -> Path:
@@ -63,7 +69,7 @@ def shared_root(images: Sequence[Path]) -> Path:
     if (directory / READY).exists():
         return directory / "root"
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(directory.parent / f"{directory.name}.lock"):
+    with locked(directory.parent / f"{directory.name}.lock"):
         if not (directory / READY).exists():
             shutil.rmtree(directory, ignore_errors=True)
             _import(images, directory)
@@ -126,13 +132,3 @@ def _prune(store: Path) -> None:
     for old in roots[:-KEPT]:
         shutil.rmtree(old, ignore_errors=True)
         (store / f"{old.name}.lock").unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -228,7 +228,8 @@ def remove_netns(ns: str) -> None:
 
 @contextlib.contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock across processes: two clusters starting at once pick distinct ranges."""
+    """An exclusive lock across processes: two clusters starting at once pick distinct ranges,
+    and one session imports the real nodes' shared images while the others wait."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)

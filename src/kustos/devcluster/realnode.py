@@ -275,10 +275,9 @@ class RealNode:
         (self.directory / "containerd.toml").write_text(self.containerd_config(pause_image))
         (self.cni_conf_dir / "10-kustos.conflist").write_text(json.dumps(self.cni_config(network), indent=2))
         # A new node's root starts as links to the images imported once (imagestore); a node
-        # started again on its own directory imports them (what it has is kept).
-        linked = not self.containerd_root.exists()
-        if linked:
-            link_preloaded(images, self.containerd_root)
+        # started again on its own directory imports them (what it has is kept), as does one
+        # whose directory is on another filesystem than the cache.
+        linked = not self.containerd_root.exists() and link_preloaded(images, self.containerd_root)
         self._spawn("containerd", [str(binaries.binary_path("containerd")), "--config",
                                    str(self.directory / "containerd.toml")])  # fmt: skip
         what = f"containerd of {self.name}; see {self.log('containerd')}"
