@@ -258,6 +258,20 @@ async def test_workload_identity_gets_a_token_from_entra_id_and_arm_takes_it(
     assert [t.subject for t in fake.tokens.tokens.values()].count(CLIENT) == 1  # one token, reused
 
 
+async def test_workload_identity_leaves_the_operators_log_to_failures(
+    fake: AzureFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """azure-identity says at INFO which credentials it tried ("Incomplete environment
+    configuration" under workload identity) and each token it got: nothing a user acts on."""
+    issuer = Issuer()
+    fake.federate(CLIENT, issuer.url, SUBJECT, issuer.key.public_keys())
+    group = fake.add_scale_set("workers", "worker", image(fake, OLD), 1)
+    provider = workload_identity(fake, monkeypatch, tmp_path, issuer.token(SUBJECT, FEDERATION_AUDIENCE))
+    caplog.set_level("INFO")
+    assert [g.group_id for g in await provider.groups()] == [group]
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("azure")] == []
+
+
 @pytest.mark.parametrize(
     ("assertion", "message"),
     [

@@ -76,11 +76,14 @@ log = logging.getLogger(__name__)
 def load_sdk() -> None:
     """Import azure-mgmt-compute: ~120 MiB and seconds of CPU, so once, in a worker thread, at
     the provider's first call; ``kustos run`` serves its probes meanwhile. azure-core logs
-    every request and response at INFO: kept to warnings, the failures kustos reports itself."""
+    every request and response at INFO, and azure-identity each credential it tried and each
+    token (with workload identity, "Incomplete environment configuration" at every provider
+    made): kept to warnings, the failures kustos reports itself."""
     global az
     from azure.mgmt.compute import models as az
 
-    logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
+    for chatty in ("azure.core.pipeline.policies.http_logging_policy", "azure.identity"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 T = TypeVar("T")
