@@ -86,8 +86,12 @@ PURGE_RECORDING = 40.0  # seconds: a purge takes 15-30 s after the node dies
 # out the crashed one's Lease (6 s, the suite's timings) before its first pass.
 CHAIN_SECONDS_PER_WRITE = 12.0
 CHAIN_RECORDING_MAX = 900.0
-QUORUM_LOSS_RECORDING = 20.0  # seconds of the first history of a rebuild: load, then the loss
+# The first history of a rebuild: load, then the loss. It must end before the seed serves, where
+# the second begins: its last reads cannot succeed without a quorum, so it gives them little time
+# (a CI run at a load of 10 saw the rebuild done before the default 30 s had passed).
+QUORUM_LOSS_RECORDING = 12.0  # seconds
 QUORUM_LOST_AFTER = 5.0  # seconds into it
+QUORUM_LOSS_SETTLE = 5.0
 REBUILT_RECORDING = 30.0  # the second history's, in `step` mode: the growth back to 3 members
 
 
@@ -404,7 +408,8 @@ class Rebuild:
             self.recording = asyncio.create_task(
                 asyncio.to_thread(asyncio.run, record(workload, self.history))
             )
-        return healthy(status, 3)
+        # Not done before the second history has begun: it checks what the rebuild kept.
+        return healthy(status, 3) and (not self.recording_for or self.recording is not None)
 
     def assert_nothing_twice(self, old_members: list[str]) -> dict[str, Any]:
         """One seed, one new epoch, its three members new and one per pod."""
@@ -430,7 +435,8 @@ async def lose_quorum_and_rebuild(
         workload = rebuilt_workload(
             tuple(member_urls(status)), QUORUM_LOSS_RECORDING, "2 of 3 members killed"
         )
-        loss = asyncio.create_task(asyncio.to_thread(asyncio.run, record(workload, directory / "loss.jsonl")))
+        recorded = record(workload, directory / "loss.jsonl", settle=QUORUM_LOSS_SETTLE)
+        loss = asyncio.create_task(asyncio.to_thread(asyncio.run, recorded))
         await asyncio.sleep(QUORUM_LOST_AFTER)
     rebuild = Rebuild(kubectl, name, directory / "rebuilt.jsonl", recording_for, loss)
     try:
