@@ -411,7 +411,7 @@ class Rebuild:
         # Not done before the second history has begun: it checks what the rebuild kept.
         return healthy(status, 3) and (not self.recording_for or self.recording is not None)
 
-    def assert_nothing_twice(self, old_members: list[str]) -> dict[str, Any]:
+    def assert_nothing_twice(self, old_members: list[str]) -> None:
         """One seed, one new epoch, its three members new and one per pod."""
         status = status_of(self.kubectl, self.name)
         assert status["recovery"]["attempts"] == 1, f"more than one seed: {status['recovery']}"
@@ -420,7 +420,6 @@ class Rebuild:
         assert not {m["name"] for m in status["members"]} & set(old_members), status["members"]
         pods = self.kubectl.get("pods", None, "-l", f"kustos.dev/cluster={self.name}")["items"]
         assert {p["metadata"]["labels"]["kustos.dev/epoch"] for p in pods} == {str(self.epoch)}
-        return status
 
 
 async def lose_quorum_and_rebuild(

@@ -21,14 +21,16 @@ def images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def imported(images: list[Path]) -> Path:
-    """The shared root as an import would leave it: a blob, an unpacked layer, the databases."""
+    """The shared root as an import would leave it: a blob, an unpacked layer, and each plugin's
+    database at the top of its directory."""
     directory = imagestore.store_dir() / imagestore.root_key(images)
     root = directory / "root"
     (root / "content" / "blobs").mkdir(parents=True)
     (root / "content" / "blobs" / "sha256-1").write_bytes(b"blob")
     (root / "overlayfs" / "snapshots" / "1" / "fs").mkdir(parents=True)
     (root / "overlayfs" / "snapshots" / "1" / "fs" / "etcd").write_bytes(b"binary")
-    (root / "meta.db").write_bytes(b"images")
+    (root / "bolt").mkdir()
+    (root / "bolt" / "meta.db").write_bytes(b"images")
     (root / "overlayfs" / "metadata.db").write_bytes(b"snapshots")
     (directory / imagestore.READY).touch()
     return root
@@ -41,11 +43,11 @@ def test_a_nodes_root_links_the_images_and_owns_its_databases(images: list[Path]
 
     for layer in ("content/blobs/sha256-1", "overlayfs/snapshots/1/fs/etcd"):
         assert (node_root / layer).samefile(shared / layer), layer
-    for database in ("meta.db", "overlayfs/metadata.db"):
+    for database in ("bolt/meta.db", "overlayfs/metadata.db"):
         assert not (node_root / database).samefile(shared / database), database
         assert (node_root / database).read_bytes() == (shared / database).read_bytes()
-    (node_root / "meta.db").write_bytes(b"this node's images")
-    assert (shared / "meta.db").read_bytes() == b"images"
+    (node_root / "bolt" / "meta.db").write_bytes(b"this node's images")
+    assert (shared / "bolt" / "meta.db").read_bytes() == b"images"
 
 
 def test_another_image_is_another_root_and_only_the_newest_two_are_kept(

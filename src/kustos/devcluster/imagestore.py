@@ -34,6 +34,22 @@ class ImageStoreError(RuntimeError):
     """The shared root could not be built (containerd would not start, an import failed)."""
 
 
+def private_containerd(directory: Path) -> list[str]:
+    """The settings that keep a containerd to ``directory`` (root, state, plugins' files and
+    sockets: ``sock``), beside the machine's and the other nodes': TOML top-level keys, then
+    tables, for a caller's own keys before and tables after."""
+    socket = directory / "sock"
+    return [
+        f'root = "{directory / "root"}"',
+        f'state = "{directory / "state"}"',
+        f"[plugins.'io.containerd.internal.v1.opt']\n  path = \"{directory / 'opt'}\"",
+        f'[grpc]\n  address = "{socket}"',
+        f'[ttrpc]\n  address = "{socket}.ttrpc"',
+        # NRI's socket is one per machine: a second containerd would take it from the first.
+        "[plugins.'io.containerd.nri.v1.nri']\n  disable = true",
+    ]
+
+
 def store_dir() -> Path:
     return cache_root() / STORE
 
@@ -55,7 +71,8 @@ def link_preloaded(images: Sequence[Path], root: Path) -> bool:
         return False
     shared = shared_root(images)
     subprocess.run(["cp", "-al", str(shared), str(root)], check=True, capture_output=True)
-    for database in root.rglob("*.db"):
+    # Each plugin keeps its database at the top of its own directory of the root.
+    for database in root.glob("*/*.db"):
         copy = database.with_name(database.name + ".copy")
         shutil.copy2(database, copy)
         copy.replace(database)
@@ -84,16 +101,8 @@ def _import(images: Sequence[Path], directory: Path) -> None:
     directory.mkdir(parents=True)
     socket = directory / "sock"
     config = directory / "containerd.toml"
-    config.write_text("\n".join([
-        "version = 3",
-        'disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"]',
-        f'root = "{directory / "root"}"',
-        f'state = "{directory / "state"}"',
-        f"[plugins.'io.containerd.internal.v1.opt']\n  path = \"{directory / 'opt'}\"",
-        f'[grpc]\n  address = "{socket}"',
-        f'[ttrpc]\n  address = "{socket}.ttrpc"',
-        "[plugins.'io.containerd.nri.v1.nri']\n  disable = true",
-    ]) + "\n")  # fmt: skip
+    disabled = 'disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime"]'
+    config.write_text("\n".join(["version = 3", disabled, *private_containerd(directory)]) + "\n")
     log = directory / "containerd.log"
     with log.open("ab") as sink:
         process = subprocess.Popen(

@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from kustos.devcluster import binaries
-from kustos.devcluster.imagestore import link_preloaded
+from kustos.devcluster.imagestore import link_preloaded, private_containerd
 from kustos.devcluster.network import SERVICE_CIDR, ClusterNetwork, short_hash
 from kustos.devcluster.pids import alive, read_pid
 
@@ -128,14 +128,7 @@ class RealNode:
         runtime = "plugins.'io.containerd.cri.v1.runtime'"
         lines = [
             "version = 3",
-            f'root = "{self.containerd_root}"',
-            f'state = "{state}"',
-            # Keep every plugin's files inside the node's directory.
-            f"[plugins.'io.containerd.internal.v1.opt']\n  path = \"{self.containerd_dir / 'opt'}\"",
-            f'[grpc]\n  address = "{self.containerd_socket}"',
-            f'[ttrpc]\n  address = "{self.containerd_socket}.ttrpc"',
-            # NRI's socket is one per machine: a second node would take it from the first.
-            "[plugins.'io.containerd.nri.v1.nri']\n  disable = true",
+            *private_containerd(self.containerd_dir),
             f"[plugins.'io.containerd.cri.v1.images'.pinned_images]\n  sandbox = \"{pause_image}\"",
             f"[{runtime}]",
             # No CAP_SYS_RESOURCE here: runc cannot lower a score below containerd's own.
