@@ -194,3 +194,22 @@ def test_an_init_container_that_cannot_pull_is_named_like_a_container() -> None:
     }
     said = classify(pod(status, node="w1"), None, NOW)
     assert said is not None and said.reason == "ImagePullFailed"
+
+
+def test_a_crash_loop_stays_named_between_its_back_offs() -> None:
+    """The kubelet reports the crash itself and a moment of the next try between two
+    back-offs: the same message all along, or STUCK and Degraded blink at every restart."""
+    crashed = {"terminated": {"exitCode": 2, "reason": "Error"}}
+    loop = classify(pod(waiting("CrashLoopBackOff", restarts=3, lastState=crashed), node="w-1"), None, NOW)
+
+    def at(state: dict[str, Any], ready: bool = False) -> Stuck | None:
+        statuses = [{"name": "etcd", "restartCount": 3, "ready": ready, "state": state, "lastState": crashed}]
+        return classify(pod({"phase": "Running", "containerStatuses": statuses}, node="w-1"), None, NOW)
+
+    assert loop is not None and at(crashed) == loop
+    trying = at({"running": {"startedAt": JUST_NOW}})
+    assert trying == loop and trying is not None and trying.previous_log and not loop.previous_log
+    # A member that came back and has run past the grace, or is ready, is not stuck.
+    assert at({"running": {"startedAt": LONG_AGO}}) is None
+    assert at({"running": {"startedAt": JUST_NOW}}, ready=True) is None
+    assert at({"terminated": {"exitCode": 0, "reason": "Completed"}}) is None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -54,6 +54,8 @@ class Stuck:
     reason: str  # one of REASONS
     message: str  # what is wrong and what to do, naming the pod
     container: str = ""  # CrashLoopBackOff: whose log the controller adds (``with_log``)
+    # CrashLoopBackOff while the next try runs: the crash's log is its previous run's.
+    previous_log: bool = field(default=False, compare=False)
 
 
 def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod") -> Stuck | None:
@@ -76,15 +78,16 @@ def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod
             return Stuck(name, "ImagePullFailed", (
                 f"{what} {name} cannot pull image {image} ({reason}: {detail}); {advice}"
             ))  # fmt: skip
-        if reason == "CrashLoopBackOff" and int(container.get("restartCount") or 0) >= CRASH_RESTARTS:
-            last = (container.get("lastState") or {}).get("terminated") or {}
-            code = last.get("exitCode")
+        ended_with = crash_exit(container, now)
+        if ended_with is not None:
+            code = ended_with.get("exitCode")
             ended = f"exit code {code}, " if code is not None else ""
             # No restart count in the message: it would make every restart news (an Event, a write).
             return Stuck(name, "CrashLoopBackOff", (
                 f"{what} {name} keeps crashing ({ended}restarted {CRASH_RESTARTS} times or more); "
                 f"check spec.extraArgs and `kubectl logs {name} --previous`"
-            ), container=str(container.get("name") or ""))  # fmt: skip
+            ), container=str(container.get("name") or ""),
+               previous_log="running" in (container.get("state") or {}))  # fmt: skip
     if status.get("phase", "Pending") != "Pending" or objects.pod_node(pod):
         return None
     if claim is not None and (claim.get("status") or {}).get("phase", "Pending") == "Pending":
@@ -111,6 +114,27 @@ def classify(pod: Obj, claim: Obj | None, now: datetime, what: str = "member pod
                 "spec.pod (nodeSelector, tolerations, affinity, resources), or relax it"
             ))  # fmt: skip
     return None
+
+
+def crash_exit(container: Obj, now: datetime) -> Obj | None:
+    """The ``terminated`` record of a crash loop's last crash, or None if ``container`` is not
+    in one. Between two back-offs the kubelet reports the crash itself (``terminated``) and then
+    a few moments of the next try (``running``): both are the same loop, or the STUCK column and
+    the Degraded condition would blink at every restart."""
+    if int(container.get("restartCount") or 0) < CRASH_RESTARTS:
+        return None
+    state = container.get("state") or {}
+    last = (container.get("lastState") or {}).get("terminated") or {}
+    if ((state.get("waiting") or {}).get("reason")) == "CrashLoopBackOff":
+        return last
+    terminated = state.get("terminated")
+    if terminated is not None:
+        return terminated if terminated.get("exitCode") != 0 else None
+    running = state.get("running")
+    if running is None or container.get("ready") or not last or last.get("exitCode") == 0:
+        return None
+    started = parse_rfc3339(running.get("startedAt"))
+    return last if started is not None and now - started < PENDING_GRACE else None
 
 
 def waiting_for_volumes(pod: Obj, now: datetime) -> bool:
@@ -176,7 +200,7 @@ def with_log(stuck: Stuck, log: str) -> Stuck:
     if not lines:
         return stuck
     tail = " | ".join(line[:300] for line in lines)
-    return Stuck(stuck.pod, stuck.reason, f"{stuck.message}; last log lines: {tail}", stuck.container)
+    return replace(stuck, message=f"{stuck.message}; last log lines: {tail}")
 
 
 def summary(stuck: tuple[Stuck, ...] | list[Stuck]) -> str:

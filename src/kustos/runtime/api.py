@@ -175,12 +175,16 @@ class Api:
         )
         _raise_for(response)
 
-    async def logs(self, namespace: str, pod: str, container: str, tail_lines: int = 50) -> str:
-        """The tail of a container's log (agent pods report their result there)."""
+    async def logs(
+        self, namespace: str, pod: str, container: str, tail_lines: int = 50, previous: bool = False
+    ) -> str:
+        """The tail of a container's log (agent pods report their result there); ``previous``:
+        of its last terminated run, which a crash loop's is whether it waits or runs again."""
         path = api_path("", "v1", "pods", namespace, pod) + "/log"
-        response = await self._send(
-            "GET", path, params={"container": container, "tailLines": str(tail_lines)}
-        )
+        params = {"container": container, "tailLines": str(tail_lines)}
+        if previous:
+            params["previous"] = "true"
+        response = await self._send("GET", path, params=params)
         _raise_for(response)
         return response.text
 
