@@ -50,6 +50,10 @@ KEPT_RUNS = 3
 # Every test of the last run, slowest first, with its session: where the suite's time went.
 LAST_RUN_TESTS = cache_root() / "last-run-tests.tsv"
 DEFAULT_SECONDS = 60.0
+# A failed run keeps its failing sessions' clusters (each up to a few GB) in the temp directory:
+# the newest two, marked FINISHED once the run has ended.
+KEPT_FAILED_RUNS = 2
+FINISHED = "finished"
 # How a module that starts real nodes says so (its pytestmark).
 REAL_NODES_MARK = "pytest.mark.real_nodes"
 
@@ -214,6 +218,26 @@ def unused_everywhere(out: Path, sessions: list[Session]) -> list[str]:
     return sorted(set.intersection(*found)) if found else []
 
 
+def drop_passed_sessions(out: Path, sessions: list[Session]) -> None:
+    """A failed run keeps the failing sessions' clusters to read (logs, audit, etcd data) and
+    every session's report; a passing session's cluster is gigabytes nobody reads."""
+    for s in sessions:
+        if s.process is not None and s.process.returncode == 0:
+            shutil.rmtree(out / f"session-{s.label}", ignore_errors=True)
+
+
+def prune_old_runs(tmp: Path, kept: int = KEPT_FAILED_RUNS) -> None:
+    """Only the newest ``kept`` failed runs stay: each holds a failing session's cluster. A run
+    still going (another checkout's suite on this machine) has no FINISHED mark: left alone."""
+    runs = sorted(
+        (run for run in tmp.glob("kustos-tests-*") if (run / FINISHED).exists()),
+        key=lambda run: (run / FINISHED).stat().st_mtime,
+        reverse=True,
+    )
+    for old in runs[kept:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=int(os.environ.get("KUSTOS_TEST_SESSIONS", "4")))
@@ -222,6 +246,7 @@ def main() -> int:
     every = sorted(INTEGRATION.glob("test_*.py"))
     modules = [INTEGRATION / Path(m).name for m in args.modules] if args.modules else every
     sessions = deal(modules, max(1, args.sessions), module_seconds(), unit=not args.modules)
+    prune_old_runs(Path(tempfile.gettempdir()))
     out = Path(tempfile.mkdtemp(prefix="kustos-tests-"))
     for s in sessions:
         print(f"[{s.label}] about {s.seconds / 60:.0f} min: {' '.join(Path(m).name for m in s.modules)}")
@@ -244,6 +269,8 @@ def main() -> int:
     failed = any(codes)
     if failed:
         print("\n".join(failures(cases)))
+        drop_passed_sessions(out, sessions)
+        (out / FINISHED).touch()
     # Only a whole run that passed can say a permission is never needed.
     unused = [] if failed or args.modules else unused_everywhere(out, sessions)
     if unused:

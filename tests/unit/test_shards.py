@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -70,3 +73,25 @@ def test_the_last_runs_tests_are_listed_slowest_first_with_their_session() -> No
         "90.2\tb\ttests.unit.test_p::t",
         "10.0\ta\ttests.integration.test_x::t",
     ]
+
+
+def test_a_failed_run_keeps_only_its_failing_clusters_and_the_newest_two_runs(tmp_path: Path) -> None:
+    run = tmp_path / "kustos-tests-new"
+    sessions = [shards.Session(0), shards.Session(1)]
+    for s, code in zip(sessions, (1, 0), strict=True):
+        (run / f"session-{s.label}").mkdir(parents=True)
+        (run / f"{s.label}.xml").write_text("<testsuites/>")
+        s.process = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"], text=True)
+        s.process.wait()
+    shards.drop_passed_sessions(run, sessions)
+    assert sorted(p.name for p in run.iterdir()) == ["a.xml", "b.xml", "session-a"]
+
+    for age, name in enumerate(("newest", "older", "oldest")):
+        (tmp_path / f"kustos-tests-{name}").mkdir()
+        mark = tmp_path / f"kustos-tests-{name}" / shards.FINISHED
+        mark.touch()
+        os.utime(mark, (1_000_000 - age, 1_000_000 - age))
+    shards.prune_old_runs(tmp_path)
+    # The run without its mark is still going (or another checkout's): never touched.
+    left = sorted(p.name for p in tmp_path.glob("kustos-tests-*"))
+    assert left == ["kustos-tests-new", "kustos-tests-newest", "kustos-tests-older"]
