@@ -14,6 +14,7 @@ a terminate of an unknown instance with HTTP 500, and makes a launch template ve
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -89,8 +90,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def moto_server(log_dir: Path, timeout: float = 60) -> Iterator[MotoServer]:
-    """moto's server on 127.0.0.1 and a free port, until the block ends."""
+def moto_server(log_dir: Path, timeout: float = 60, **settings: str) -> Iterator[MotoServer]:
+    """moto's server on 127.0.0.1 and a free port, until the block ends (``settings``: moto's
+    environment variables, which it reads once, at import)."""
     port = _free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"moto-{port}.log"
@@ -99,6 +101,7 @@ def moto_server(log_dir: Path, timeout: float = 60) -> Iterator[MotoServer]:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             stdout=sink,
             stderr=sink,
+            env={**os.environ, **settings},
         )
     server = MotoServer(process, port, log_file)
     try:

@@ -8,7 +8,6 @@ separate boto3 client, never from the provider's own answers alone.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +47,20 @@ def hermetic_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     with moto_server(tmp_path_factory.mktemp("moto")) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def moto_checking_amis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A second server, with moto's AMI validation on: a template on a missing AMI leaves a
+    group's desired capacity above its instances, as AWS does while a launch is under way."""
+    with moto_server(tmp_path_factory.mktemp("moto-amis"), MOTO_ENABLE_AMI_VALIDATION="true") as server:
+        yield server
+
+
+@pytest.fixture
+def aws_checking_amis(moto_checking_amis: MotoServer) -> MotoServer:
+    moto_checking_amis.reset()
+    return moto_checking_amis
 
 
 @pytest.fixture
@@ -217,7 +230,7 @@ async def test_create_at_the_maximum_is_a_capacity_error_naming_the_sizes(
 
 
 async def test_a_launch_aws_has_not_listed_yet_is_never_asked_for_twice(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    aws_checking_amis: MotoServer,
 ) -> None:
     """Finding 1: a second create while the group lists fewer instances than it desires
     (one intent asked twice, a pass on a stale cache) must not raise desired capacity
@@ -225,22 +238,21 @@ async def test_a_launch_aws_has_not_listed_yet_is_never_asked_for_twice(
 
     moto launches at once; with its AMI validation on, a template on a missing AMI leaves
     the group at desired 3 with 2 instances, as AWS does while a launch is under way."""
-    monkeypatch.setenv("MOTO_ENABLE_AMI_VALIDATION", "true")
-    with moto_server(tmp_path) as aws:
-        make_group(aws, "workers", "Worker", image=MOTO_AMI, size=2, max_size=6)
-        provider = AwsProvider.from_options(aws.options())
-        await provider.set_image("workers", NEW_IMAGE)  # an AMI this region does not have
-        with pytest.raises(ProviderError):
-            await provider.create_instance("workers")  # moto: the launch fails in the call
-        assert (group(aws, "workers")["DesiredCapacity"], len(instance_ids(aws, "workers"))) == (3, 2)
+    aws = aws_checking_amis  # a template on a missing AMI: its launches fail
+    make_group(aws, "workers", "Worker", image=MOTO_AMI, size=2, max_size=6)
+    provider = AwsProvider.from_options(aws.options())
+    await provider.set_image("workers", NEW_IMAGE)  # an AMI this region does not have
+    with pytest.raises(ProviderError):
+        await provider.create_instance("workers")  # moto: the launch fails in the call
+    assert (group(aws, "workers")["DesiredCapacity"], len(instance_ids(aws, "workers"))) == (3, 2)
 
-        for _ in range(3):
-            with pytest.raises(ProviderError, match="a launch is outstanding") as err:
-                await provider.create_instance("workers")
-            assert err.value.reason == "ProviderLaunchOutstanding"
-            assert not isinstance(err.value, NotFound | CapacityError)
+    for _ in range(3):
+        with pytest.raises(ProviderError, match="a launch is outstanding") as err:
+            await provider.create_instance("workers")
+        assert err.value.reason == "ProviderLaunchOutstanding"
+        assert not isinstance(err.value, NotFound | CapacityError)
 
-        assert group(aws, "workers")["DesiredCapacity"] == 3
+    assert group(aws, "workers")["DesiredCapacity"] == 3
 
 
 async def test_delete_terminates_and_shrinks_the_group(aws: MotoServer, provider: AwsProvider) -> None:
@@ -393,25 +405,22 @@ async def test_the_cache_can_be_turned_off(aws: MotoServer) -> None:
     assert len(calls) == 2 * once
 
 
-async def test_a_launch_that_never_shows_up_is_cancelled_once(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+async def test_a_launch_that_never_shows_up_is_cancelled_once(aws_checking_amis: MotoServer) -> None:
     """A Join whose deadline passed without an instance takes its launch back: the desired
     capacity is not left raised (a failed launch would block every later one)."""
-    monkeypatch.setenv("MOTO_ENABLE_AMI_VALIDATION", "true")
-    with moto_server(tmp_path) as aws:
-        make_group(aws, "workers", "Worker", image=MOTO_AMI, size=2, max_size=6)
-        provider = AwsProvider.from_options(aws.options())
-        await provider.set_image("workers", NEW_IMAGE)  # an AMI this region does not have
-        with pytest.raises(ProviderError):
-            await provider.create_instance("workers")
-        assert group(aws, "workers")["DesiredCapacity"] == 3
+    aws = aws_checking_amis  # a template on a missing AMI: its launches fail
+    make_group(aws, "workers", "Worker", image=MOTO_AMI, size=2, max_size=6)
+    provider = AwsProvider.from_options(aws.options())
+    await provider.set_image("workers", NEW_IMAGE)  # an AMI this region does not have
+    with pytest.raises(ProviderError):
+        await provider.create_instance("workers")
+    assert group(aws, "workers")["DesiredCapacity"] == 3
 
-        assert await AwsProvider.from_options(aws.options()).cancel_create("workers")
-        assert group(aws, "workers")["DesiredCapacity"] == 2
-        # Asked again (a restarted operator): nothing outstanding, nothing lowered.
-        assert not await AwsProvider.from_options(aws.options()).cancel_create("workers")
-        assert (group(aws, "workers")["DesiredCapacity"], len(instance_ids(aws, "workers"))) == (2, 2)
+    assert await AwsProvider.from_options(aws.options()).cancel_create("workers")
+    assert group(aws, "workers")["DesiredCapacity"] == 2
+    # Asked again (a restarted operator): nothing outstanding, nothing lowered.
+    assert not await AwsProvider.from_options(aws.options()).cancel_create("workers")
+    assert (group(aws, "workers")["DesiredCapacity"], len(instance_ids(aws, "workers"))) == (2, 2)
 
 
 async def test_weighted_instance_types_count_in_capacity_units(aws: MotoServer) -> None:
