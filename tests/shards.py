@@ -14,6 +14,10 @@ nftables table is one per machine. The least-privilege check needs every module'
 each session writes what it found unused (``KUSTOS_SHARD_REPORT``) and this runner fails the
 run if a permission went unused in every session.
 
+Each run writes to ``$TMPDIR/kustos-tests-*``: every session's JUnit report and its
+cluster's state (logs, audit log, etcd data). A passing run removes it; a failed one keeps
+the reports and the failing sessions' clusters, and only the newest two failed runs are kept.
+
 Usage: ``python -m tests.shards [--sessions N] [pytest arguments...]``
 """
 

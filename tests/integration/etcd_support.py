@@ -10,7 +10,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +152,23 @@ def member_list(endpoint: str) -> list[dict[str, Any]]:
         capture_output=True, text=True, check=True, timeout=30,
     )  # fmt: skip
     return list(json.loads(result.stdout)["members"])
+
+
+# The etcd client keeps 8 connections per member alive: more writes in flight would each open
+# (and, through the cluster DNS, look up) a connection of their own and close it after.
+PUTS_IN_FLIGHT = 8
+
+
+async def put_all(client: EtcdClient, items: Iterable[tuple[str, str]]) -> None:
+    """Every (key, value) written, PUTS_IN_FLIGHT at a time over the client's kept connections;
+    returns once etcd has acknowledged each."""
+    pending = iter(items)
+
+    async def writer() -> None:
+        for key, value in pending:
+            await client.put(key, value)
+
+    await asyncio.gather(*(writer() for _ in range(PUTS_IN_FLIGHT)))
 
 
 def assert_consistent(kubectl: Kubectl, name: str, size: int, status: dict[str, Any]) -> None:

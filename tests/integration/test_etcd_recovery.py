@@ -18,6 +18,7 @@ from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import (
     Writer,
     etcd_cluster,
+    put_all,
     running_operator,
     status_of,
     wait_healthy,
@@ -35,11 +36,10 @@ AUTOMATIC = {"automatic": True, "delay": "3s"}
 
 
 async def put_keys(endpoint: str, prefix: str, count: int) -> list[str]:
-    """``count`` keys, 50 writes in flight; every key returned was acknowledged."""
+    """``count`` keys; every key returned was acknowledged."""
     keys = [f"{prefix}{i:05d}" for i in range(count)]
     async with EtcdClient(endpoint, timeout=10.0) as client:
-        for start in range(0, count, 50):
-            await asyncio.gather(*(client.put(k, "v" * 64) for k in keys[start : start + 50]))
+        await put_all(client, ((key, "v" * 64) for key in keys))
     return keys
 
 

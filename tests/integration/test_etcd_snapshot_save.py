@@ -10,7 +10,6 @@ refuses.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import subprocess
@@ -25,7 +24,7 @@ from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
 from kustos.etcd.bolt import snapshot_revision
 from kustos.etcd.client import EtcdClient
 from kustos.etcd.snapshot import SnapshotCorrupt, verify_snapshot
-from tests.integration.etcd_support import build_missing_etcd_binaries, free_port
+from tests.integration.etcd_support import build_missing_etcd_binaries, free_port, put_all
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -87,8 +86,8 @@ async def test_verify_agrees_with_etcdutl_on_real_snapshots(member: tuple[str, s
     assert fresh.revision == etcdutl_status(version, tmp_path / "fresh.db")["revision"]
 
     async with EtcdClient(endpoint) as client:
-        for batch in range(0, 3000, 100):  # thousands of keys: the key bucket is a multi-level tree
-            await asyncio.gather(*(client.put(f"/k/{i:05d}", "v" * 200) for i in range(batch, batch + 100)))
+        # Thousands of keys: the key bucket is a multi-level tree.
+        await put_all(client, ((f"/k/{i:05d}", "v" * 200) for i in range(3000)))
         for i in range(0, 300, 3):
             await client.put(f"/k/{i:05d}", "overwritten")
         for i in range(1, 300, 7):
