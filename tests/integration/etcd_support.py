@@ -159,7 +159,7 @@ def member_list(endpoint: str) -> list[dict[str, Any]]:
 PUTS_IN_FLIGHT = 8
 
 
-async def put_all(client: EtcdClient, items: Iterable[tuple[str, str]]) -> None:
+async def put_all(client: EtcdClient, items: Iterable[tuple[str, str | bytes]]) -> None:
     """Every (key, value) written, PUTS_IN_FLIGHT at a time over the client's kept connections;
     returns once etcd has acknowledged each."""
     pending = iter(items)

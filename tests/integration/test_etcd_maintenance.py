@@ -18,6 +18,7 @@ from tests.integration.etcd_support import (
     assert_rejected,
     endpoint_status,
     etcd_cluster,
+    put_all,
     running_operator,
     status_of,
     wait_healthy,
@@ -48,13 +49,7 @@ async def fill_and_free(endpoint: str, tls: EtcdTLS | None = None) -> None:
     async with EtcdClient(endpoint, tls, timeout=10.0) as client:
         for i in range(KEEP_KEYS):
             await client.put(f"/keep/{i:03d}", f"value-{i}")
-        limit = asyncio.Semaphore(8)
-
-        async def put(i: int) -> None:
-            async with limit:
-                await client.put(f"/bulk/{i:04d}", VALUE)
-
-        await asyncio.gather(*(put(i) for i in range(BULK_KEYS)))
+        await put_all(client, ((f"/bulk/{i:04d}", VALUE) for i in range(BULK_KEYS)))
         assert await client.delete("/bulk/", prefix=True) == BULK_KEYS
         revision = await client.put("/keep/last", "last")
         with contextlib.suppress(Compacted):  # the periodic auto-compaction may get there first
