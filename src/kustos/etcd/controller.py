@@ -267,9 +267,8 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
             stuck = classify(pod, claim, now) or await volume_stuck(self.api, pod, now)
             if stuck is not None and stuck.container:
                 try:
-                    stuck = with_log(stuck, await self.api.logs(
-                        namespace, name, stuck.container, LOG_TAIL, previous=stuck.previous_log
-                    ))
+                    said = await self.api.logs(namespace, name, stuck.container, LOG_TAIL, stuck.previous_log)
+                    stuck = with_log(stuck, said)
                 except (ReconcileError, OSError) as err:  # the reason stands without its log
                     log.debug("could not read the log of %s: %s", name, err)
             if stuck is not None:
