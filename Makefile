@@ -21,12 +21,8 @@ dev-down: $(VENV)/.synced
 	$(KUSTOS) dev down
 
 # The whole suite: lint, types, import contracts, unit and integration tests on the real control plane.
-test: $(VENV)/.synced
+test: lint
 	$(KUSTOS) dev build --test-servers
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
-	$(MYPY)
-	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/python -m tests.shards
 
 # The proof suite (docs/proof.md): histories recorded under injected failures, checked for
@@ -48,6 +44,7 @@ proof: $(VENV)/.synced
 
 lint: $(VENV)/.synced
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(MYPY)
 	$(VENV)/bin/lint-imports --no-logo
 
