@@ -483,3 +483,64 @@ async def test_clients_of_one_member_share_a_connection_across_passes(member_kee
             writer.close()
             await task
     assert connections == (1 if member_keeps_connections else 3)
+
+
+async def test_the_connections_of_a_member_nobody_asks_any_more_are_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replaced member is never asked again: its pool, past a keep-alive unused, is closed
+    with its connections (their file descriptors grew by one per replacement in the hour's
+    soak). A member still asked, or one with a request in flight, keeps its connection."""
+    import asyncio
+
+    from kustos.etcd import client as etcd_client
+
+    now = [1000.0]
+    monkeypatch.setattr(etcd_client, "_clock", lambda: now[0])
+    body = STATUS_V36.replace("\n", "").encode()
+    opened: dict[int, int] = {}
+    ended: dict[int, asyncio.Event] = {}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = writer.get_extra_info("sockname")[1]
+        opened[port] = opened.get(port, 0) + 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                     if line.lower().startswith(b"content-length")), 0,
+                )  # fmt: skip
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+                writer.write(b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            ended.setdefault(port, asyncio.Event()).set()  # the client closed it
+        writer.close()
+
+    servers = [await asyncio.start_server(serve, "127.0.0.1", 0) for _ in range(3)]
+    departed, kept, busy = (s.sockets[0].getsockname()[1] for s in servers)
+    urls = {port: f"http://127.0.0.1:{port}" for port in (departed, kept, busy)}
+
+    async def ask(port: int) -> None:
+        async with EtcdClient(urls[port], timeout=2.0) as client:
+            assert (await client.status()).version == "3.6.16"
+
+    for port in urls:
+        await ask(port)
+    long_request = EtcdClient(urls[busy], timeout=2.0)
+    with long_request._http():  # a snapshot streaming past the keep-alive
+        now[0] += 20
+        await ask(kept)
+        now[0] += 20  # 40 s since the departed member and the busy one were last asked
+        await ask(kept)
+        await asyncio.wait_for(ended.setdefault(departed, asyncio.Event()).wait(), 5)
+        assert not ended.get(busy, asyncio.Event()).is_set()
+    await ask(kept)
+    await ask(busy)
+    assert opened == {departed: 1, kept: 1, busy: 1}  # the others reused their connection
+    for server in servers:
+        server.close()
+    for pool in etcd_client._POOLS.get(asyncio.get_running_loop(), {}).values():
+        await pool.http.aclose()

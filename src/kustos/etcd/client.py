@@ -27,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import socket
 import ssl
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -741,40 +742,83 @@ _PLAIN_HTTP = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 # How long an idle connection to a member is kept: longer than the 10 s between an idle
 # cluster's passes, so each pass reuses the last one's connections (etcd's server keeps them).
 KEEPALIVE_SECONDS = 30.0
-_POOLS_KEPT = 256  # endpoints with pooled connections, per event loop
+_POOLS_KEPT = 256  # endpoints with pooled connections, per event loop, whatever their age
+_clock = time.monotonic
+
+
+@dataclass(eq=False)
+class _Pool:
+    """The HTTP client (its connections) of one member endpoint and TLS context, and whether
+    anyone uses it."""
+
+    http: httpx.AsyncClient
+    used_at: float
+    in_flight: int = 0
+    closing: bool = False
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[httpx.AsyncClient]:
+        self.in_flight += 1
+        try:
+            yield self.http
+        finally:
+            self.in_flight -= 1
+            self.used_at = _clock()
+
+    def idle(self, now: float) -> bool:
+        """Nothing in flight and nothing asked for a keep-alive's time: its kept connections
+        have expired, and the HTTP client closes expired ones only when it is asked again."""
+        return self.in_flight == 0 and now - self.used_at > KEEPALIVE_SECONDS
+
+
 _POOLS: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[str, ssl.SSLContext | None], httpx.AsyncClient]
+    asyncio.AbstractEventLoop, dict[tuple[str, ssl.SSLContext | None], _Pool]
 ] = weakref.WeakKeyDictionary()
 _CLOSING: set[asyncio.Task[None]] = set()
 
 
-def _connections(endpoint: str, context: ssl.SSLContext | None) -> httpx.AsyncClient:
-    """The HTTP client (its connection pool) of one member endpoint and TLS context, shared by
-    every :class:`EtcdClient` of this event loop.
+def _connections(endpoint: str, context: ssl.SSLContext | None) -> _Pool:
+    """The pool of one member endpoint and TLS context, shared by every :class:`EtcdClient`
+    of this event loop.
 
     Why: the operator makes short clients, one per member per pass; each built its own HTTP
     client and opened (and, with TLS, handshook) a new connection. A renewed certificate is a
     new context, hence a new pool; a member that went away closed its connections, which the
     pool notices before it reuses one. Timeouts are given per request.
+
+    A pool nobody asked for a keep-alive's time is closed: a member that left (replaced,
+    removed, its pod IP gone) is never asked again, and its connections, closed by the member,
+    would otherwise hold their file descriptors (the nightly soak's hour of replacements found
+    that). The 256-endpoint bound stays for anything else.
     """
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # built outside a loop (never used there): a client of its own
-        return _new_http(endpoint, context)
+        return _Pool(_new_http(endpoint, context), _clock())
     for closed in [other for other in _POOLS if other.is_closed()]:  # its clients hold it alive
         del _POOLS[closed]
     pools = _POOLS.setdefault(loop, {})
+    now = _clock()
     key = (endpoint, context)
-    http = pools.pop(key, None)
-    if http is None or http.is_closed:
-        http = _new_http(endpoint, context)
-    pools[key] = http  # the newest last: the least recently used is closed past the bound
-    while len(pools) > _POOLS_KEPT:
-        oldest = pools.pop(next(iter(pools)))
-        task = loop.create_task(oldest.aclose())
-        _CLOSING.add(task)
-        task.add_done_callback(_CLOSING.discard)
-    return http
+    pool = pools.pop(key, None)
+    if pool is None or pool.closing or pool.http.is_closed:
+        pool = _Pool(_new_http(endpoint, context), now)
+    pool.used_at = max(pool.used_at, now)  # a client is built to be used: not idle before it is
+    for old in [k for k, p in pools.items() if p.idle(now)]:
+        _close(loop, pools.pop(old))
+    # Past the bound: the least recently asked for first, none with a request in flight.
+    over = len(pools) + 1 - _POOLS_KEPT
+    for old in [k for k, p in pools.items() if p.in_flight == 0][: max(0, over)]:
+        _close(loop, pools.pop(old))
+    pools[key] = pool  # the newest last
+    return pool
+
+
+def _close(loop: asyncio.AbstractEventLoop, pool: _Pool) -> None:
+    pool.closing = True  # no new request starts on it (``EtcdClient._http`` takes another)
+    task = loop.create_task(pool.http.aclose())
+    _CLOSING.add(task)
+    task.add_done_callback(_CLOSING.discard)
 
 
 def _new_http(endpoint: str, context: ssl.SSLContext | None) -> httpx.AsyncClient:
@@ -857,7 +901,7 @@ class EtcdClient:
         """The credentials whose token this client last sent (None: none was needed yet)."""
         self._url = url
         self._ssl = (tls or EtcdTLS()).shared_ssl_context() if url.scheme == "https" else None
-        self._http = _connections(self.endpoint, self._ssl)
+        self._pool = _connections(self.endpoint, self._ssl)
 
     async def __aenter__(self) -> Self:
         return self
@@ -872,6 +916,24 @@ class EtcdClient:
 
     def __repr__(self) -> str:
         return f"EtcdClient({self.endpoint!r})"
+
+    @contextlib.contextmanager
+    def _http(self) -> Iterator[httpx.AsyncClient]:
+        """The endpoint's shared HTTP client for one request: counted in flight, so the pool is
+        not closed under it; a client kept past its pool's close takes the endpoint's new one."""
+        if self._pool.closing or self._pool.http.is_closed:
+            self._pool = _connections(self.endpoint, self._ssl)
+        with self._pool.busy() as http:
+            yield http
+
+    @contextlib.asynccontextmanager
+    async def _snapshot_stream(self, timeout: float, token: str | None) -> AsyncIterator[httpx.Response]:
+        """The snapshot's streamed answer, the pool in use until the stream ends."""
+        headers = {"Authorization": token} if token else None
+        with self._http() as http:
+            path = "/v3/maintenance/snapshot"
+            async with http.stream("POST", path, json={}, timeout=timeout, headers=headers) as response:
+                yield response
 
     # ----------------------------------------------------------------- transport
 
@@ -932,9 +994,8 @@ class EtcdClient:
     ) -> dict[str, Any]:
         headers = {"Authorization": token} if token else None
         try:
-            response = await self._http.post(
-                path, json=body, timeout=timeout or self.timeout, headers=headers
-            )
+            with self._http() as http:
+                response = await http.post(path, json=body, timeout=timeout or self.timeout, headers=headers)
         except _TRANSPORT_ERRORS as exc:
             raise await self._failure(exc) from exc
         if response.status_code != 200:
@@ -996,7 +1057,8 @@ class EtcdClient:
         """
         params = {"serializable": "true"} if serializable else None
         try:
-            response = await self._http.get("/health", params=params, timeout=self.timeout)
+            with self._http() as http:
+                response = await http.get("/health", params=params, timeout=self.timeout)
             return response.status_code == 200 and response.json().get("health") == "true"
         except (*_TRANSPORT_ERRORS, ValueError, AttributeError):
             return False
@@ -1005,7 +1067,8 @@ class EtcdClient:
         """The cluster version etcd's leader decided (``/version``'s ``etcdcluster``, like
         "3.6.0"): raised once every member runs a newer minor, lowered by a finished downgrade."""
         try:
-            response = await self._http.get("/version", timeout=self.timeout)
+            with self._http() as http:
+                response = await http.get("/version", timeout=self.timeout)
         except _TRANSPORT_ERRORS as exc:
             raise await self._failure(exc) from exc
         if response.status_code != 200:
@@ -1079,10 +1142,7 @@ class EtcdClient:
         trailer = b""
         storage_version = ""
         try:
-            async with self._http.stream(
-                "POST", "/v3/maintenance/snapshot", json={}, timeout=timeout or self.timeout,
-                headers={"Authorization": token} if token else None,
-            ) as response:  # fmt: skip
+            async with self._snapshot_stream(timeout or self.timeout, token) as response:
                 if response.status_code != 200:
                     raise error_from_response(response.status_code, await response.aread(), self.endpoint)
                 async for line in response.aiter_lines():
