@@ -7,6 +7,8 @@ are written from grpc-gateway's source, as no etcd call fails that way on demand
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from kustos.etcd.client import (
     BadLeaderTransferee,
     Compacted,
     EtcdClient,
+    EtcdCredentials,
     EtcdError,
     EtcdTLS,
     EtcdTLSError,
@@ -440,12 +443,37 @@ def test_clients_share_a_tls_context_until_the_certificates_are_rewritten(tmp_pa
     assert "renewed-ca" in trusted(renewed) and "first-ca" not in trusted(renewed)
 
 
+async def answer_requests(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes, keep_alive: bool = True
+) -> None:
+    """A member's JSON gateway as far as these tests need it: every request answered with
+    ``body``, the connection kept until the client closes it (or closed after one answer)."""
+    with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+        await _answer(reader, writer, body, keep_alive)
+    writer.close()
+
+
+async def _answer(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes, keep_alive: bool
+) -> None:
+    while True:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n")
+             if line.lower().startswith(b"content-length")), 0,
+        )  # fmt: skip
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+        writer.write(b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        if not keep_alive:
+            return
+
+
 @pytest.mark.parametrize("member_keeps_connections", [True, False])
 async def test_clients_of_one_member_share_a_connection_across_passes(member_keeps_connections: bool) -> None:
     """A client per member per pass (issue 28) must not open a connection per pass: the next
     client reuses the last one's; when the member closed it (restarted), a new one just works."""
-    import asyncio
-
     connections = 0
     body = STATUS_V36.replace("\n", "").encode()
 
@@ -455,22 +483,7 @@ async def test_clients_of_one_member_share_a_connection_across_passes(member_kee
         nonlocal connections
         connections += 1
         handlers.append((asyncio.current_task(), writer))  # type: ignore[arg-type]
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    (int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                     if line.lower().startswith(b"content-length")), 0,
-                )  # fmt: skip
-                await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
-                writer.write(b"content-length: %d\r\n\r\n%s" % (len(body), body))
-                await writer.drain()
-                if not member_keeps_connections:
-                    break
-        except asyncio.IncompleteReadError:
-            pass
-        writer.close()
+        await answer_requests(reader, writer, body, member_keeps_connections)
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
@@ -491,8 +504,6 @@ async def test_the_connections_of_a_member_nobody_asks_any_more_are_closed(
     """A replaced member is never asked again: its pool, past a keep-alive unused, is closed
     with its connections (their file descriptors grew by one per replacement in the hour's
     soak). A member still asked, or one with a request in flight, keeps its connection."""
-    import asyncio
-
     from kustos.etcd import client as etcd_client
 
     now = [1000.0]
@@ -504,20 +515,8 @@ async def test_the_connections_of_a_member_nobody_asks_any_more_are_closed(
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         port = writer.get_extra_info("sockname")[1]
         opened[port] = opened.get(port, 0) + 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    (int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                     if line.lower().startswith(b"content-length")), 0,
-                )  # fmt: skip
-                await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
-                writer.write(b"content-length: %d\r\n\r\n%s" % (len(body), body))
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            ended.setdefault(port, asyncio.Event()).set()  # the client closed it
-        writer.close()
+        await answer_requests(reader, writer, body)
+        ended.setdefault(port, asyncio.Event()).set()  # the client closed it
 
     servers = [await asyncio.start_server(serve, "127.0.0.1", 0) for _ in range(3)]
     departed, kept, busy = (s.sockets[0].getsockname()[1] for s in servers)
@@ -544,3 +543,25 @@ async def test_the_connections_of_a_member_nobody_asks_any_more_are_closed(
         server.close()
     for pool in etcd_client._POOLS.get(asyncio.get_running_loop(), {}).values():
         await pool.http.aclose()
+
+
+async def test_a_login_forgets_the_tokens_that_have_expired(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokens are kept per member: a replaced member's would stay for good without this."""
+    from kustos.etcd import client as etcd_client
+
+    monkeypatch.setattr(etcd_client, "_TOKENS", {})
+    body = b'{"header":{"cluster_id":"1","member_id":"2","revision":"3","raft_term":"4"},"token":"t.1"}'
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_requests(reader, writer, body)
+
+    root = [EtcdCredentials("root", "secret")]
+    servers = [await asyncio.start_server(serve, "127.0.0.1", 0) for _ in range(2)]
+    departed, current = (f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers)
+    assert await EtcdClient(departed, credentials=root).login() == "t.1"
+    (key,) = etcd_client._TOKENS
+    etcd_client._TOKENS[key] = ("t.1", 0.0)  # its reuse time is over
+    assert await EtcdClient(current, credentials=root).login() == "t.1"
+    assert [endpoint for endpoint, _, _ in etcd_client._TOKENS] == [current]
+    for server in servers:
+        server.close()

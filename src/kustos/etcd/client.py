@@ -974,7 +974,10 @@ class EtcdClient:
             except AuthFailed:
                 continue
             token = _str(payload, "token")
-            _TOKENS[_token_key(self.endpoint, credentials)] = (token, time.monotonic() + TOKEN_REUSE_SECONDS)
+            now = time.monotonic()
+            for expired in [key for key, (_, until) in _TOKENS.items() if until <= now]:
+                del _TOKENS[expired]  # a replaced member's token would otherwise stay for good
+            _TOKENS[_token_key(self.endpoint, credentials)] = (token, now + TOKEN_REUSE_SECONDS)
             self.logged_in_as = credentials
             return token
         users = ", ".join(dict.fromkeys(c.user for c in self.credentials))
