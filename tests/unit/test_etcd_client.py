@@ -470,6 +470,18 @@ async def _answer(
             return
 
 
+async def stop_members(servers: list[asyncio.Server], handlers: list[asyncio.Task[Any]]) -> None:
+    """The fake members stop, and every connection the clients' pools kept is closed: no
+    handler outlives the test."""
+    from kustos.etcd import client as etcd_client
+
+    for server in servers:
+        server.close()
+    for pool in etcd_client._POOLS.get(asyncio.get_running_loop(), {}).values():
+        await pool.http.aclose()
+    await asyncio.gather(*handlers)
+
+
 @pytest.mark.parametrize("member_keeps_connections", [True, False])
 async def test_clients_of_one_member_share_a_connection_across_passes(member_keeps_connections: bool) -> None:
     """A client per member per pass (issue 28) must not open a connection per pass: the next
@@ -512,7 +524,10 @@ async def test_the_connections_of_a_member_nobody_asks_any_more_are_closed(
     opened: dict[int, int] = {}
     ended: dict[int, asyncio.Event] = {}
 
+    handlers: list[asyncio.Task[Any]] = []
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
         port = writer.get_extra_info("sockname")[1]
         opened[port] = opened.get(port, 0) + 1
         await answer_requests(reader, writer, body)
@@ -539,10 +554,7 @@ async def test_the_connections_of_a_member_nobody_asks_any_more_are_closed(
     await ask(kept)
     await ask(busy)
     assert opened == {departed: 1, kept: 1, busy: 1}  # the others reused their connection
-    for server in servers:
-        server.close()
-    for pool in etcd_client._POOLS.get(asyncio.get_running_loop(), {}).values():
-        await pool.http.aclose()
+    await stop_members(servers, handlers)
 
 
 async def test_a_login_forgets_the_tokens_that_have_expired(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -552,7 +564,10 @@ async def test_a_login_forgets_the_tokens_that_have_expired(monkeypatch: pytest.
     monkeypatch.setattr(etcd_client, "_TOKENS", {})
     body = b'{"header":{"cluster_id":"1","member_id":"2","revision":"3","raft_term":"4"},"token":"t.1"}'
 
+    handlers: list[asyncio.Task[Any]] = []
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
         await answer_requests(reader, writer, body)
 
     root = [EtcdCredentials("root", "secret")]
@@ -563,5 +578,4 @@ async def test_a_login_forgets_the_tokens_that_have_expired(monkeypatch: pytest.
     etcd_client._TOKENS[key] = ("t.1", 0.0)  # its reuse time is over
     assert await EtcdClient(current, credentials=root).login() == "t.1"
     assert [endpoint for endpoint, _, _ in etcd_client._TOKENS] == [current]
-    for server in servers:
-        server.close()
+    await stop_members(servers, handlers)
