@@ -765,6 +765,11 @@ class _Pool:
             self.in_flight -= 1
             self.used_at = _clock()
 
+    @property
+    def usable(self) -> bool:
+        """Neither closed nor being closed: a new request may start on it."""
+        return not self.closing and not self.http.is_closed
+
     def idle(self, now: float) -> bool:
         """Nothing in flight and nothing asked for a keep-alive's time: its kept connections
         have expired, and the HTTP client closes expired ones only when it is asked again."""
@@ -801,7 +806,7 @@ def _connections(endpoint: str, context: ssl.SSLContext | None) -> _Pool:
     now = _clock()
     key = (endpoint, context)
     pool = pools.pop(key, None)
-    if pool is None or pool.closing or pool.http.is_closed:
+    if pool is None or not pool.usable:
         pool = _Pool(_new_http(endpoint, context), now)
     pool.used_at = max(pool.used_at, now)  # a client is built to be used: not idle before it is
     for old in [k for k, p in pools.items() if p.idle(now)]:
@@ -921,7 +926,7 @@ class EtcdClient:
     def _http(self) -> Iterator[httpx.AsyncClient]:
         """The endpoint's shared HTTP client for one request: counted in flight, so the pool is
         not closed under it; a client kept past its pool's close takes the endpoint's new one."""
-        if self._pool.closing or self._pool.http.is_closed:
+        if not self._pool.usable:
             self._pool = _connections(self.endpoint, self._ssl)
         with self._pool.busy() as http:
             yield http
