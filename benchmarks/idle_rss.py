@@ -41,7 +41,7 @@ BREAKDOWN: list[tuple[str, str]] = [
     ("asyncio + ssl (OpenSSL)", "import asyncio, ssl"),
     ("pydantic (+ pydantic-core)", "import pydantic"),
     ("httpx2 (API client transport)", "import httpx2"),
-    ("lightkube (kubeconfig, Lease client)", "import lightkube"),
+    ("kubeconfig and service account (kustos.runtime.kubeconfig)", "import kustos.runtime.kubeconfig"),
     ("prometheus_client, h11, yaml", "import prometheus_client, h11, yaml"),
     ("kustos.runtime (manager, informers, server)", "import kustos.runtime.manager"),
     ("kustos.api (model classes; validators built on first use)", "import kustos.api"),

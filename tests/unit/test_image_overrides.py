@@ -234,6 +234,7 @@ async def test_manager_applies_shared_configurations_without_the_own_one() -> No
     import httpx2
 
     from kustos.runtime.kube import KubeClients
+    from kustos.runtime.kubeconfig import KubeAccess
     from kustos.runtime.manager import Manager, ManagerOptions
 
     applied: list[dict[str, Any]] = []
@@ -244,7 +245,7 @@ async def test_manager_applies_shared_configurations_without_the_own_one() -> No
         return httpx2.Response(200, json=body)
 
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
-    clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
+    clients = KubeClients(config=KubeAccess(server="https://k8s"), raw=raw)
     options = ManagerOptions(
         leader_election=False, webhook_url="https://10.0.0.1:9443", namespaces=("team-a",)
     )

@@ -224,9 +224,9 @@ async def test_a_ceph_command_that_could_not_run_is_said_and_stops_the_purge_unl
 
 async def test_the_api_toolbox_finds_no_running_toolbox_pod() -> None:
     import httpx2
-    from lightkube.config.kubeconfig import KubeConfig
 
     from kustos.runtime.api import Api
+    from kustos.runtime.kubeconfig import KubeAccess
 
     pods = {"items": [
         {"metadata": {"name": "tools-old", "deletionTimestamp": "2026-01-01T00:00:00Z"},
@@ -238,7 +238,7 @@ async def test_the_api_toolbox_finds_no_running_toolbox_pod() -> None:
         return httpx2.Response(200, json=pods)
 
     api = Api(httpx2.AsyncClient(transport=httpx2.MockTransport(answer), base_url="https://k8s"))
-    config = KubeConfig.from_server("https://k8s").get()
+    config = KubeAccess(server="https://k8s")
     assert await rook.toolbox_pod(api, "rook-ceph") is None
     code, _, err = await rook.ApiToolbox(api, config, "rook-ceph").run(["ceph", "status"])
     assert code == 127 and "no Ready pod labelled app=rook-ceph-tools on a Ready node in rook-ceph" in err

@@ -28,6 +28,8 @@ NOT_ON_THE_OPERATOR_PATH = {
     "google": "only with --cloud-provider gcp (google-cloud-compute: ~160 MiB, 5 s to import)",
     "grpc": "only with --cloud-provider gcp",
     "azure": "only with --cloud-provider azure (azure-mgmt-compute: ~140 MiB)",
+    "lightkube": "the dev cluster's node agent only; kustos.runtime.kubeconfig reads kubeconfigs (~4 MiB)",
+    "msgspec": "lightkube's models",
 }
 
 

@@ -101,19 +101,12 @@ def test_exec_url() -> None:
 
 
 async def test_the_token_of_the_kubeconfig_is_sent() -> None:
-    from lightkube.config.kubeconfig import KubeConfig
-
+    from kustos.runtime.kubeconfig import KubeAccess
     from kustos.runtime.podexec import _auth_headers
 
-    config = KubeConfig.from_dict({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": "https://k8s:6443"}}],
-        "users": [{"name": "u", "user": {"token": "s3cr3t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-    }).get()  # fmt: skip
+    config = KubeAccess(server="https://k8s:6443", token="s3cr3t")
     assert await _auth_headers(config, "wss://k8s:6443/api") == {"Authorization": "Bearer s3cr3t"}
-    anonymous = KubeConfig.from_server("https://k8s").get()
-    assert await _auth_headers(anonymous, "wss://k8s/api") == {}
+    assert await _auth_headers(KubeAccess(server="https://k8s"), "wss://k8s/api") == {}
 
 
 async def test_exec_in_pod_against_a_websocket_server() -> None:
@@ -121,12 +114,12 @@ async def test_exec_in_pod_against_a_websocket_server() -> None:
     in the query, v5 chosen, output and exit code back; a 403 is a ReconcileError naming it."""
     from http import HTTPStatus
 
-    from lightkube.config.kubeconfig import KubeConfig
     from websockets.asyncio.server import ServerConnection, serve
     from websockets.datastructures import Headers
     from websockets.http11 import Request, Response
 
     from kustos.runtime.errors import ReconcileError
+    from kustos.runtime.kubeconfig import KubeAccess
     from kustos.runtime.podexec import exec_in_pod
 
     seen: list[tuple[str, str | None]] = []
@@ -152,7 +145,7 @@ async def test_exec_in_pod_against_a_websocket_server() -> None:
 
     async with serve(handler, "127.0.0.1", 0, subprotocols=list(PROTOCOLS), process_request=refuse) as server:
         port = server.sockets[0].getsockname()[1]
-        config = KubeConfig.from_server(f"http://127.0.0.1:{port}").get()
+        config = KubeAccess(server=f"http://127.0.0.1:{port}")
         result = await exec_in_pod(config, "rook", "tools", ["ceph", "osd", "ls"], timeout=10)
         assert (result.code, result.stdout, result.stderr) == (22, "osd.3 up\n", "slow\n")
         assert seen == [
@@ -166,10 +159,10 @@ async def test_exec_in_pod_against_a_websocket_server() -> None:
 
 async def test_no_status_and_no_answer_are_errors() -> None:
 
-    from lightkube.config.kubeconfig import KubeConfig
     from websockets.asyncio.server import ServerConnection, serve
 
     from kustos.runtime.errors import ReconcileError
+    from kustos.runtime.kubeconfig import KubeAccess
     from kustos.runtime.podexec import exec_in_pod
 
     async def handler(socket: ServerConnection) -> None:
@@ -180,7 +173,7 @@ async def test_no_status_and_no_answer_are_errors() -> None:
 
     async with serve(handler, "127.0.0.1", 0, subprotocols=list(PROTOCOLS)) as server:
         port = server.sockets[0].getsockname()[1]
-        config = KubeConfig.from_server(f"http://127.0.0.1:{port}").get()
+        config = KubeAccess(server=f"http://127.0.0.1:{port}")
         with pytest.raises(ReconcileError, match="closed without a status"):
             await exec_in_pod(config, "n", "p", ["ls"], timeout=10)
         with pytest.raises(ReconcileError, match=r"no answer within 0\.2s") as hung:
@@ -189,10 +182,10 @@ async def test_no_status_and_no_answer_are_errors() -> None:
 
 
 async def test_a_server_that_speaks_only_v4_is_used_with_v4() -> None:
-    from lightkube.config.kubeconfig import KubeConfig
     from websockets.asyncio.server import ServerConnection, serve
     from websockets.typing import Subprotocol
 
+    from kustos.runtime.kubeconfig import KubeAccess
     from kustos.runtime.podexec import exec_in_pod
 
     chosen: list[str | None] = []
@@ -204,6 +197,6 @@ async def test_a_server_that_speaks_only_v4_is_used_with_v4() -> None:
 
     async with serve(handler, "127.0.0.1", 0, subprotocols=[Subprotocol("v4.channel.k8s.io")]) as server:
         port = server.sockets[0].getsockname()[1]
-        config = KubeConfig.from_server(f"http://127.0.0.1:{port}").get()
+        config = KubeAccess(server=f"http://127.0.0.1:{port}")
         result = await exec_in_pod(config, "n", "p", ["ls"], timeout=10)
     assert (result.code, result.stdout, chosen) == (0, "v4 out", ["v4.channel.k8s.io"])

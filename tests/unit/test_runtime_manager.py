@@ -13,6 +13,7 @@ import httpx2
 from kustos.runtime.controller import Controller
 from kustos.runtime.informer import ResourceRef
 from kustos.runtime.kube import KubeClients
+from kustos.runtime.kubeconfig import KubeAccess
 from kustos.runtime.manager import Manager, ManagerOptions
 from kustos.runtime.metrics import Metrics
 
@@ -50,7 +51,7 @@ def _sample(metrics: Metrics, controller: str) -> float | None:
 async def test_a_controller_with_an_absent_crd_waits_without_stopping_the_others() -> None:
     server = FakeApiServer()
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
-    clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
+    clients = KubeClients(config=KubeAccess(server="https://k8s"), raw=raw)
     # 2 s: long enough that the first checks fall inside it on a loaded machine (0.3 s did not
     # once, with four test sessions beside it).
     options = ManagerOptions(leader_election=False, metrics_address="127.0.0.1:0", cache_sync_timeout=2)
@@ -94,7 +95,7 @@ async def test_a_controller_with_an_absent_crd_waits_without_stopping_the_others
 async def test_stopping_while_caches_never_sync_is_prompt() -> None:
     server = FakeApiServer()
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
-    clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
+    clients = KubeClients(config=KubeAccess(server="https://k8s"), raw=raw)
     options = ManagerOptions(leader_election=False, metrics_address="127.0.0.1:0", cache_sync_timeout=60)
     manager = Manager(clients, options)
 
@@ -122,7 +123,9 @@ async def test_a_status_write_wakes_other_passes_but_not_the_writer_that_asked_f
         return httpx2.Response(200, json=written)
 
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
-    manager = Manager(KubeClients(config=None, api=None, raw=raw), ManagerOptions(leader_election=False))  # type: ignore[arg-type]
+    manager = Manager(
+        KubeClients(config=KubeAccess(server="https://k8s"), raw=raw), ManagerOptions(leader_election=False)
+    )
 
     async def reconcile(key: str) -> None:
         return None
@@ -168,7 +171,9 @@ async def test_an_owned_object_update_the_owner_does_not_decide_on_wakes_nobody(
     from kustos.runtime.resources import CLAIMS
 
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(FakeApiServer()), base_url="https://k8s")
-    manager = Manager(KubeClients(config=None, api=None, raw=raw), ManagerOptions(leader_election=False))  # type: ignore[arg-type]
+    manager = Manager(
+        KubeClients(config=KubeAccess(server="https://k8s"), raw=raw), ManagerOptions(leader_election=False)
+    )
 
     async def reconcile(key: str) -> None:
         return None
@@ -216,7 +221,9 @@ async def test_an_update_of_the_primary_that_a_controller_does_not_decide_on_wak
     from kustos.etcd.defragmentation_controller import cluster_change_matters
 
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(FakeApiServer()), base_url="https://k8s")
-    manager = Manager(KubeClients(config=None, api=None, raw=raw), ManagerOptions(leader_election=False))  # type: ignore[arg-type]
+    manager = Manager(
+        KubeClients(config=KubeAccess(server="https://k8s"), raw=raw), ManagerOptions(leader_election=False)
+    )
 
     async def reconcile(key: str) -> None:
         return None

@@ -13,6 +13,7 @@ import pytest
 
 from kustos.runtime.informer import Informer, InformerOptions, NamespacesInformer, ResourceRef
 from kustos.runtime.kube import KubeClients
+from kustos.runtime.kubeconfig import KubeAccess
 from kustos.runtime.manager import Manager, ManagerOptions, namespace_selector
 from kustos.runtime.metrics import Metrics
 
@@ -58,7 +59,7 @@ class FakeApiServer:
 
 def manager_for(server: FakeApiServer, namespaces: tuple[str, ...]) -> Manager:
     raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
-    clients = KubeClients(config=None, api=None, raw=raw)  # type: ignore[arg-type]
+    clients = KubeClients(config=KubeAccess(server="https://k8s"), raw=raw)
     options = ManagerOptions(leader_election=False, metrics_address="127.0.0.1:0", namespaces=namespaces)
     return Manager(clients, options, Metrics())
 

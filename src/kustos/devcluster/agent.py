@@ -14,7 +14,9 @@ import signal
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx2
 import yaml
+from lightkube import AsyncClient, KubeConfig
 
 from kustos.devcluster.provisioner import LocalPathProvisioner
 from kustos.devcluster.runner import PodRunner
@@ -24,13 +26,15 @@ from kustos.runtime.metrics import Metrics
 
 
 async def serve(kubeconfig: Path, state_dir: Path, restart_backoff: tuple[float, float]) -> None:
-    clients = connect(load_config(kubeconfig), Metrics(), field_manager="kustos-dev")
+    clients = connect(load_config(kubeconfig), Metrics())
+    # The runner and provisioner use lightkube's typed client; the operator does not load lightkube.
+    typed = AsyncClient(
+        KubeConfig.from_file(kubeconfig), field_manager="kustos-dev", timeout=httpx2.Timeout(30)
+    )
     server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     api_port = urlsplit(server).port
-    runner = PodRunner(
-        clients.api, clients.raw, state_dir, restart_backoff=restart_backoff, api_port=api_port
-    )
-    provisioner = LocalPathProvisioner(clients.api, clients.raw, state_dir / "volumes")
+    runner = PodRunner(typed, clients.raw, state_dir, restart_backoff=restart_backoff, api_port=api_port)
+    provisioner = LocalPathProvisioner(typed, clients.raw, state_dir / "volumes")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -46,6 +50,7 @@ async def serve(kubeconfig: Path, state_dir: Path, restart_backoff: tuple[float,
         with contextlib.suppress(asyncio.CancelledError):
             await task
     await runner.shutdown()
+    await typed.close()
     await clients.close()
     for finished in failed:
         finished.result()  # a loop that ended by itself is a bug: exit non-zero with its traceback

@@ -315,7 +315,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from kustos.runtime.kube import connect, load_config
     from kustos.runtime.metrics import Metrics
 
-    kube = connect(load_config(args.kubeconfig), Metrics(), field_manager="kustos-aws-bridge")
+    kube = connect(load_config(args.kubeconfig), Metrics())
     ec2, autoscaling = clients(args.endpoint_url, args.region)
     bridge = AwsBridge(
         Api(kube.raw, field_manager="kustos-aws-bridge"),

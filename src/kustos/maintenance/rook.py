@@ -21,12 +21,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from lightkube.config.kubeconfig import SingleConfig
-
 from kustos.maintenance.rook_scaling import CEPH_CLUSTERS
 from kustos.runtime import objects, podexec
 from kustos.runtime.api import Api, ApiStatusError
 from kustos.runtime.errors import ReconcileError
+from kustos.runtime.kubeconfig import KubeAccess
 from kustos.runtime.resources import DEPLOYMENTS, NODES, PODS
 
 OSD_SELECTOR = "app=rook-ceph-osd"
@@ -165,7 +164,7 @@ class ApiToolbox:
     """Runs ``ceph`` in Rook's toolbox pod through the API server's exec subresource (the
     operator's purge): the pod is looked up for every command, so a restarted toolbox is found."""
 
-    def __init__(self, api: Api, config: SingleConfig, namespace: str, timeout: float = 60.0) -> None:
+    def __init__(self, api: Api, config: KubeAccess, namespace: str, timeout: float = 60.0) -> None:
         self.api = api
         self.config = config
         self.namespace = namespace

@@ -66,7 +66,8 @@ class ApiUnreachable(ReconcileError):
         super().__init__(f"API server unreachable ({method} {path}): {what}", "ApiUnreachable")
 
 
-def _raise_for(response: httpx2.Response) -> None:
+def raise_for(response: httpx2.Response) -> None:
+    """An answer of 400 or more as ``ApiStatusError``, with the server's reason, message and causes."""
     if response.status_code < 400:
         return
     causes: tuple[str, ...] = ()
@@ -129,7 +130,7 @@ class Api:
         response = await self._send("GET", self.path(ref, namespace, name))
         if response.status_code == 404:
             return None
-        _raise_for(response)
+        raise_for(response)
         result: Obj = response.json()
         return result
 
@@ -146,7 +147,7 @@ class Api:
         items: list[Obj] = []
         while True:
             response = await self._send("GET", self.path(ref, namespace), params=params)
-            _raise_for(response)
+            raise_for(response)
             body = response.json()
             for item in body.get("items") or []:
                 item.setdefault("apiVersion", ref.api_version)
@@ -173,7 +174,7 @@ class Api:
         response = await self._send(
             "POST", path, content=json.dumps(body), headers={"Content-Type": "application/json"}
         )
-        _raise_for(response)
+        raise_for(response)
 
     async def logs(
         self, namespace: str, pod: str, container: str, tail_lines: int = 50, previous: bool = False
@@ -185,14 +186,14 @@ class Api:
         if previous:
             params["previous"] = "true"
         response = await self._send("GET", path, params=params)
-        _raise_for(response)
+        raise_for(response)
         return response.text
 
     async def create(self, ref: ResourceRef, obj: Obj) -> Obj:
         namespace = obj["metadata"].get("namespace")
         response = await self._send("POST", self.path(ref, namespace), json=obj,
                                          params={"fieldManager": self.field_manager})  # fmt: skip
-        _raise_for(response)
+        raise_for(response)
         result: Obj = response.json()
         return result
 
@@ -210,7 +211,7 @@ class Api:
             params=params,
             headers={"Content-Type": "application/apply-patch+yaml"},
         )
-        _raise_for(response)
+        raise_for(response)
         result: Obj = response.json()
         return result
 
@@ -230,7 +231,7 @@ class Api:
             params={"fieldManager": self.field_manager},
             headers={"Content-Type": content_type},
         )
-        _raise_for(response)
+        raise_for(response)
         result: Obj = response.json()
         return result
 
@@ -259,7 +260,7 @@ class Api:
             params={"fieldManager": self.field_manager},
             headers={"Content-Type": "application/json"},
         )
-        _raise_for(response)
+        raise_for(response)
         result: Obj = response.json()
         writer = current_controller()
         if writer is not None:
@@ -283,7 +284,7 @@ class Api:
         )  # fmt: skip
         if response.status_code == 404:
             return False
-        _raise_for(response)
+        raise_for(response)
         return True
 
     async def add_finalizer(self, ref: ResourceRef, obj: Obj, finalizer: str) -> Obj:

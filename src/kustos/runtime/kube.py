@@ -1,21 +1,19 @@
-"""Connections to the API server: lightkube for typed calls, a raw client for informers.
+"""The connection to the API server: one client of dicts for calls, watches and the Lease.
 
-Both share one configuration and one instrumented transport, so every request is
-counted in ``rest_client_requests_total{code,method}``.
+Every request goes through one instrumented transport, so it is counted in
+``rest_client_requests_total{code,method}``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx2
-from lightkube import AsyncClient, KubeConfig
-from lightkube.config import client_adapter
-from lightkube.config.client_adapter import ConnectionParams
-from lightkube.config.kubeconfig import SingleConfig
 
+from kustos.runtime import kubeconfig
+from kustos.runtime.kubeconfig import KubeAccess
 from kustos.runtime.metrics import Metrics
 
 FIELD_MANAGER = "kustos"
@@ -48,48 +46,31 @@ class CountingTransport(httpx2.AsyncBaseTransport):
 
 @dataclass
 class KubeClients:
-    """What controllers use: ``api`` for typed calls, ``raw`` for list/watch of dicts."""
+    """What controllers use: ``raw`` for every call and list/watch of dicts, and ``config``
+    for what opens its own connections (exec into a pod)."""
 
-    config: SingleConfig
-    api: AsyncClient
+    config: KubeAccess
     raw: httpx2.AsyncClient
 
     async def close(self) -> None:
-        await self.api.close()
         await self.raw.aclose()
 
 
-def load_config(kubeconfig: Path | None = None, context: str | None = None) -> SingleConfig:
+def load_config(path: Path | None = None, context: str | None = None) -> KubeAccess:
     """An explicit kubeconfig, else in-cluster, else ``$KUBECONFIG`` or ~/.kube/config."""
-    source = KubeConfig.from_file(kubeconfig) if kubeconfig is not None else KubeConfig.from_env()
-    config = source.get(context_name=context)
-    if config is None:
-        raise ValueError(f"no context {context!r} in the kubeconfig")
-    return config
+    return kubeconfig.load(path, context)
 
 
-def _transport(config: SingleConfig, metrics: Metrics, timeout: httpx2.Timeout) -> CountingTransport:
-    params = ConnectionParams(timeout=timeout).httpx_params(config)
-    inner = httpx2.AsyncHTTPTransport(verify=params["verify"], limits=httpx2.Limits(max_connections=100))
-    return CountingTransport(metrics, inner)
-
-
-def connect(config: SingleConfig, metrics: Metrics, field_manager: str = FIELD_MANAGER) -> KubeClients:
-    timeout = httpx2.Timeout(30.0)
-    api = AsyncClient(
-        config=config, field_manager=field_manager, timeout=timeout,
-        transport=_transport(config, metrics, timeout),
-    )  # fmt: skip
+def connect(config: KubeAccess, metrics: Metrics) -> KubeClients:
     # Watches wait for events as long as the server keeps the request open.
-    raw_timeout = httpx2.Timeout(30.0, read=None)
-    raw = client_adapter.AsyncClient(
-        config,
-        ConnectionParams(
-            timeout=raw_timeout,
-            transport=cast(httpx2.BaseTransport, _transport(config, metrics, raw_timeout)),
-        ),
-    )
-    return KubeClients(config=config, api=api, raw=raw)
+    timeout = httpx2.Timeout(30.0, read=None)
+    limits = httpx2.Limits(max_connections=100)
+    transport = httpx2.AsyncHTTPTransport(verify=config.ssl_context(), limits=limits)
+    raw = httpx2.AsyncClient(
+        base_url=config.server, auth=config.auth(), timeout=timeout,
+        transport=CountingTransport(metrics, transport),
+    )  # fmt: skip
+    return KubeClients(config=config, raw=raw)
 
 
 def api_path(group: str, version: str, plural: str, namespace: str | None = None, name: str = "") -> str:

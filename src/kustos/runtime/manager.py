@@ -242,7 +242,7 @@ class Manager:
     async def _run_with_election(self) -> bool:
         o = self.options
         self.elector = LeaderElector(
-            self.clients.api,
+            self.clients.raw,
             LeaderElectionConfig(
                 o.lease_name,
                 o.lease_namespace,

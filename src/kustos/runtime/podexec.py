@@ -8,7 +8,7 @@ executor): a GET upgraded to a WebSocket with the subprotocol ``v5.channel.k8s.i
 ``ExitCode``), and in v5 255, a close of the channel named by the next byte.
 
 The connection uses the same server, CA, client certificate and token as the runtime's
-client (the lightkube configuration). Every failure to run the command at all (refused,
+client (one ``KubeAccess``). Every failure to run the command at all (refused,
 forbidden, no such pod or container, timed out) is a ``ReconcileError``; a command that ran
 and failed is an exit code.
 """
@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import quote, urlencode
 
 import httpx2
-from lightkube.config.client_adapter import user_auth, verify_cluster
-from lightkube.config.kubeconfig import SingleConfig
 
 from kustos.runtime.errors import ReconcileError
+from kustos.runtime.kubeconfig import KubeAccess
 
 if TYPE_CHECKING:
     from websockets.typing import Subprotocol
@@ -119,10 +118,10 @@ def exec_url(server: str, namespace: str, pod: str, argv: list[str], container: 
     return f"{ws_scheme}://{rest.rstrip('/')}{path}?{urlencode(query)}"
 
 
-async def _auth_headers(config: SingleConfig, url: str) -> dict[str, str]:
+async def _auth_headers(config: KubeAccess, url: str) -> dict[str, str]:
     """The Authorization header the runtime's client would send (token, token file, exec
     plugin, basic); client certificates travel in the TLS context instead."""
-    auth = user_auth(config.user) if config.user is not None else None
+    auth = config.auth()
     if auth is None:
         return {}
     request = httpx2.Request("GET", url.replace("wss://", "https://", 1).replace("ws://", "http://", 1))
@@ -135,15 +134,14 @@ async def _auth_headers(config: SingleConfig, url: str) -> dict[str, str]:
     return {"Authorization": value} if value else {}
 
 
-def _tls(config: SingleConfig, url: str) -> ssl.SSLContext | None:
+def _tls(config: KubeAccess, url: str) -> ssl.SSLContext | None:
     if not url.startswith("wss://"):
         return None
-    assert config.user is not None, "kubeconfig context without a user"
-    return verify_cluster(config.cluster, config.user, config.abs_file)
+    return config.ssl_context()
 
 
 async def exec_in_pod(
-    config: SingleConfig,
+    config: KubeAccess,
     namespace: str,
     pod: str,
     argv: list[str],
@@ -158,7 +156,7 @@ async def exec_in_pod(
     where = f"exec in pod {namespace}/{pod}"
     streams = Streams()
     try:
-        url = exec_url(config.cluster.server, namespace, pod, argv, container)
+        url = exec_url(config.server, namespace, pod, argv, container)
         headers = await _auth_headers(config, url)
         async with asyncio.timeout(timeout):
             async with connect(

@@ -1,4 +1,4 @@
-"""Times as Kubernetes writes them: RFC 3339 timestamps (UTC, whole seconds), Go-style durations."""
+"""Times as Kubernetes writes them: RFC 3339 timestamps (UTC, whole seconds or micro), Go-style durations."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def micro_rfc3339(moment: datetime) -> str:
+    """A MicroTime (a Lease's acquireTime and renewTime): RFC 3339 with microseconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def parse_rfc3339(text: str | None) -> datetime | None:
