@@ -76,6 +76,20 @@ def test_webhook_certificates_are_made_and_read_without_loading_cryptography(tmp
     assert "cryptography" not in modules
 
 
+def test_the_clients_of_the_api_server_and_of_etcd_load_no_second_http_stack() -> None:
+    """httpx2's own transport would load httpcore2, anyio and an HTTP/2 stack (~3 MiB) with
+    the first client: every client of the operator uses ``runtime.transport`` instead."""
+    modules = loaded_after(
+        "from kustos.runtime.kube import connect\n"
+        "from kustos.runtime.kubeconfig import KubeAccess\n"
+        "from kustos.runtime.metrics import Metrics\n"
+        "from kustos.etcd.client import _new_http\n"
+        "connect(KubeAccess(server='https://127.0.0.1:6443'), Metrics())\n"
+        "_new_http('http://127.0.0.1:2379', None)\n"
+    )
+    assert not {m.split(".")[0] for m in modules} & {"httpcore2", "anyio", "h2"}
+
+
 def test_no_api_model_is_built_before_an_object_of_its_kind_is_read() -> None:
     """A built model holds its validator and serializer: a kind the cluster has no object of
     should cost the operator nothing but its classes."""

@@ -44,6 +44,7 @@ import httpx2 as httpx  # the API client's httpx2: one HTTP stack loaded, not tw
 
 from kustos.runtime import crashpoints
 from kustos.runtime.errors import ReconcileError
+from kustos.runtime.transport import H11Transport
 
 __all__ = [
     "CREDENTIALS",
@@ -734,9 +735,6 @@ class EtcdTLS:
 # TLS, and kubeadm's; its certificates come in temporary files, a new key each time).
 _CONTEXTS: dict[tuple[EtcdTLS, tuple[bytes | None, ...]], ssl.SSLContext] = {}
 _CONTEXTS_KEPT = 64
-# Plain-http clients never handshake, but the HTTP client builds a verifying context (the CA
-# store loaded) unless it is given one: this one, empty, shared.
-_PLAIN_HTTP = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
 
 # How long an idle connection to a member is kept: longer than the 10 s between an idle
@@ -827,8 +825,8 @@ def _close(loop: asyncio.AbstractEventLoop, pool: _Pool) -> None:
 
 
 def _new_http(endpoint: str, context: ssl.SSLContext | None) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_keepalive_connections=8, keepalive_expiry=KEEPALIVE_SECONDS)
-    return httpx.AsyncClient(base_url=endpoint, verify=context or _PLAIN_HTTP, limits=limits, trust_env=False)
+    transport = H11Transport(context, max_idle_per_host=8, keepalive_expiry=KEEPALIVE_SECONDS)
+    return httpx.AsyncClient(base_url=endpoint, transport=transport, trust_env=False)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from kustos.runtime.resources import (
     STATEFULSETS,
     STORAGE_CLASSES,
 )
+from kustos.runtime.transport import H11Transport
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -152,7 +153,7 @@ async def _cluster_check(address: str, path: str) -> tuple[bool, int]:
     """MinIO's cluster check at one server: (200, the drives it says heal). 503 (412 asked with
     maintenance=true) when the cluster has, or would have, no write quorum."""
     try:
-        async with httpx.AsyncClient(timeout=3.0) as client:
+        async with httpx.AsyncClient(timeout=3.0, transport=H11Transport()) as client:
             response = await client.get(f"http://{address}{path}")
     except httpx.HTTPError as err:
         log.info("MinIO at %s does not answer %s: %s", address, path, err)

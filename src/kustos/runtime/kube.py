@@ -15,6 +15,7 @@ import httpx2
 from kustos.runtime import kubeconfig
 from kustos.runtime.kubeconfig import KubeAccess
 from kustos.runtime.metrics import Metrics
+from kustos.runtime.transport import H11Transport
 
 FIELD_MANAGER = "kustos"
 
@@ -64,8 +65,7 @@ def load_config(path: Path | None = None, context: str | None = None) -> KubeAcc
 def connect(config: KubeAccess, metrics: Metrics) -> KubeClients:
     # Watches wait for events as long as the server keeps the request open.
     timeout = httpx2.Timeout(30.0, read=None)
-    limits = httpx2.Limits(max_connections=100)
-    transport = httpx2.AsyncHTTPTransport(verify=config.ssl_context(), limits=limits)
+    transport = H11Transport(config.ssl_context(), max_connections=100)
     raw = httpx2.AsyncClient(
         base_url=config.server, auth=config.auth(), timeout=timeout,
         transport=CountingTransport(metrics, transport),
