@@ -47,7 +47,7 @@ BREAKDOWN: list[tuple[str, str]] = [
     ("kustos.api (model classes; validators built on first use)", "import kustos.api"),
     ("every controller (kustos.controllers)", "import kustos.controllers"),
     ("the CLI (kustos.cli: typer, ...)", "import kustos.cli"),
-    ("the first API request (httpcore2, anyio, h2)", "import httpcore2"),
+    ("the first API request (kustos.runtime.transport: h11 over asyncio)", "import kustos.runtime.transport"),
     (
         "a self-signed webhook certificate (cryptography)",
         "from kustos.runtime.webhook import ServingCertificate as S\nS.self_signed(['localhost'], [])",
