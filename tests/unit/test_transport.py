@@ -17,14 +17,27 @@ from kustos.runtime.transport import H11Transport
 
 
 class Server:
-    """Answers by path: ``/hello`` (kept alive), ``/close`` (closes after), ``/slow`` (never
-    answers), ``/lines`` (three chunks, 50 ms apart), ``/big`` (1 MiB); counts connections."""
+    """Answers by path: ``/hello`` (kept alive), ``/close`` (says it closes, and does), ``/bye``
+    (closes without saying so: an idle timeout, a restart), ``/slow`` (never answers),
+    ``/lines`` (three chunks, 50 ms apart), ``/big`` (1 MiB); counts connections."""
 
     def __init__(self) -> None:
         self.connections = 0
         self.bodies: list[bytes] = []
+        self.handlers: set[asyncio.Task[None]] = set()
+
+    async def stop(self, listener: asyncio.Server) -> None:
+        """No connection handler outlives the test (a later test checks that no task is left)."""
+        listener.close()
+        for task in self.handlers:
+            task.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        task.add_done_callback(self.handlers.discard)
         self.connections += 1
         try:
             while True:
@@ -47,10 +60,10 @@ class Server:
                     writer.write(b"0\r\n\r\n")
                     continue
                 body = b"x" * (1 << 20) if path == "/big" else f"{path} {self.connections}".encode()
-                close = path == "/close"
+                close = path in ("/close", "/bye")
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n"
-                    % (len(body), b"Connection: close\r\n" if close else b"")
+                    % (len(body), b"Connection: close\r\n" if path == "/close" else b"")
                     + body
                 )
                 await writer.drain()
@@ -68,7 +81,7 @@ async def server() -> AsyncIterator[tuple[Server, str]]:
     listener = await asyncio.start_server(handler.handle, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     yield handler, f"http://127.0.0.1:{port}"
-    listener.close()
+    await handler.stop(listener)
 
 
 def client(base: str, **kwargs: object) -> httpx2.AsyncClient:
@@ -89,9 +102,10 @@ async def test_a_connection_the_server_closes_is_not_used_again(server: tuple[Se
     handler, base = server
     async with client(base) as http:
         assert (await http.get("/close")).text == "/close 1"
+        assert (await http.get("/bye")).text == "/bye 2"
         await asyncio.sleep(0.05)  # the server's close reaches the idle connection
-        assert (await http.get("/hello")).text == "/hello 2"
-    assert handler.connections == 2
+        assert (await http.get("/hello")).text == "/hello 3"
+    assert handler.connections == 3
 
 
 async def test_an_idle_connection_past_its_expiry_is_replaced(server: tuple[Server, str]) -> None:
@@ -152,7 +166,9 @@ async def test_a_closed_port_is_a_connect_error() -> None:
                 await http.get("/")
 
 
-async def test_a_server_the_context_does_not_trust_is_a_connect_error_caused_by_tls(tmp_path: Path) -> None:
+async def test_tls_sessions_the_server_ended_are_not_reused_nor_untrusted_servers_used(
+    tmp_path: Path,
+) -> None:
     now = datetime.now(UTC)
     ca = tls.new_ca("ca", now)
     serving = tls.issue(ca, "server", now, timedelta(days=1), ips=("127.0.0.1",))
@@ -167,10 +183,14 @@ async def test_a_server_the_context_does_not_trust_is_a_connect_error_caused_by_
         async with client(base, ssl_context=trusting) as http:
             assert (await http.get("/hello")).text == "/hello 1"
             assert (await http.get("/hello")).text == "/hello 1"
+            # The server ends the session (close_notify, then FIN) while the connection is idle.
+            assert (await http.get("/bye")).text == "/bye 1"
+            await asyncio.sleep(0.05)
+            assert (await http.get("/hello")).text == "/hello 2"
         stranger = ssl.create_default_context(cadata=tls.new_ca("other", now).cert.decode())
         async with client(base, ssl_context=stranger) as http:
             with pytest.raises(httpx2.ConnectError) as refused:
                 await http.get("/hello")
         assert isinstance(refused.value.__cause__, ssl.SSLCertVerificationError)
     finally:
-        listener.close()
+        await handler.stop(listener)

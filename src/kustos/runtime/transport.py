@@ -1,4 +1,4 @@
-"""HTTP/1.1 for every client of the operator: h11 over asyncio streams, connections kept per host.
+"""HTTP/1.1 for every client of the operator: h11 on asyncio sockets, connections kept per host.
 
 httpx2's own transport goes through httpcore2's pool and anyio's TLS streams and loads an
 HTTP/2 stack no kustos connection speaks: about a third of the CPU of an EtcdCluster pass
@@ -7,7 +7,9 @@ members, MinIO health) send small requests to few hosts and read a few long watc
 this serves with one h11 state machine per connection:
 
 - a connection is reused once its response was read to the end and neither side asked to
-  close it; an idle one is dropped after ``keepalive_expiry`` or when the server closed it;
+  close it; an idle one is dropped after ``keepalive_expiry``, or once the server closed it or
+  sent anything (as httpcore and Go's transport do), so a request never goes out on a
+  connection the server has already given up;
 - ``max_connections`` requests in flight at once, the rest wait up to the pool timeout;
 - a response not read to the end (a watch stopped, a stream cancelled) closes its connection;
 - failures are httpx2's exceptions, the TLS or socket error chained as their cause, so
@@ -28,32 +30,108 @@ import httpx2
 READ_SIZE = 64 * 1024
 
 
-class _Connection:
-    """One TCP connection and its h11 state. With TLS, the session runs in memory over the
-    plain stream (``ssl.SSLObject`` on two BIOs): asyncio's own TLS transport keeps a 256 KiB
-    read buffer per connection, 9 MiB for the operator's ~35 connections (mostly watches)."""
+class _Socket(asyncio.Protocol):
+    """One TCP connection's bytes as they arrive, and whether the server closed it: what an idle
+    connection must be checked for before it is used again (a server that closed it may have
+    sent a TLS close_notify first, which a stream reader would hold as unread data)."""
 
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tls: ssl.SSLObject | None = None
-    ) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._received = bytearray()
+        self._closed = False
+        self._error: Exception | None = None
+        self._waiting: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        self._writing_paused = False
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing arrived and nothing closed since the last read."""
+        return not self._received and not self._closed
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._received += data
+        if len(self._received) > 4 * READ_SIZE and not self._reading_paused:
+            self._reading_paused = True  # a reader slower than the network: the kernel holds the rest
+            assert self.transport is not None
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._closed = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._error = exc
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiting = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiting
+        finally:
+            self._waiting = None
+
+    async def read(self) -> bytes:
+        """What arrived since the last read, waiting for something; b"" once the server closed."""
+        while not self._received and not self._closed:
+            await self._wait()
+        if not self._received:
+            if self._error is not None:
+                raise self._error
+            return b""
+        data = bytes(self._received)
+        self._received.clear()
+        if self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        if self._closed:
+            raise self._error or ConnectionResetError("the server closed the connection")
+        self.transport.write(data)
+        while self._writing_paused and not self._closed:
+            await self._wait()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Connection:
+    """One connection and its h11 state. With TLS, the session runs in memory over the plain
+    socket (``ssl.SSLObject`` on two BIOs): asyncio's own TLS transport keeps a 256 KiB read
+    buffer per connection, 9 MiB for the operator's ~35 connections (mostly watches)."""
+
+    def __init__(self, socket: _Socket) -> None:
+        self.socket = socket
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = time.monotonic()
-        self._tls = tls
+        self._tls: ssl.SSLObject | None = None
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
 
-    @classmethod
-    def over_tls(
-        cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext, host: str
-    ) -> _Connection:
-        conn = cls(reader, writer)
-        conn._tls = context.wrap_bio(conn._incoming, conn._outgoing, server_hostname=host)
-        return conn
-
-    async def handshake(self) -> None:
-        assert self._tls is not None
+    async def start_tls(self, context: ssl.SSLContext, host: str) -> None:
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=host)
         while True:
             try:
                 self._tls.do_handshake()
@@ -68,16 +146,15 @@ class _Connection:
 
     async def send(self, data: bytes) -> None:
         if self._tls is None:
-            self.writer.write(data)
+            await self.socket.write(data)
         else:
             self._tls.write(data)
-            self.writer.write(self._outgoing.read())
-        await self.writer.drain()
+            await self.socket.write(self._outgoing.read())
 
     async def recv(self) -> bytes:
         """The next bytes the server sent; b"" once it closed the connection."""
         if self._tls is None:
-            return await self.reader.read(READ_SIZE)
+            return await self.socket.read()
         while True:
             try:
                 return self._tls.read(READ_SIZE)
@@ -88,7 +165,7 @@ class _Connection:
                 return b""  # closed, with or without close_notify: h11 knows if the answer was whole
 
     async def _fill(self) -> bool:
-        data = await self.reader.read(READ_SIZE)
+        data = await self.socket.read()
         if data:
             self._incoming.write(data)
         else:
@@ -98,19 +175,19 @@ class _Connection:
     async def _flush(self) -> None:
         pending = self._outgoing.read()
         if pending:
-            self.writer.write(pending)
-            await self.writer.drain()
+            await self.socket.write(pending)
 
     def usable(self, now: float, keepalive_expiry: float) -> bool:
+        """Idle, not expired, and the server has neither closed it nor said anything since."""
         return (
             now - self.idle_since < keepalive_expiry
-            and not self.writer.is_closing()
-            and not self.reader.at_eof()
+            and self.socket.quiet
+            and not self._incoming.pending
             and self.h11.our_state is h11.IDLE
         )
 
     def close(self) -> None:
-        self.writer.close()
+        self.socket.close()
 
 
 class H11Transport(httpx2.AsyncBaseTransport):
@@ -174,19 +251,18 @@ class H11Transport(httpx2.AsyncBaseTransport):
         scheme, host, port = key
         if scheme == "https" and self._ssl is None:
             self._ssl = ssl.create_default_context()
-        writer: asyncio.StreamWriter | None = None
+        socket: _Socket | None = None
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(host, port, limit=READ_SIZE)
-                if scheme != "https":
-                    return _Connection(reader, writer)
-                assert self._ssl is not None
-                conn = _Connection.over_tls(reader, writer, self._ssl, host)
-                await conn.handshake()
+                _, socket = await asyncio.get_running_loop().create_connection(_Socket, host, port)
+                conn = _Connection(socket)
+                if scheme == "https":
+                    assert self._ssl is not None
+                    await conn.start_tls(self._ssl, host)
                 return conn
         except BaseException as err:
-            if writer is not None:
-                writer.close()
+            if socket is not None:
+                socket.close()
             if isinstance(err, TimeoutError):
                 raise httpx2.ConnectTimeout(
                     f"connecting to {host}:{port} timed out", request=request
