@@ -8,8 +8,8 @@ this serves with one h11 state machine per connection:
 
 - a connection is reused once its response was read to the end and neither side asked to
   close it; an idle one is dropped after ``keepalive_expiry``, or once the server closed it or
-  sent anything (as httpcore and Go's transport do), so a request never goes out on a
-  connection the server has already given up;
+  sent anything (as httpcore and Go's transport do), so no request goes out on a connection
+  the server has already ended, unless the server's close crosses it on the wire;
 - ``max_connections`` requests in flight at once, the rest wait up to the pool timeout;
 - a response not read to the end (a watch stopped, a stream cancelled) closes its connection;
 - failures are httpx2's exceptions, the TLS or socket error chained as their cause, so
