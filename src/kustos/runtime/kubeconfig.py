@@ -257,8 +257,13 @@ def from_kubeconfig(files: list[Path], context: str | None = None) -> KubeAccess
         why = f"no context {name!r} in the kubeconfig" if name else "the kubeconfig has no current-context"
         raise KubeConfigError(why)
     _, ctx = merged["contexts"][name]
-    cluster_path, cluster = _entry(merged["clusters"], ctx.get("cluster"), f"contexts[{name}].cluster")
-    user_path, user = merged["users"].get(ctx.get("user") or "", (cluster_path, {}))
+    cluster_path, cluster = _entry(merged, "cluster", ctx.get("cluster"), f"contexts[{name}].cluster")
+    # A context without a user is anonymous (client-go's too); one naming a missing user is a mistake.
+    user_path, user = (
+        _entry(merged, "user", ctx["user"], f"contexts[{name}].user")
+        if ctx.get("user")
+        else (cluster_path, {})
+    )
     if not cluster.get("server"):
         raise KubeConfigError(f"clusters[{ctx.get('cluster')}].cluster.server is empty")
     exec_entry = user.get("exec")
@@ -280,10 +285,11 @@ def from_kubeconfig(files: list[Path], context: str | None = None) -> KubeAccess
 
 
 def _entry(
-    entries: dict[str, tuple[Path, dict[str, Any]]], name: str | None, where: str
+    merged: dict[str, dict[str, tuple[Path, dict[str, Any]]]], kind: str, name: str | None, where: str
 ) -> tuple[Path, dict[str, Any]]:
+    entries = merged[f"{kind}s"]
     if not name or name not in entries:
-        raise KubeConfigError(f"{where}: no cluster named {name!r} in the kubeconfig")
+        raise KubeConfigError(f"{where}: no {kind} named {name!r} in the kubeconfig")
     return entries[name]
 
 
