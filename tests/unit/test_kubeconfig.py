@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 from kustos.etcd import tls
+from kustos.runtime.kube import connect
 from kustos.runtime.kubeconfig import KubeAccess, KubeConfigError, TokenFileAuth, from_kubeconfig, in_cluster
+from kustos.runtime.metrics import Metrics
 
 EXEC = "client.authentication.k8s.io"
 V1 = f"{EXEC}/v1"
@@ -94,13 +96,13 @@ async def api_server(tmp_path: Path) -> AsyncIterator[ApiServer]:
 
 
 async def ask(access: KubeAccess) -> tuple[int, str]:
-    async with httpx2.AsyncClient(
-        base_url=access.server,
-        auth=access.auth(),
-        transport=httpx2.AsyncHTTPTransport(verify=access.ssl_context()),
-    ) as client:
-        response = await client.get("/version")
+    """One request through the client the operator builds from ``access``."""
+    clients = connect(access, Metrics())
+    try:
+        response = await clients.raw.get("/version")
         return response.status_code, response.json()["who"]
+    finally:
+        await clients.close()
 
 
 async def test_client_certificate_and_ca_as_data(tmp_path: Path, api_server: ApiServer) -> None:
@@ -167,13 +169,7 @@ async def test_in_cluster_the_rotated_token_is_read_again_after_a_401(
     # The kubelet rotated the token and the old one expired: the next request still gets through.
     api_server.tokens = {"rotated"}
     (account / "token").write_text("rotated\n")
-    auth = access.auth()
-    assert isinstance(auth, TokenFileAuth)
-    async with httpx2.AsyncClient(
-        base_url=access.server, auth=auth, transport=httpx2.AsyncHTTPTransport(verify=access.ssl_context())
-    ) as client:
-        response = await client.get("/version")
-    assert response.status_code == 200 and response.json()["who"] == "Bearer rotated"
+    assert await ask(access) == (200, "Bearer rotated")
     assert api_server.seen[-2:] == ["Bearer good", "Bearer rotated"]
     assert in_cluster(account, {"KUBERNETES_SERVICE_HOST": "fd00::1"}).server == "https://[fd00::1]:443"
 
@@ -218,12 +214,12 @@ async def test_an_exec_plugin_token_is_asked_for_again_when_it_expires(
          "certificate-authority-data": base64.b64encode(api_server.ca.cert).decode()},
     )  # fmt: skip
     access = from_kubeconfig([config])
-    auth = access.auth()
-    async with httpx2.AsyncClient(
-        base_url=access.server, auth=auth, transport=httpx2.AsyncHTTPTransport(verify=access.ssl_context())
-    ) as client:
+    clients = connect(access, Metrics())
+    try:
         for _ in range(3):
-            assert (await client.get("/version")).status_code == 200
+            assert (await clients.raw.get("/version")).status_code == 200
+    finally:
+        await clients.close()
     # The first token came back already expired: asked again once, then kept.
     assert api_server.seen == ["Bearer good0", "Bearer good1", "Bearer good1"]
     assert calls.read_text() == "xx"
