@@ -55,10 +55,15 @@ BREAKDOWN: list[tuple[str, str]] = [
     # Only with their --cloud-provider (nodes/cloud/__init__.py imports each when chosen);
     # each adds to all of the above, and to the providers before it.
     ("--cloud-provider aws (boto3)", "import kustos.nodes.cloud.aws"),
-    ("--cloud-provider gcp (google-cloud-compute)", "import kustos.nodes.cloud.gcp"),
+    # The gcp and azure modules import their SDK at the provider's first call: these rows
+    # import what that call loads.
+    (
+        "--cloud-provider gcp (google-cloud-compute)",
+        "import kustos.nodes.cloud.gcp, google.auth, google.cloud.compute_v1",
+    ),
     (
         "--cloud-provider azure (azure-mgmt-compute, azure-identity)",
-        "import kustos.nodes.cloud.azure, azure.identity",
+        "import kustos.nodes.cloud.azure, azure.identity, azure.mgmt.compute.models",
     ),
 ]
 
