@@ -7,7 +7,6 @@ Every request goes through one instrumented transport, so it is counted in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -57,9 +56,8 @@ class KubeClients:
         await self.raw.aclose()
 
 
-def load_config(path: Path | None = None, context: str | None = None) -> KubeAccess:
-    """An explicit kubeconfig, else in-cluster, else ``$KUBECONFIG`` or ~/.kube/config."""
-    return kubeconfig.load(path, context)
+# An explicit kubeconfig, else in-cluster, else ``$KUBECONFIG`` or ~/.kube/config.
+load_config = kubeconfig.load
 
 
 def connect(config: KubeAccess, metrics: Metrics) -> KubeClients:

@@ -56,7 +56,8 @@ class ExecPlugin:
 
 @dataclass(frozen=True)
 class KubeAccess:
-    """One API server and the credentials for it; ``*_data`` fields hold PEM bytes."""
+    """One API server and the credentials for it; ``*_data`` fields hold PEM bytes. The secrets
+    stay out of its repr, so a log line or a traceback that shows it does not show them."""
 
     server: str
     namespace: str = "default"
@@ -66,8 +67,8 @@ class KubeAccess:
     client_cert_file: Path | None = None
     client_key_file: Path | None = None
     client_cert_data: bytes | None = None
-    client_key_data: bytes | None = None
-    token: str | None = None
+    client_key_data: bytes | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
     token_file: Path | None = None
     exec_plugin: ExecPlugin | None = None
     basic: tuple[str, str] | None = field(default=None, repr=False)
