@@ -23,6 +23,7 @@ loss rebuilt as a new epoch of 3), so one EtcdCluster serves the clean run and t
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import time
@@ -181,7 +182,7 @@ class Operators:
 
 
 Done = Callable[[dict[str, Any]], bool]
-Act = Callable[[Kubectl, str], Done]
+Act = Callable[[Kubectl, str], Done | Awaitable[Done]]
 Check = Callable[[], Awaitable[bool]]
 """A stage of a scenario: what the user does, and (from then) when the work is done."""
 
@@ -242,7 +243,8 @@ async def run_stages(
     try:
         operators.start()
         for act, check in stages:
-            done = act(kubectl, name)
+            acted = act(kubectl, name)
+            done = await acted if inspect.isawaitable(acted) else acted
             deadline = time.monotonic() + timeout
             while True:
                 operators.restart_if_crashed()
@@ -378,20 +380,31 @@ def rebuilt_workload(endpoints: tuple[str, ...], seconds: float, scenario: str) 
 @dataclass
 class Rebuild:
     """A quorum loss rebuilt automatically, as one stage: both followers killed and their pods
-    deleted (the leader, which holds every committed write, survives). Once the new epoch's seed
-    serves alone, a second history (``recording_for`` seconds, when given) is recorded on it
-    while the operators grow it back: the first (``loss``) must have ended by then."""
+    deleted (the leader, which holds every committed write, survives). With ``recording_for``,
+    the loss is recorded into ``loss_history`` from a few seconds before the kill (begun by the
+    stage itself, so an operator slow to start cannot push the kill past the recording's end);
+    once the new epoch's seed serves alone, a second history (``recording_for`` seconds) is
+    recorded on it while the operators grow it back: the first must have ended by then."""
 
     kubectl: Kubectl
     name: str
     history: Path
+    loss_history: Path
     recording_for: float = 0.0
     loss: asyncio.Task[Recording] | None = None
     epoch: int = 0
     recording: asyncio.Task[Recording] | None = None
 
-    def lose_quorum(self, kubectl: Kubectl, name: str) -> Done:
-        status = status_of(kubectl, name)
+    async def lose_quorum(self, kubectl: Kubectl, name: str) -> Done:
+        if self.recording_for:
+            status = await asyncio.to_thread(status_of, kubectl, name)
+            workload = rebuilt_workload(
+                tuple(member_urls(status)), QUORUM_LOSS_RECORDING, "2 of 3 members killed"
+            )
+            recorded = record(workload, self.loss_history, settle=QUORUM_LOSS_SETTLE)
+            self.loss = asyncio.create_task(asyncio.to_thread(asyncio.run, recorded))
+            await asyncio.sleep(QUORUM_LOST_AFTER)
+        status = await asyncio.to_thread(status_of, kubectl, name)
         self.epoch = int(status.get("epoch") or 0) + 1
         survivor = leader_of(status)
         kill_members(kubectl, [m["name"] for m in status["members"] if m["name"] != survivor])
@@ -429,21 +442,13 @@ async def lose_quorum_and_rebuild(
     rebuilt cluster are each recorded, and the rebuild must have kept every acknowledged write."""
     status = await asyncio.to_thread(status_of, kubectl, name)
     old_members = [m["name"] for m in status["members"]]
-    loss: asyncio.Task[Recording] | None = None
-    if recording_for:
-        workload = rebuilt_workload(
-            tuple(member_urls(status)), QUORUM_LOSS_RECORDING, "2 of 3 members killed"
-        )
-        recorded = record(workload, directory / "loss.jsonl", settle=QUORUM_LOSS_SETTLE)
-        loss = asyncio.create_task(asyncio.to_thread(asyncio.run, recorded))
-        await asyncio.sleep(QUORUM_LOST_AFTER)
-    rebuild = Rebuild(kubectl, name, directory / "rebuilt.jsonl", recording_for, loss)
+    rebuild = Rebuild(kubectl, name, directory / "rebuilt.jsonl", directory / "loss.jsonl", recording_for)
     try:
         run = await run_stages(
             kubectl, [(rebuild.lose_quorum, rebuild.done)], directory / "operators", env, name
         )
     finally:
-        lost = await loss if loss is not None else None
+        lost = await rebuild.loss if rebuild.loss is not None else None
         rebuilt = await rebuild.recording if rebuild.recording is not None else None
     rebuild.assert_nothing_twice(old_members)
     return run, lost, rebuilt

@@ -172,7 +172,11 @@ async def test_tls_cluster_works_refuses_clients_without_certificates_renews_and
 async def test_pvc_members_restart_on_their_volumes_onto_renewed_certificates(
     kubectl: Kubectl, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    kubectl.apply(etcd_cluster("pv", 3, tls={}, storage={"type": "pvc", "size": "64Mi"}))
+    # As for "sec" above: a member's failure clock runs from its pod's deletion, and under CI's
+    # load one restart took 5 s (its pod 4.5 s to stop), so the 5 s timeout replaced it, and the
+    # next joiner too, instead of renewing (stop 35's CI).
+    kubectl.apply(etcd_cluster("pv", 3, tls={}, storage={"type": "pvc", "size": "64Mi"},
+                               memberFailureTimeout="15s"))  # fmt: skip
     status = await wait_healthy(kubectl, "pv", 3, timeout=180)
     user = user_client_certificate(kubectl, "pv", tmp_path / "user")
     async with EtcdClient(status["members"][0]["clientUrl"], user) as client:
