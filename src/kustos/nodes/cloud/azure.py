@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,8 +83,26 @@ def load_sdk() -> None:
     global az
     from azure.mgmt.compute import models as az
 
+    _prepare_models()
     for chatty in ("azure.core.pipeline.policies.http_logging_policy", "azure.identity"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+
+
+_PREPARING = threading.Lock()
+
+
+def _prepare_models() -> None:
+    """Build every compute model class's field table now, in one thread at a time, before any
+    response is read. The SDK builds a class's table at its first object, unsafely across
+    threads (Azure/azure-sdk-for-python#47426, open in 39.0.0): threads meeting there can leave
+    a model holding raw dicts where models belong, silently. CI saw a scale set's ``properties``
+    come back a dict; the operator reads scale sets and VMs from several threads at once."""
+    from azure.mgmt.compute._utils.model_base import Model
+
+    with _PREPARING:
+        for value in vars(az).values():
+            if isinstance(value, type) and issubclass(value, Model):
+                Model.__new__(value)  # only the table: __init__ is not run
 
 
 T = TypeVar("T")
