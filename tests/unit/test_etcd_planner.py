@@ -63,6 +63,24 @@ def test_a_lost_quorum_is_looked_at_again_soon_while_a_member_just_started_on_it
     assert isinstance(recovering, planner.QuorumLost) and recovering.seconds <= 0.5
 
 
+def test_a_member_whose_etcd_just_restarted_is_looked_at_again_soon_one_long_down_every_2_s() -> None:
+    """A member pod recreated on its volume serves within a second of its etcd's start, and no
+    pod event says when (the readiness probe's comes up to 2 s later): the cluster is seen
+    whole again within half a second, while a member down for minutes is not polled that often."""
+    members, pods = healthy_cluster(3)
+    members[1] = dataclasses.replace(members[1], healthy=False)
+    pods = [dataclasses.replace(p, running_since=NOW - timedelta(minutes=5)) for p in pods]
+    pods[1] = dataclasses.replace(pods[1], running_since=NOW - timedelta(seconds=1))
+    step = plan(observed(members, pods, 3))
+    assert isinstance(step, planner.Wait) and step.seconds <= 0.5
+    pods[1] = dataclasses.replace(pods[1], running_since=NOW - timedelta(minutes=5))
+    step = plan(observed(members, pods, 3))
+    assert isinstance(step, planner.Wait) and step.seconds == 2.0
+    pods[1] = dataclasses.replace(pods[1], running_since=NOW - timedelta(seconds=1))
+    growing = plan(observed(members, pods, 4))  # a member short waits for it the same way
+    assert isinstance(growing, planner.Wait) and growing.seconds <= 0.5, growing
+
+
 def test_a_learner_not_caught_up_is_asked_again_soon_only_while_its_etcd_has_just_started() -> None:
     """A fresh learner catches up within heartbeats; one receiving a large snapshot may take
     minutes, and is not asked four times a second all that while."""

@@ -72,9 +72,10 @@ RECONFIG_SETTLE = timedelta(seconds=6)  # 5 s, plus the second that startedAt ma
 # (a WAL replay, a snapshot from the leader): the next member does not restart until it is
 # closer. A few entries apart is normal under writes, between two status answers.
 CATCH_UP_SLACK = 1000
-# While a member's etcd started this recently, a quorum loss is looked at
-# again every RECOVERY_LOOK: its etcd may be electing a leader with the survivors, and no pod
-# event says when (the next one is the readiness probe's, up to its period later).
+# While a member's etcd started this recently, an unhealthy member or a quorum loss is looked
+# at again every RECOVERY_LOOK: its etcd may be serving (or electing a leader with the
+# survivors) any moment, and no pod event says when (the next one is the readiness probe's,
+# up to its 2 s period later).
 RECOVERY_WINDOW = timedelta(seconds=10)
 RECOVERY_LOOK = 0.5
 # A learner is promoted once its raft log matches 90% of the leader's (etcd's isLearnerReady):
@@ -386,7 +387,7 @@ def plan(o: Observed) -> Step:
         return QuorumLost(
             f"{len(healthy_voters)} of {len(voters)} voting members are healthy; "
             f"{quorum(len(voters))} are needed for quorum",
-            seconds=_quorum_look(o),
+            seconds=_starting_look(o),
         )
 
     # 4. Members without a pod.
@@ -460,7 +461,7 @@ def plan(o: Observed) -> Step:
     # cluster runs (the controller's choice), and the rollback restarts it like the others.
     if (len(members) < o.size or surge) and not o.downgrade_enabled:
         if any(not m.healthy for m in members):
-            return Wait("not growing while a member is unhealthy")
+            return Wait("not growing while a member is unhealthy", _starting_look(o))
         settle = _settling(o, members, pods)
         if settle > 0:
             # etcd refuses a membership change for 5 s after the last one joined ("unhealthy
@@ -509,7 +510,7 @@ def plan(o: Observed) -> Step:
             return RemoveMember(victim.id, victim.name, reason)
         return Wait("not shrinking: removing a member now would cost quorum")
     if any(not m.healthy for m in members):
-        return Wait("a member is unhealthy", 2.0)
+        return Wait("a member is unhealthy", _starting_look(o))
 
     # 9a. Roll back a minor through etcd's downgrade protocol; cancel one nobody wants.
     if o.rollback is not None:
@@ -693,7 +694,7 @@ def _plan_without_membership(o: Observed) -> Step:
         if len(live) == 1:
             return Wait(f"seed member {live[0].name} is starting", 1.0)
         return Wait("waiting for the first member to answer", 1.0)
-    return QuorumLost("no member of the cluster answers", seconds=_quorum_look(o))
+    return QuorumLost("no member of the cluster answers", seconds=_starting_look(o))
 
 
 def learner_look(o: Observed, learner: str) -> float:
@@ -703,10 +704,10 @@ def learner_look(o: Observed, learner: str) -> float:
     return LEARNER_CATCH_UP if fresh else 1.0
 
 
-def _quorum_look(o: Observed) -> float:
-    """When to look at a lost quorum again: soon while a member's etcd has just started (a
-    member back on its volume may restore quorum any moment), else every 2 s. A pod that starts
-    running wakes the controller by itself."""
+def _starting_look(o: Observed) -> float:
+    """When to look again at an unhealthy member or a lost quorum: soon while a member's etcd
+    has just started (a member back on its volume may serve, or restore quorum, any moment),
+    else every 2 s. A pod that starts running wakes the controller by itself."""
     starting = any(
         not p.deleting and p.running_since is not None and o.now - p.running_since < RECOVERY_WINDOW
         for p in o.pods
