@@ -15,7 +15,8 @@ healthy by the same outside check for both: the member list read from a member p
 started voters, every member pod answers etcd's /health, and the operator's status agrees
 (kustos: N/N ready and Running; the peer: readyReplicas and memberCount N). CPU is the operator
 process's utime + stime over the create; idle CPU (per 10 s over 30 s) and RSS are taken with
-no cluster, first. Medians are printed as a markdown table.
+no cluster, first, each operator leading (leader election on for both). Medians are printed as
+a markdown table.
 
 ``--compare CHECKOUT`` runs another kustos checkout (with its own .venv) as one more system, in
 its own rounds: a before/after at equal load. Two kustos operators would share one Lease, so
@@ -212,19 +213,34 @@ def table(systems: list[System]) -> str:
     return "\n".join(lines)
 
 
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+PEER_LEASE_NAMESPACE = "default"
+PEER_LEAD_TIMEOUT = 60.0  # seconds: controller-runtime's Lease lasts 15 s
+
+
 def start_peer(cluster: DevCluster, binary: Path, crd: Path, out: Path) -> subprocess.Popen[bytes]:
     cluster.kubectl("apply", "--server-side", "-f", str(crd))
     cluster.wait_established("etcdclusters.operator.etcd.io")
     log = (out / "peer.log").open("ab")
     # As kustos's: the host's network, cluster DNS for the members' names (the peer dials
-    # <pod>.<cluster>.<ns>.svc.cluster.local). No --leader-elect: outside a pod
-    # controller-runtime finds no namespace for its Lease.
-    argv = [str(binary), "--kubeconfig", str(cluster.kubeconfig),
+    # <pod>.<cluster>.<ns>.svc.cluster.local), and leader election on, so both idle figures are
+    # a leader's (Lease renewals included). Outside a pod controller-runtime takes its Lease's
+    # namespace from the service account's namespace file only: the peer's private mount
+    # namespace gets one, bound over the host's path (made, empty, when missing).
+    account = out / "peer-serviceaccount"
+    account.mkdir(exist_ok=True)
+    (account / "namespace").write_text(PEER_LEASE_NAMESPACE)
+    SERVICE_ACCOUNT_DIR.mkdir(parents=True, exist_ok=True)
+    argv = ["sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(account),
+            str(SERVICE_ACCOUNT_DIR), str(binary), "--kubeconfig", str(cluster.kubeconfig), "--leader-elect",
             "--metrics-bind-address=0", "--health-probe-bind-address=127.0.0.1:0"]  # fmt: skip
     process = subprocess.Popen(operator_argv(cluster.resolv_conf, argv), stdout=log, stderr=log)
-    time.sleep(5)
-    if process.poll() is not None:
-        raise RuntimeError(f"the peer exited at once: see {out / 'peer.log'}")
+    deadline = time.monotonic() + PEER_LEAD_TIMEOUT  # a Lease its last run left must expire first
+    while "successfully acquired lease" not in (out / "peer.log").read_text(errors="replace").lower():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"the peer never led: see {out / 'peer.log'}")
+        time.sleep(0.5)
     return process
 
 
