@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,6 +118,47 @@ async def test_uniform_and_flexible_sets_are_found_by_their_role_tag(fake: Azure
     [member] = await provider_for(fake).instances(cp)
     assert member.provider_id.endswith("/virtualMachineScaleSets/cp/virtualMachines/0")
     assert member.node_name == "cp000000" and member.image == image(fake, OLD)
+
+
+LAZY_TABLES = """
+import asyncio, sys
+from pathlib import Path
+from azure.mgmt.compute._utils.model_base import Model
+from kustos.devcluster.azurefake import AzureFake
+from kustos.nodes.cloud.azure import AzureProvider
+
+async def main() -> None:
+    fake = AzureFake(boot_seconds=0.0, delete_seconds=0.0)
+    fake.start(Path(sys.argv[1]))
+    provider = AzureProvider.from_options(fake.options(**{"cache-seconds": "0"}))
+    image = f"/subscriptions/{fake.subscription}/resourceGroups/i/providers/Microsoft.Compute/images/"
+    uniform = fake.add_scale_set("cp", "control-plane", image + "a", 1)
+    flexible = fake.add_scale_set("w", "worker", image + "a", 1, mode="Flexible")
+    await provider.groups()  # the SDK loads here
+    before = set(Model._calculated)
+    for group in (uniform, flexible):
+        await provider.set_image(group, image + "b")
+        await provider.create_instance(group)
+        for instance in await provider.instances(group):
+            await provider.delete_instance(group, instance.provider_id)
+    await provider.groups()
+    print(sorted(set(Model._calculated) - before))
+    fake.api.stop()
+
+asyncio.run(main())
+"""
+
+
+def test_no_model_is_first_met_after_the_sdk_is_loaded(tmp_path: Path) -> None:
+    """The SDK builds a model class's field table at its first object, unsafely across threads
+    (azure-sdk-for-python#47426: a scale set's ``properties`` came back a raw dict in CI). The
+    provider builds them all at load, so no call of a running operator, in any thread, is the
+    first to meet a model. A fresh interpreter: other tests here have met them all."""
+    run = subprocess.run(
+        [sys.executable, "-c", LAZY_TABLES, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "[]", f"tables first built by a call: {run.stdout}"
 
 
 async def test_a_new_image_is_the_model_updated_once(fake: AzureFake) -> None:
