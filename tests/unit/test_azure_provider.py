@@ -152,8 +152,9 @@ asyncio.run(main())
 def test_no_model_is_first_met_after_the_sdk_is_loaded(tmp_path: Path) -> None:
     """The SDK builds a model class's field table at its first object, unsafely across threads
     (azure-sdk-for-python#47426: a scale set's ``properties`` came back a raw dict in CI). The
-    provider builds them all at load, so no call of a running operator, in any thread, is the
-    first to meet a model. A fresh interpreter: other tests here have met them all."""
+    provider builds every table its calls can meet when it loads the SDK, so no call of a running
+    operator, in any thread, is the first to meet a model. A fresh interpreter: other tests here
+    have met them all."""
     run = subprocess.run(
         [sys.executable, "-c", LAZY_TABLES, str(tmp_path)], capture_output=True, text=True, timeout=120
     )
