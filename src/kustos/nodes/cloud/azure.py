@@ -90,6 +90,7 @@ def load_sdk() -> None:
 
 
 _PREPARING = threading.Lock()
+_prepared = False  # once per process: every provider's first call loads the SDK
 # What the provider reads and writes: every model these hold, at any depth, is prepared.
 _MODEL_ROOTS = (
     "VirtualMachineScaleSet", "VirtualMachineScaleSetVM", "VirtualMachine", "VirtualMachineScaleSetUpdate",
@@ -113,7 +114,10 @@ def _prepare_models() -> None:
         parts = (*kind.args, *kind.keywords.values()) if isinstance(kind, functools.partial) else kind
         return [m for part in parts for m in models_in(part)] if isinstance(parts, tuple | list) else []
 
+    global _prepared
     with _PREPARING:
+        if _prepared:
+            return
         todo: list[type[Model]] = [getattr(az, name) for name in _MODEL_ROOTS]
         seen: set[type[Model]] = set()
         while todo:
@@ -125,6 +129,7 @@ def _prepare_models() -> None:
             fields = vars(model)["_attr_to_rest_field"].values()  # what __new__ just set on the class
             todo += [m for field in fields for m in models_in(field._type)]
             todo += getattr(model, "__mapping__", {}).values()  # the subtypes of a polymorphic one
+        _prepared = True
 
 
 T = TypeVar("T")
