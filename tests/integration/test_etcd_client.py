@@ -448,7 +448,9 @@ async def test_snapshot(single: tuple[EtcdProcess, EtcdClient], version: str, tm
 
     streamed = await client.snapshot(collect)
     assert len(chunks) > 4
-    assert (streamed.size, streamed.db_size, streamed.revision) == (info.size, info.db_size, revision)
+    # The same revision, whole; not byte for byte the first: etcd 3.7 may grow its file by a
+    # page between the two without a new revision (CI saw 438,272 then 442,368 bytes).
+    assert streamed.size == streamed.db_size + 32 and streamed.revision == revision
     assert len(b"".join(chunks)) == streamed.size
 
     # etcd's own tools accept the file: status reads it, restore checks the SHA-256 trailer.
