@@ -130,6 +130,39 @@ async def test_a_pvc_member_whose_pod_is_deleted_comes_back_with_its_data(
     assert "MemberPodRecreated" in kubectl("get", "events", "--field-selector", "involvedObject.name=p")
 
 
+async def test_a_majority_of_pvc_member_pods_deleted_comes_back_as_the_same_members_with_every_write(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """Two of three pods deleted, their volumes kept: the quorum is lost until they are back. Both
+    come back on their volumes (the operator does not wait for a member list the survivor cannot
+    answer), as the same members, and no write the cluster acknowledged before is gone."""
+    kubectl.apply(etcd_cluster("m", 3, storage={"type": "pvc", "size": "1Gi"}, memberFailureTimeout="60s"))
+    status = await wait_healthy(kubectl, "m", 3)
+    before = {m["name"]: m["id"] for m in status["members"]}
+    writer = Writer([m["clientUrl"] for m in status["members"]])
+    writer.start()
+    await asyncio.sleep(2)
+    await writer.stop()
+    old = {name: kubectl.get("pod", name)["metadata"]["uid"] for name in ("m-0", "m-1")}
+    kubectl("delete", "pod", *old, "--wait=false")
+
+    async def whole() -> dict[str, Any] | None:
+        current = status_of(kubectl, "m")
+        listed = kubectl.get("pods", None, "-l", "kustos.dev/cluster=m")["items"]
+        pods = {p["metadata"]["name"]: p for p in listed}
+        fresh = all(name in pods and pods[name]["metadata"]["uid"] != uid for name, uid in old.items())
+        members = current.get("members") or []
+        ok = fresh and current.get("ready") == "3/3" and all(m["healthy"] for m in members)
+        return current if ok else None
+
+    status = await wait_until(whole, "m-0 and m-1 back on their volumes", timeout=90,
+                              cluster=kubectl.cluster, namespace=kubectl.namespace)  # fmt: skip
+    assert {m["name"]: m["id"] for m in status["members"]} == before  # the same members, not new ones
+    assert writer.acknowledged, "the writer never wrote"
+    assert await writer.missing(status["members"][0]["clientUrl"]) == [], "an acknowledged write is gone"
+    assert "MemberPodRecreated" in kubectl("get", "events", "--field-selector", "involvedObject.name=m")
+
+
 async def test_the_volumes_of_members_that_left_are_deleted_and_no_other(
     kubectl: Kubectl, operator: OperatorProcess
 ) -> None:

@@ -790,3 +790,46 @@ def test_a_member_of_unknown_version_keeps_the_stricter_rule() -> None:
     members, pods = _voters_with_versions("3.6.16", [100, 100, 100, 1])
     members[2] = dataclasses.replace(members[2], version="")
     assert isinstance(plan(observed(members, pods, 5)), planner.Wait)
+
+
+# ---- the membership not asked when it cannot answer (issue 28: quorum loss on volumes) -----------
+
+
+def _lost_on_volumes(pods: list[PodView], **kwargs: object) -> Observed:
+    """A formed 3-member cluster on volumes as status recorded it, with ``pods`` left."""
+    recorded = tuple((f"e-{i}", 100 + i) for i in range(3))
+    given: dict[str, object] = {
+        "storage": "pvc", "ever_formed": True, "recorded_members": recorded,
+        "recorded_voters": tuple(name for name, _ in recorded), **kwargs,
+    }  # fmt: skip
+    return observed(None, pods, 3, **given)
+
+
+def test_the_membership_is_not_asked_while_too_few_voters_run_and_each_member_comes_back() -> None:
+    """Two of three pods gone: the survivor cannot answer a linearizable member list (its leader
+    needs a majority), so the operator does not wait the list's 2 s timeout to bring the two back,
+    one per pass; a recreated pod counts only once its etcd runs."""
+    _, pods = healthy_cluster(3)
+    survivor = pods[0]
+    o = _lost_on_volumes([survivor])
+    assert planner.membership_unanswerable(o)
+    assert plan(o) == planner.RecreatePod("e-1", 101)
+    pending = PodView("e-1", 1, member_id=101)
+    o = _lost_on_volumes([survivor, pending])
+    assert planner.membership_unanswerable(o)
+    assert plan(o) == planner.RecreatePod("e-2", 102)
+    # Every member has a pod again: the list's own answer decides, as before.
+    assert not planner.membership_unanswerable(_lost_on_volumes([survivor, pending, PodView("e-2", 2)]))
+
+
+def test_the_membership_is_asked_whenever_it_could_answer() -> None:
+    _, pods = healthy_cluster(3)
+    assert not planner.membership_unanswerable(_lost_on_volumes(pods[:2]))  # one gone: a quorum runs
+    stopping = [pods[0], dataclasses.replace(pods[1], running=False, deleting=True)]
+    assert not planner.membership_unanswerable(_lost_on_volumes(stopping))  # its etcd may still serve
+    assert not planner.membership_unanswerable(_lost_on_volumes(pods[:1], storage="emptyDir"))
+    assert not planner.membership_unanswerable(_lost_on_volumes(pods[:1], external_ids=frozenset({7})))
+    assert not planner.membership_unanswerable(_lost_on_volumes(pods[:1], ever_formed=False))
+    # A learner is no voter: 2 voters recorded, both running, one learner gone.
+    o = _lost_on_volumes(pods[:2], recorded_voters=("e-0", "e-1"))
+    assert not planner.membership_unanswerable(o)

@@ -10,6 +10,7 @@ import pytest
 from kustos.api.backup import BackupStorage, EtcdBackup, PVCStorage, S3Storage
 from kustos.api.etcd import EtcdCluster
 from kustos.etcd.backup import agent_pod
+from kustos.etcd.observe import pod_view
 from kustos.etcd.pods import member_claim, member_pod, services
 from kustos.etcd.recovery import Source
 from kustos.etcd.restore import backup_source, member_source, restore_seed_pod
@@ -40,6 +41,17 @@ def test_a_joining_member_lists_every_member_and_itself() -> None:
     assert args["initial-cluster-token"] == "u-1"
     assert pod["spec"]["hostname"] == "db-4" and pod["spec"]["subdomain"] == "db-peer"
     assert pod["spec"]["containers"][0]["image"] == "gcr.io/etcd-development/etcd:v3.6.16"
+
+
+def test_a_member_back_on_its_volume_is_its_members_pod_from_its_creation() -> None:
+    """A recreated pod carries its member's ID: the planner matches it without a pass of its own
+    to annotate it (one pass less before the member is seen whole again, issue 28)."""
+    c = cluster(storage={"type": "pvc"})
+    members = [("db-1", "http://db-1.db-peer.prod.svc:2380"), ("db-0", "http://db-0.db-peer.prod.svc:2380")]
+    view = pod_view("db", member_pod(c, 1, "existing", members, "3.6.16", member_id=0xBEEF), lambda _: None)
+    assert view is not None and view.member_id == 0xBEEF
+    fresh = pod_view("db", member_pod(c, 1, "existing", members, "3.6.16"), lambda _: None)
+    assert fresh is not None and fresh.member_id is None  # a new member's pod has no member yet
 
 
 def test_pod_ip_addressing_expands_the_pod_ip_in_the_container() -> None:

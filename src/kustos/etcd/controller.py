@@ -403,10 +403,11 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
                 initial = self._initial_cluster(cluster, o, pod)
                 await self._create_pod(cluster, o, index, "existing", initial, avoid_nodes=leaving)
                 await self.event(cluster, "MemberPodCreated", f"created pod {pod} to join the cluster")
-            case planner.RecreatePod(name=pod):
+            case planner.RecreatePod(name=pod, member_id=member_id):
                 at = planner.pod_index(name, pod)
                 assert at is not None
-                await self._create_pod(cluster, o, at, "existing", self._initial_cluster(cluster, o, pod))
+                initial = self._initial_cluster(cluster, o, pod)
+                await self._create_pod(cluster, o, at, "existing", initial, member_id=member_id)
                 await self.event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
             case planner.AddMember(pod=pod, peer_url=url, learner=learner):
                 if await membership.add_member(members, tls, url, learner) is None:
@@ -492,10 +493,11 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
         state: str,
         initial_cluster: list[tuple[str, str]],
         avoid_nodes: Sequence[str] = (),
+        member_id: int | None = None,
     ) -> None:
         epoch = cluster.status.epoch if cluster.status else 0
         version = creation_version(cluster, planner.rolling_back(o), o.version)
-        manifest = member_pod(cluster, index, state, initial_cluster, version, epoch, avoid_nodes)
+        manifest = member_pod(cluster, index, state, initial_cluster, version, epoch, avoid_nodes, member_id)
         if cluster.spec.tls is not None and cluster.spec.tls.secrets is not None:
             fingerprint = await self._user_tls_fingerprint(cluster)
             if fingerprint is not None:

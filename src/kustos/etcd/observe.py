@@ -6,6 +6,7 @@ observe through here, and none of them imports another to do it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -39,6 +40,8 @@ from kustos.etcd.versions import image_version
 from kustos.runtime import objects
 from kustos.runtime.informer import Informer
 from kustos.runtime.times import parse_duration, parse_rfc3339
+
+log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
@@ -83,15 +86,16 @@ def unresolved_hosts(answers: dict[str, Status | EtcdError]) -> tuple[str, ...]:
     }))  # fmt: skip
 
 
-async def ask_members(urls: list[str], tls: EtcdTLS | None = None) -> EtcdView:
-    """Status of every member that answers, the membership from one that can say, and the
+async def ask_members(urls: list[str], tls: EtcdTLS | None = None, list_members: bool = True) -> EtcdView:
+    """Status of every member that answers, the membership from one that can say (unless
+    ``list_members`` is False: it could not, ``planner.membership_unanswerable``), and the
     members whose names did not resolve (DNS addressing with a resolver that lacks them)."""
     answers = await cluster_health(urls, tls, STATUS_TIMEOUT)
     answered = {url: s for url, s in answers.items() if isinstance(s, Status)}
     # A raised NOSPACE alarm refuses writes, not quorum: its members still lead, replicate and
     # serve reads. Counting them unhealthy would report (and automatically rebuild) a quorum loss.
     statuses = {url: s for url, s in answered.items() if not [e for e in s.errors if not no_space_alarm(e)]}
-    members = await membership.member_list(statuses, tls)
+    members = await membership.member_list(statuses, tls) if list_members else None
     no_space = tuple(sorted(url for url, s in statuses.items() if any(map(no_space_alarm, s.errors))))
     return EtcdView(members, statuses, answered, unresolved=unresolved_hosts(answers), no_space=no_space)
 
@@ -349,7 +353,20 @@ class Observer:
         # An adopted cluster's original members are asked too, until they have all left.
         external = [u for u in (adoption.endpoints if adoption else []) if u not in client_urls.values()]
         self.remember(cluster, [*client_urls.values(), *external])
-        etcd = await ask_members([*client_urls.values(), *external], certs.client if certs else None)
+        known = replace(
+            base, pods=tuple(views), next_index=status.next_member_index,
+            ever_formed=bool(status.cluster_id),
+            recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
+            recorded_voters=tuple(m.name for m in status.members if m.name and not m.learner),
+            external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
+            claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
+        )  # fmt: skip
+        unanswerable = planner.membership_unanswerable(known)
+        if unanswerable:
+            log.info("%s: not listing the members: too few voters have an etcd running", objects.key(cluster))
+        etcd = await ask_members(
+            [*client_urls.values(), *external], certs.client if certs else None, list_members=not unanswerable
+        )
         etcd.tls = certs
         if chain.under_way(cluster):
             etcd.cluster_version = await ask_cluster_version(etcd.statuses, etcd.client_tls)
@@ -357,13 +374,7 @@ class Observer:
         walk = chain.progress(cluster, etcd.cluster_version, downgrade_enabled, now)
         members = member_views(etcd)
         observed = replace(
-            base, pods=tuple(views), members=members, next_index=status.next_member_index,
-            ever_formed=bool(status.cluster_id),
-            unhealthy_since=unhealthy_since(members, status.members, now),
-            version=walk.version, hold=walk.hold,
-            recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
-            external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
-            rollback=walk.rollback, downgrade_enabled=downgrade_enabled,
-            claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
+            known, members=members, unhealthy_since=unhealthy_since(members, status.members, now),
+            version=walk.version, hold=walk.hold, rollback=walk.rollback, downgrade_enabled=downgrade_enabled,
         )  # fmt: skip
         return observed, etcd, client_urls

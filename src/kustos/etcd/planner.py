@@ -146,6 +146,7 @@ class Observed:
     unhealthy_since: dict[str, datetime] = field(default_factory=dict)  # by member name
     version: str | None = None  # the version members should run (None: whatever they run)
     recorded_members: tuple[tuple[str, int], ...] = ()  # (name, ID) from status: who to bring back
+    recorded_voters: tuple[str, ...] = ()  # names of the voting members status recorded
     external_ids: frozenset[int] = frozenset()  # members of an adopted cluster not yet replaced by pods
     tls: bool = False  # members speak https
     rollback: str | None = None  # "3.5": ``version`` is the previous minor, reached by etcd's downgrade
@@ -695,6 +696,25 @@ def _plan_without_membership(o: Observed) -> Step:
             return Wait(f"seed member {live[0].name} is starting", 1.0)
         return Wait("waiting for the first member to answer", 1.0)
     return QuorumLost("no member of the cluster answers", seconds=_starting_look(o))
+
+
+def membership_unanswerable(o: Observed) -> bool:
+    """Whether asking the membership is sure to fail, and failing leads where the pods tell
+    already: a PVC-backed member to bring back (``_plan_without_membership``).
+
+    The member list is linearizable: the leader must hear from a majority of the voters before it
+    answers (ReadIndex), and a voter without an etcd process (no pod, or one not yet running)
+    cannot answer. When fewer of the recorded voters could answer than their quorum, the list
+    hangs until its timeout (``LIST_TIMEOUT``, 2 s: a survivor that led keeps naming itself
+    leader meanwhile), and then the same member comes back. Asked only then: a recorded member
+    without a pod; otherwise the list's own answer (or its timeout) decides, as before."""
+    if not (o.ever_formed and o.storage == "pvc" and o.recorded_voters) or o.external_ids:
+        return False
+    present = {p.name for p in o.pods}
+    if all(name in present for name, _ in o.recorded_members):
+        return False
+    able = {p.name for p in o.pods if p.running or p.deleting}  # a stopping pod's etcd may still run
+    return sum(1 for v in o.recorded_voters if v in able) < quorum(len(o.recorded_voters))
 
 
 def learner_look(o: Observed, learner: str) -> float:

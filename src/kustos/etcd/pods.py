@@ -193,10 +193,12 @@ def member_pod(
     version: str,
     epoch: int = 0,
     avoid_nodes: Sequence[str] = (),
+    member_id: int | None = None,
 ) -> Obj:
     """Member pod ``<cluster>-<index>``; ``initial_cluster`` lists (name, peer URL) of the
     members it starts with, itself included (its own URL from ``member_urls``). It is never
-    scheduled on ``avoid_nodes`` (``away_from``)."""
+    scheduled on ``avoid_nodes`` (``away_from``). ``member_id``: the member it already is (one
+    back on its volume), recorded at its creation rather than by a pass of its own."""
     name = pod_name(cluster.metadata["name"], index)
     peer, client = member_urls(cluster, name)
     spec = cluster.spec
@@ -253,6 +255,9 @@ def member_pod(
     affinity = away_from(spec.pod.affinity or _anti_affinity(cluster), avoid_nodes)
     if affinity:
         pod_spec["affinity"] = affinity
+    annotations = {**spec.pod.annotations, VERSION_ANNOTATION: version}
+    if member_id is not None:
+        annotations[MEMBER_ID_ANNOTATION] = f"{member_id:x}"
     pod: Obj = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -260,7 +265,7 @@ def member_pod(
             "name": name,
             "namespace": cluster.metadata["namespace"],
             "labels": {**spec.pod.labels, **labels(cluster), MEMBER_LABEL: name, EPOCH_LABEL: str(epoch)},
-            "annotations": {**spec.pod.annotations, VERSION_ANNOTATION: version},
+            "annotations": annotations,
             "ownerReferences": [owner_reference(cluster)],
         },
         "spec": pod_spec,
