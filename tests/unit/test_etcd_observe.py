@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import UTC, datetime
 
 from kustos.etcd.client import Member, MemberList, Status
-from kustos.etcd.observe import EtcdView, member_views, pod_view
+from kustos.etcd.observe import EtcdView, member_views, pod_view, unless_set
 
 NODE_READY = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 NODE_GONE = {"metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
@@ -146,3 +147,44 @@ def test_a_member_is_timed_from_when_its_started_etcd_was_first_seen_unhealthy()
     other = MemberView(id=0x3C, name="e-1", peer_url=url, healthy=False)
     assert unhealthy_since((other,), recorded, later) == {"e-1": later}
     assert unhealthy_since((replace(other, healthy=True),), recorded, later) == {}
+
+
+async def test_a_member_list_in_flight_is_dropped_when_a_pod_goes_and_kept_otherwise() -> None:
+    """``Observer._membership`` drops a list that a vanished pod may leave unanswered; the call
+    dropped is cancelled (its connection closed), never left running beside the next one."""
+    cancelled = asyncio.Event()
+
+    async def hangs() -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "late"
+
+    async def answers() -> str:
+        return "members"
+
+    gone = asyncio.Event()
+    assert await unless_set(answers(), gone) == ("members", False)
+    asyncio.get_running_loop().call_later(0.01, gone.set)
+    assert await unless_set(hangs(), gone) == (None, True)
+    assert cancelled.is_set()
+
+
+async def test_a_pass_cancelled_while_it_lists_the_members_cancels_the_list() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def hangs() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    outer = asyncio.ensure_future(unless_set(hangs(), asyncio.Event()))
+    await started.wait()
+    outer.cancel()
+    await asyncio.wait({outer})
+    await asyncio.wait_for(cancelled.wait(), 1)

@@ -825,8 +825,10 @@ def test_the_membership_is_not_asked_while_too_few_voters_run_and_each_member_co
 def test_the_membership_is_asked_whenever_it_could_answer() -> None:
     _, pods = healthy_cluster(3)
     assert not planner.membership_unanswerable(_lost_on_volumes(pods[:2]))  # one gone: a quorum runs
-    stopping = [pods[0], dataclasses.replace(pods[1], running=False, deleting=True)]
+    stopping = [pods[0], dataclasses.replace(pods[1], deleting=True)]
     assert not planner.membership_unanswerable(_lost_on_volumes(stopping))  # its etcd may still serve
+    stopped = [pods[0], dataclasses.replace(pods[1], running=False, deleting=True)]
+    assert planner.membership_unanswerable(_lost_on_volumes(stopped))  # its container has exited
     assert not planner.membership_unanswerable(_lost_on_volumes(pods[:1], storage="emptyDir"))
     assert not planner.membership_unanswerable(_lost_on_volumes(pods[:1], external_ids=frozenset({7})))
     assert not planner.membership_unanswerable(_lost_on_volumes(pods[:1], ever_formed=False))

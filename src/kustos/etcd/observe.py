@@ -6,11 +6,13 @@ observe through here, and none of them imports another to do it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 STATUS_TIMEOUT = 2.0
+LIST_ATTEMPTS = 3  # member lists one pass may drop for a pod that went (``Observer._membership``)
+T = TypeVar("T")
 HEALTH_TIMEOUT = 3.0  # maintenance asks /health as well: a little longer
 
 
@@ -86,18 +90,34 @@ def unresolved_hosts(answers: dict[str, Status | EtcdError]) -> tuple[str, ...]:
     }))  # fmt: skip
 
 
-async def ask_members(urls: list[str], tls: EtcdTLS | None = None, list_members: bool = True) -> EtcdView:
-    """Status of every member that answers, the membership from one that can say (unless
-    ``list_members`` is False: it could not, ``planner.membership_unanswerable``), and the
-    members whose names did not resolve (DNS addressing with a resolver that lacks them)."""
+async def ask_statuses(urls: list[str], tls: EtcdTLS | None = None) -> EtcdView:
+    """Status of every member that answers, and the members whose names did not resolve (DNS
+    addressing with a resolver that lacks them). The membership is the Observer's to ask."""
     answers = await cluster_health(urls, tls, STATUS_TIMEOUT)
     answered = {url: s for url, s in answers.items() if isinstance(s, Status)}
     # A raised NOSPACE alarm refuses writes, not quorum: its members still lead, replicate and
     # serve reads. Counting them unhealthy would report (and automatically rebuild) a quorum loss.
     statuses = {url: s for url, s in answered.items() if not [e for e in s.errors if not no_space_alarm(e)]}
-    members = await membership.member_list(statuses, tls) if list_members else None
     no_space = tuple(sorted(url for url, s in statuses.items() if any(map(no_space_alarm, s.errors))))
-    return EtcdView(members, statuses, answered, unresolved=unresolved_hosts(answers), no_space=no_space)
+    return EtcdView(None, statuses, answered, unresolved=unresolved_hosts(answers), no_space=no_space)
+
+
+async def unless_set(call: Awaitable[T], event: asyncio.Event) -> tuple[T | None, bool]:
+    """``call``'s result, or (None, True) once ``event`` is set first (``call`` is cancelled)."""
+    task, waiter = asyncio.ensure_future(call), asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the pass itself cancelled: nothing it started goes on
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if task.done():
+        return task.result(), False
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None, True
 
 
 def no_space_alarm(error: str) -> bool:
@@ -294,6 +314,48 @@ class Observer:
         # Whom to log in as, by cluster key: the EtcdCluster controller sets it each pass.
         self.credentials: dict[str, tuple[EtcdCredentials, ...]] = {}
         self.claims_by_cluster = claims.index_by_label(CLUSTER_LABEL)
+        # Set when a pod of the cluster is deleted while its member list is asked (``_membership``).
+        self._listing: dict[str, asyncio.Event] = {}
+        pods.add_handler(self._pod_changed)
+
+    def _pod_changed(self, kind: str, pod: Obj, _old: Obj | None) -> None:
+        """A member pod gone: a member list in flight for its cluster may never answer now."""
+        if kind == "DELETED":
+            waiting = self._listing.get(f"{objects.namespace(pod)}/{objects.labels(pod).get(CLUSTER_LABEL)}")
+            if waiting is not None:
+                waiting.set()
+
+    async def _membership(
+        self,
+        cluster: EtcdCluster,
+        known: Observed,
+        views_now: Callable[[], tuple[PodView, ...]],
+        etcd: EtcdView,
+    ) -> tuple[MemberList | None, Observed]:
+        """The membership, and the observation it was asked on (its pods).
+
+        Not asked when it cannot answer (``planner.membership_unanswerable``). A list in flight is
+        dropped when a member pod of the cluster goes, and the pods are looked at again: the pod
+        that went may be what makes the list unanswerable. Before, a quorum lost on volumes waited
+        for a list asked while the pods were stopping, its whole ``LIST_TIMEOUT``, before their
+        members were brought back. The last attempt is waited for whatever happens."""
+        key = objects.key(cluster)
+        for attempt in range(1, LIST_ATTEMPTS + 1):
+            if planner.membership_unanswerable(known):
+                log.info("%s: not listing the members: too few voters have an etcd running", key)
+                return None, known
+            listing = membership.member_list(etcd.statuses, etcd.client_tls)
+            if attempt == LIST_ATTEMPTS:
+                break
+            gone = self._listing[key] = asyncio.Event()
+            try:
+                listed, dropped = await unless_set(listing, gone)
+            finally:
+                del self._listing[key]
+            if not dropped:
+                return listed, known
+            known = replace(known, pods=views_now())
+        return await listing, known
 
     def remember(self, cluster: EtcdCluster, endpoints: list[str]) -> None:
         """Every client of these members (observation, membership, maintenance, rebuilds) logs
@@ -337,14 +399,21 @@ class Observer:
         """The planner's input, what etcd said, and each pod's client URL."""
         status = cluster.status or EtcdClusterStatus()
         spec = cluster.spec
-        # Pods of an earlier epoch belong to a cluster that a rebuild replaced (and deleted).
-        pod_objects = [p for p in self.pods_of(cluster) if pod_epoch(p) == status.epoch]
-        views = [v for p in pod_objects if (v := self.pod_view(cluster, p)) is not None]
         certs: ClusterTLS | None = None
+
+        def views_now() -> tuple[PodView, ...]:
+            # Pods of an earlier epoch belong to a cluster that a rebuild replaced (and deleted).
+            found = [
+                v for p in self.pods_of(cluster)
+                if pod_epoch(p) == status.epoch and (v := self.pod_view(cluster, p)) is not None
+            ]  # fmt: skip
+            return tuple(replace(v, tls_stale=certs.stale.get(v.name)) if certs else v for v in found)
+
         if spec.tls is not None:
-            member_pods = [p for p in pod_objects if objects.name(p) in {v.name for v in views}]
+            names = {v.name for v in views_now()}
+            member_pods = [p for p in self.pods_of(cluster) if objects.name(p) in names]
             certs = await self.certs.reconcile(cluster, member_pods, now)
-            views = [replace(v, tls_stale=certs.stale.get(v.name)) for v in views]
+        views = views_now()
         base = skeleton(cluster, now)
         client_urls = {
             v.name: url for v in views if not v.deleting and (url := planner.client_url(base, v)) is not None
@@ -354,20 +423,16 @@ class Observer:
         external = [u for u in (adoption.endpoints if adoption else []) if u not in client_urls.values()]
         self.remember(cluster, [*client_urls.values(), *external])
         known = replace(
-            base, pods=tuple(views), next_index=status.next_member_index,
+            base, pods=views, next_index=status.next_member_index,
             ever_formed=bool(status.cluster_id),
             recorded_members=tuple((m.name, int(m.id, 16)) for m in status.members if m.name and m.id),
             recorded_voters=tuple(m.name for m in status.members if m.name and not m.learner),
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
             claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
         )  # fmt: skip
-        unanswerable = planner.membership_unanswerable(known)
-        if unanswerable:
-            log.info("%s: not listing the members: too few voters have an etcd running", objects.key(cluster))
-        etcd = await ask_members(
-            [*client_urls.values(), *external], certs.client if certs else None, list_members=not unanswerable
-        )
+        etcd = await ask_statuses([*client_urls.values(), *external], certs.client if certs else None)
         etcd.tls = certs
+        etcd.members, known = await self._membership(cluster, known, views_now, etcd)
         if chain.under_way(cluster):
             etcd.cluster_version = await ask_cluster_version(etcd.statuses, etcd.client_tls)
         downgrade_enabled = any(s.downgrade_enabled for s in etcd.statuses.values())

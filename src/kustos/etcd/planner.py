@@ -713,7 +713,7 @@ def membership_unanswerable(o: Observed) -> bool:
     present = {p.name for p in o.pods}
     if all(name in present for name, _ in o.recorded_members):
         return False
-    able = {p.name for p in o.pods if p.running or p.deleting}  # a stopping pod's etcd may still run
+    able = {p.name for p in o.pods if p.running}  # a stopping pod counts while its container runs
     return sum(1 for v in o.recorded_voters if v in able) < quorum(len(o.recorded_voters))
 
 
