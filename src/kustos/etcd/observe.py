@@ -351,7 +351,7 @@ class Observer:
             try:
                 listed, dropped = await unless_set(listing, gone)
             finally:
-                del self._listing[key]
+                self._listing.pop(key, None)
             if not dropped:
                 return listed, known
             known = replace(known, pods=views_now())
