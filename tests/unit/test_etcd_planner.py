@@ -835,3 +835,34 @@ def test_the_membership_is_asked_whenever_it_could_answer() -> None:
     # A learner is no voter: 2 voters recorded, both running, one learner gone.
     o = _lost_on_volumes(pods[:2], recorded_voters=("e-0", "e-1"))
     assert not planner.membership_unanswerable(o)
+
+
+@given(
+    st.lists(st.sampled_from(["running", "pending", "absent", "stopping", "stopped"]), min_size=1, max_size=7)
+)
+@settings(max_examples=300)
+def test_not_asking_the_membership_never_changes_the_step_while_the_record_is_current(
+    pods_are: list[str],
+) -> None:
+    """Whenever the list is skipped, the step is the one the list's answer would have led to: a
+    member is healthy only with its etcd running and a quorum of them running (else no leader)."""
+    n = len(pods_are)
+    members, pods = healthy_cluster(n)
+    running = {"running", "stopping"}  # states whose etcd runs
+    kept: list[PodView] = []
+    for pod, state in zip(pods, pods_are, strict=True):
+        if state != "absent":
+            kept.append(dataclasses.replace(pod, running=state in running, deleting=state.startswith("stop")))
+    serving = sum(1 for state in pods_are if state in running) >= quorum(n)
+    members = [dataclasses.replace(m, healthy=serving and pods_are[i] in running, leader=False)
+               for i, m in enumerate(members)]  # fmt: skip
+    answered = observed(members, kept, n, storage="pvc", ever_formed=True,
+                        recorded_members=tuple((m.name, m.id) for m in members),
+                        recorded_voters=tuple(m.name for m in members))  # fmt: skip
+    unanswered = dataclasses.replace(answered, members=None)
+    if planner.membership_unanswerable(unanswered):
+        assert not serving
+        assert plan(answered) == plan(unanswered)
+        assert isinstance(plan(unanswered), planner.RecreatePod)
+    elif not serving and "absent" in pods_are:
+        raise AssertionError("a member without a pod waited for a list that could not answer")

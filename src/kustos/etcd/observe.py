@@ -46,10 +46,10 @@ from kustos.runtime.times import parse_duration, parse_rfc3339
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 
 STATUS_TIMEOUT = 2.0
 LIST_ATTEMPTS = 3  # member lists one pass may drop for a pod that went (``Observer._membership``)
-T = TypeVar("T")
 HEALTH_TIMEOUT = 3.0  # maintenance asks /health as well: a little longer
 
 

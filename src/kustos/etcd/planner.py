@@ -703,11 +703,11 @@ def membership_unanswerable(o: Observed) -> bool:
     already: a PVC-backed member to bring back (``_plan_without_membership``).
 
     The member list is linearizable: the leader must hear from a majority of the voters before it
-    answers (ReadIndex), and a voter without an etcd process (no pod, or one not yet running)
+    answers (ReadIndex), and a voter without an etcd process (no pod, or no running container)
     cannot answer. When fewer of the recorded voters could answer than their quorum, the list
     hangs until its timeout (``LIST_TIMEOUT``, 2 s: a survivor that led keeps naming itself
-    leader meanwhile), and then the same member comes back. Asked only then: a recorded member
-    without a pod; otherwise the list's own answer (or its timeout) decides, as before."""
+    leader meanwhile), and then the same member comes back. So this says yes only when a
+    recorded member has no pod; otherwise the list's own answer (or its timeout) decides."""
     if not (o.ever_formed and o.storage == "pvc" and o.recorded_voters) or o.external_ids:
         return False
     present = {p.name for p in o.pods}
