@@ -401,19 +401,20 @@ class Observer:
         spec = cluster.spec
         certs: ClusterTLS | None = None
 
-        def views_now() -> tuple[PodView, ...]:
+        def pods_now() -> list[tuple[Obj, PodView]]:
             # Pods of an earlier epoch belong to a cluster that a rebuild replaced (and deleted).
-            found = [
-                v for p in self.pods_of(cluster)
+            return [
+                (p, v) for p in self.pods_of(cluster)
                 if pod_epoch(p) == status.epoch and (v := self.pod_view(cluster, p)) is not None
             ]  # fmt: skip
-            return tuple(replace(v, tls_stale=certs.stale.get(v.name)) if certs else v for v in found)
 
+        def seen(pods: list[tuple[Obj, PodView]]) -> tuple[PodView, ...]:
+            return tuple(replace(v, tls_stale=certs.stale.get(v.name)) if certs else v for _, v in pods)
+
+        found = pods_now()
         if spec.tls is not None:
-            names = {v.name for v in views_now()}
-            member_pods = [p for p in self.pods_of(cluster) if objects.name(p) in names]
-            certs = await self.certs.reconcile(cluster, member_pods, now)
-        views = views_now()
+            certs = await self.certs.reconcile(cluster, [p for p, _ in found], now)
+        views = seen(found)
         base = skeleton(cluster, now)
         client_urls = {
             v.name: url for v in views if not v.deleting and (url := planner.client_url(base, v)) is not None
@@ -432,7 +433,7 @@ class Observer:
         )  # fmt: skip
         etcd = await ask_statuses([*client_urls.values(), *external], certs.client if certs else None)
         etcd.tls = certs
-        etcd.members, known = await self._membership(cluster, known, views_now, etcd)
+        etcd.members, known = await self._membership(cluster, known, lambda: seen(pods_now()), etcd)
         if chain.under_way(cluster):
             etcd.cluster_version = await ask_cluster_version(etcd.statuses, etcd.client_tls)
         downgrade_enabled = any(s.downgrade_enabled for s in etcd.statuses.values())
