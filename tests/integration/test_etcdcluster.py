@@ -329,6 +329,26 @@ async def test_deleting_the_cluster_removes_what_it_owns(kubectl: Kubectl, opera
     await wait_until(all_gone, "pods, services and claims collected", timeout=120)
 
 
+async def test_a_namespace_deleted_with_its_cluster_goes_without_the_operator_fighting_it(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """The namespace's pods may go before the EtcdCluster does, and the API server refuses anything
+    new there: the operator's recreations of the member pod and its Services are refused. They are
+    not retried with backoff nor logged as failures (the object's own deletion wakes it), and the
+    namespace goes."""
+    kubectl.apply(etcd_cluster("doomed", 1, storage={"type": "pvc", "size": "1Gi"}))
+    await wait_healthy(kubectl, "doomed", 1)
+    kubectl.cluster.kubectl("delete", "namespace", kubectl.namespace, "--wait=false")
+
+    async def namespace_gone() -> bool:
+        left = kubectl.cluster.kubectl("get", "namespace", kubectl.namespace, "-o", "name", check=False)
+        return not left.strip()
+
+    await wait_until(namespace_gone, "the namespace deleted", timeout=120)
+    passes = [line for line in operator.log().splitlines() if f"key={kubectl.namespace}/doomed" in line]
+    assert not [line for line in passes if "reconcile failed" in line], "\n".join(passes[-20:])
+
+
 def test_bad_specs_are_rejected_naming_the_field(crds: None, kubectl: Kubectl) -> None:
     assert_rejected(kubectl, etcd_cluster("bad", 0), "spec.size")
     assert_rejected(kubectl, etcd_cluster("bad", 10), "spec.size")

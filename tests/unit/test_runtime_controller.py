@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kustos.runtime.api import ApiStatusError
+from kustos.runtime.api import ApiStatusError, namespace_terminating, raise_for
 from kustos.runtime.cloud import ProviderError, Throttled
 from kustos.runtime.controller import Controller, ControllerRunner, Result, label_keys, owner_keys
 from kustos.runtime.errors import ReconcileError, ReconcileTimeout, RetryAfter, TerminalError
@@ -410,6 +410,56 @@ async def test_a_terminal_error_is_counted_and_not_retried() -> None:
         runner.enqueue("ns/a")  # the object changed: called again
         await asyncio.sleep(0.05)
         assert calls == ["ns/a", "ns/a"]
+
+
+# The API server's answer to a create in a namespace being deleted (namespace lifecycle admission).
+TERMINATING = {
+    "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+    "message": 'pods "bench-2" is forbidden: unable to create new content in namespace gone because '
+               "it is being terminated",
+    "details": {"name": "bench-2", "kind": "pods", "causes": [
+        {"reason": "NamespaceTerminating", "message": "namespace gone is being terminated",
+         "field": "metadata.namespace"}]},
+}  # fmt: skip
+
+
+def _refusal(body: dict[str, Any]) -> ApiStatusError:
+    with pytest.raises(ApiStatusError) as refused:
+        raise_for(httpx2.Response(body["code"], json=body))
+    return refused.value
+
+
+def test_a_refusal_in_a_namespace_being_deleted_is_told_apart_from_other_refusals() -> None:
+    refusal = _refusal(TERMINATING)
+    assert namespace_terminating(refusal)
+    with pytest.raises(ReconcileError) as wrapped:  # a family's own error, raised from it
+        raise ReconcileError(f"the API server refused pod bench-2: {refusal}", "PodRefused") from refusal
+    assert namespace_terminating(wrapped.value)
+    quota = {**TERMINATING, "message": "exceeded quota", "details": {"causes": [{"message": "pods: 10"}]}}
+    assert not namespace_terminating(_refusal(quota))
+    assert not namespace_terminating(ApiStatusError(403, "Forbidden", "RBAC: cannot create pods"))
+
+
+async def test_a_pass_refused_in_a_namespace_being_deleted_is_not_retried_until_the_object_changes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    calls: list[str] = []
+
+    async def reconcile(key: str) -> None:
+        calls.append(key)
+        raise _refusal(TERMINATING)
+
+    with caplog.at_level(logging.INFO, logger="kustos.runtime.controller"):
+        async with _running(reconcile) as (runner, _):
+            runner.enqueue("gone/a")
+            await asyncio.sleep(0.2)  # a retry with backoff would have come by now
+            assert calls == ["gone/a"] and runner.queue.failures("gone/a") == 0
+            runner.enqueue("gone/a")  # its deletion, or another event: looked at again
+            await asyncio.sleep(0.05)
+            assert calls == ["gone/a", "gone/a"]
+    records = [r for r in caplog.records if r.name == "kustos.runtime.controller"]
+    assert [r.levelno for r in records] == [logging.INFO, logging.INFO]
+    assert "being terminated" in records[0].getMessage()
 
 
 async def test_a_hung_reconcile_times_out_and_frees_the_worker() -> None:

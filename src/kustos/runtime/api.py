@@ -28,7 +28,14 @@ class ApiStatusError(ReconcileError):
     A ``ReconcileError``: a pass it fails is retried with backoff and logged in one line.
     """
 
-    def __init__(self, code: int, reason: str, message: str, causes: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        causes: tuple[str, ...] = (),
+        cause_types: tuple[str, ...] = (),
+    ) -> None:
         # A Status without a reason (a 500 from server-side apply has none) still needs one: the
         # failure condition refuses an empty reason, and then nothing at all would be recorded.
         reason = reason or f"Http{code}"
@@ -38,6 +45,8 @@ class ApiStatusError(ReconcileError):
         self.message = message
         self.causes = causes
         """The messages of the Status's details.causes (a PDB's refusal names the budget there)."""
+        self.cause_types = cause_types
+        """The types of those causes (``NamespaceTerminating``: see ``namespace_terminating``)."""
 
     @property
     def not_found(self) -> bool:
@@ -51,6 +60,17 @@ class ApiStatusError(ReconcileError):
     def too_many_requests(self) -> bool:
         """429: for an eviction, a PodDisruptionBudget allows no disruption now."""
         return self.code == 429
+
+
+def namespace_terminating(err: BaseException) -> bool:
+    """Whether ``err``, or an error it was raised from, is the API server refusing new content in a
+    namespace being deleted: nothing can be made there again, and the pass's own objects are going."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, ApiStatusError) and "NamespaceTerminating" in seen.cause_types:
+            return True
+        seen = seen.__cause__
+    return False
 
 
 class ApiUnreachable(ReconcileError):
@@ -71,14 +91,16 @@ def raise_for(response: httpx2.Response) -> None:
     if response.status_code < 400:
         return
     causes: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
     try:
         body = response.json()
         reason, message = body.get("reason", ""), body.get("message", response.text)
-        details = body.get("details") or {}
-        causes = tuple(str(c.get("message") or c.get("reason")) for c in details.get("causes") or [])
+        listed = (body.get("details") or {}).get("causes") or []
+        causes = tuple(str(c.get("message") or c.get("reason")) for c in listed)
+        types = tuple(str(c.get("reason") or "") for c in listed)  # a StatusCause's type is "reason"
     except (ValueError, AttributeError):
         reason, message = "", response.text
-    raise ApiStatusError(response.status_code, reason, message, causes)
+    raise ApiStatusError(response.status_code, reason, message, causes, types)
 
 
 class Api:

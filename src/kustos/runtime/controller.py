@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import httpx2
 
 from kustos.runtime import objects
-from kustos.runtime.api import ApiStatusError
+from kustos.runtime.api import ApiStatusError, namespace_terminating
 from kustos.runtime.errors import ReconcileError, ReconcileTimeout, RetryAfter, TerminalError
 from kustos.runtime.informer import Informer, InformerOptions, Obj, ResourceRef
 from kustos.runtime.logs import reconcile_context
@@ -225,7 +225,7 @@ class ControllerRunner:
                 self.metrics.reconcile_total.labels(name, "error").inc()
                 self.metrics.reconcile_errors.labels(name).inc()
                 self._log_failure(key, err)
-                if isinstance(err, TerminalError):
+                if isinstance(err, TerminalError) or namespace_terminating(err):
                     self.queue.forget(key)  # not retried: the object's next change wakes it
                 elif isinstance(err, RetryAfter) and err.retry_after:
                     self.queue.add_rate_limited(key, retry_after=err.retry_after)
@@ -257,6 +257,9 @@ class ControllerRunner:
     def _log_failure(self, key: str, err: Exception) -> None:
         if isinstance(err, TerminalError):
             log.warning("reconcile failed, not retried until %s changes: %s", key, err)
+        elif namespace_terminating(err):
+            # Its namespace is being deleted, the object with it: its own deletion wakes it.
+            log.info("reconcile stopped, not retried until %s changes: %s", key, describe(err))
         elif isinstance(err, ApiStatusError) and err.conflict:
             # Someone wrote the object since the cache showed it: routine, retried on fresh state.
             log.info("reconcile retried (retry %d): %s", self.queue.failures(key) + 1, err)
