@@ -21,6 +21,7 @@ from kustos.etcd.client import (
     Alarm,
     BadLeaderTransferee,
     Compacted,
+    CredentialBook,
     EtcdClient,
     EtcdCredentials,
     EtcdError,
@@ -579,3 +580,15 @@ async def test_a_login_forgets_the_tokens_that_have_expired(monkeypatch: pytest.
     assert await EtcdClient(current, credentials=root).login() == "t.1"
     assert [endpoint for endpoint, _, _ in etcd_client._TOKENS] == [current]
     await stop_members(servers, handlers)
+
+
+def test_a_deleted_clusters_passwords_are_dropped_and_never_offered_at_its_old_addresses() -> None:
+    book = CredentialBook()
+    a, b = [EtcdCredentials("root", "a-secret")], [EtcdCredentials("root", "b-secret")]
+    book.remember("team-a/main", ["http://10.0.0.1:2379/", "http://10.0.0.2:2379"], a)
+    book.remember("team-b/main", ["http://10.0.0.3:2379"], b)
+    book.remember("team-b/main", ["http://10.0.0.2:2379"], b)  # a member of b now has one of a's addresses
+    assert book.get("http://10.0.0.1:2379") == tuple(a) and book.get("http://10.0.0.2:2379/") == tuple(b)
+    book.forget("team-a/main")
+    assert book.get("http://10.0.0.1:2379") == ()  # no client there logs in as a's root any more
+    assert book.get("http://10.0.0.2:2379") == tuple(b) and book.get("http://10.0.0.3:2379") == tuple(b)

@@ -149,7 +149,8 @@ class AuthSync:
     def remember(cluster: EtcdCluster, secret: Obj | None, endpoints: list[str]) -> None:
         """Every kustos client of these members logs in as root from now on."""
         if secret is not None:
-            CREDENTIALS.remember(endpoints, root_credentials(secret))
+            key = f"{cluster.metadata['namespace']}/{cluster.metadata['name']}"
+            CREDENTIALS.remember(key, endpoints, root_credentials(secret))
 
     async def desired(self, cluster: EtcdCluster, secret: Obj, now: datetime) -> auth.Desired:
         spec = cluster.spec.auth

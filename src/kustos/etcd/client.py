@@ -846,21 +846,25 @@ class CredentialBook:
     and maintenance controllers write the book each pass from the operator's root Secret;
     a client with no credentials of its own looks its endpoint up here. Each entry is a list
     tried in order, so a password being rotated (the new one, then the old) never locks out.
+    Each entry names the cluster it is for, so a deleted cluster's passwords are dropped with it
+    (``forget``), and never offered to whatever answers at its members' addresses next.
     """
 
     def __init__(self) -> None:
-        self._by_endpoint: dict[str, tuple[EtcdCredentials, ...]] = {}
+        self._by_endpoint: dict[str, tuple[str, tuple[EtcdCredentials, ...]]] = {}
 
-    def remember(self, endpoints: Iterable[str], candidates: Sequence[EtcdCredentials]) -> None:
+    def remember(self, cluster: str, endpoints: Iterable[str], candidates: Sequence[EtcdCredentials]) -> None:
+        """``cluster`` (its namespace/name) logs in with ``candidates`` at these endpoints."""
         for endpoint in endpoints:
-            self._by_endpoint[endpoint.rstrip("/")] = tuple(candidates)
+            self._by_endpoint[endpoint.rstrip("/")] = (cluster, tuple(candidates))
 
-    def forget(self, endpoints: Iterable[str]) -> None:
-        for endpoint in endpoints:
-            self._by_endpoint.pop(endpoint.rstrip("/"), None)
+    def forget(self, cluster: str) -> None:
+        """Drop what ``cluster`` remembered: an address since taken by another cluster is kept."""
+        for endpoint in [e for e, (owner, _) in self._by_endpoint.items() if owner == cluster]:
+            del self._by_endpoint[endpoint]
 
     def get(self, endpoint: str) -> tuple[EtcdCredentials, ...]:
-        return self._by_endpoint.get(endpoint.rstrip("/"), ())
+        return self._by_endpoint.get(endpoint.rstrip("/"), ("", ()))[1]
 
 
 CREDENTIALS = CredentialBook()

@@ -35,7 +35,7 @@ from kustos.etcd import (
 )
 from kustos.etcd.authsync import AuthSync, root_credentials
 from kustos.etcd.certs import FINGERPRINT_ANNOTATION, operator_certificates, user_fingerprint
-from kustos.etcd.client import LearnerNotReady
+from kustos.etcd.client import CREDENTIALS, LearnerNotReady
 from kustos.etcd.cluster_planner import Blocked, StartAdoption, StartRebuild
 from kustos.etcd.observe import EtcdView, Observer, adoption_answers
 from kustos.etcd.planner import Observed
@@ -157,6 +157,7 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
             self.forget(key)
             self.expected.forget(key)
             self.observer.credentials.pop(key, None)
+            CREDENTIALS.forget(key)
             self.manager.observations.forget_etcd(*key.split("/", 1))
             return None  # owner references take everything it owned along
         unseen = self.expected.unseen(key)

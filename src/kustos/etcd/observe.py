@@ -360,9 +360,10 @@ class Observer:
     def remember(self, cluster: EtcdCluster, endpoints: list[str]) -> None:
         """Every client of these members (observation, membership, maintenance, rebuilds) logs
         in with the cluster's root credentials, when it has them (``CredentialBook``)."""
-        found = self.credentials.get(f"{cluster.metadata['namespace']}/{cluster.metadata['name']}")
+        key = f"{cluster.metadata['namespace']}/{cluster.metadata['name']}"
+        found = self.credentials.get(key)
         if found:
-            CREDENTIALS.remember(endpoints, found)
+            CREDENTIALS.remember(key, endpoints, found)
 
     def pods_of(self, cluster: EtcdCluster) -> list[Obj]:
         """The cluster's pods (every epoch), from the cache's index by cluster label."""
