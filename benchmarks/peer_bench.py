@@ -14,9 +14,10 @@ scale 5 -> 3, delete 2 of 3 pods (quorum lost, volumes kept). A step ends when t
 healthy by the same outside check for both: the member list read from a member pod shows N
 started voters, every member pod answers etcd's /health, and the operator's status agrees
 (kustos: N/N ready and Running; the peer: readyReplicas and memberCount N). CPU is the operator
-process's utime + stime over the create; idle CPU (per 10 s over 30 s) and RSS are taken with
-no cluster, first, each operator leading (leader election on for both). Medians are printed as
-a markdown table.
+process's utime + stime over the create. The two deletion steps also print how long the
+deleted pods' objects lasted (their etcd's exit, before any operator can bring them back).
+Idle CPU (per 10 s over 30 s) and RSS are taken with no cluster, first, each operator leading
+(leader election on for both). Medians are printed as a markdown table.
 
 ``--compare CHECKOUT`` runs another kustos checkout (with its own .venv) as one more system, in
 its own rounds: a before/after at equal load. Two kustos operators would share one Lease, so
@@ -34,6 +35,7 @@ import os
 import signal
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +60,12 @@ STEPS = (
     "delete 2 of 3 pods (quorum lost, volumes kept)",
 )
 CPU_ROW = "operator CPU seconds for one 3-member create"
+# How long the deleted pods' objects lasted (their etcd's exit: the pod runner removes a pod once
+# its process is gone), the part of the two deletion steps no operator acts in.
+GONE_ROWS = {
+    STEPS[1]: "… the deleted pod gone (its etcd exited)",
+    STEPS[4]: "… both deleted pods gone (their etcd exited)",
+}
 NAMESPACES = {"kustos (compare)": "kustos-compare"}  # a system's namespaces, when its name is no DNS label
 
 
@@ -177,16 +185,33 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
         action()
         until_healthy(cluster, system, namespace, name, size)
         system.record(row, time.monotonic() - started)
+        if row in GONE_ROWS:
+            deleting.join()
+            system.record(GONE_ROWS[row], gone[-1] - started)
         if row == STEPS[0]:
             system.record(CPU_ROW, cpu_seconds(system.pid()) - cpu)
         print(f"  {system.name} {namespace}: {row}: {time.monotonic() - started:.1f} s", flush=True)
         time.sleep(6)  # etcd's 5 s after a member (re)joins, before the next step's change
 
     timed(STEPS[0], lambda: apply(3), 3)
-    timed(STEPS[1], lambda: kubectl("delete", "-n", namespace, pods()[1], "--wait=false"), 3)
+    gone: list[float] = []  # when the last delete's pods were gone (time.monotonic)
+    deleting = threading.Thread()
+
+    def delete(victims: list[str]) -> None:
+        """Delete ``victims`` and, beside the step, note when their objects are gone."""
+        nonlocal deleting
+
+        def wait() -> None:
+            kubectl("delete", "-n", namespace, *victims, "--wait=true", "--timeout=120s")
+            gone.append(time.monotonic())
+
+        deleting = threading.Thread(target=wait)
+        deleting.start()
+
+    timed(STEPS[1], lambda: delete(pods()[1:2]), 3)
     timed(STEPS[2], lambda: apply(5), 5)
     timed(STEPS[3], lambda: apply(3), 3)
-    timed(STEPS[4], lambda: kubectl("delete", "-n", namespace, *pods()[:2], "--wait=false"), 3)
+    timed(STEPS[4], lambda: delete(pods()[:2]), 3)
     kubectl("delete", "namespace", namespace, "--wait=false")
 
 
@@ -202,13 +227,14 @@ def table(systems: list[System]) -> str:
     head = "| step | " + " | ".join(s.name for s in systems)
     head += " | kustos ÷ official |" if len(systems) == 2 else " |"
     lines = [head, "|---" * (len(systems) + 1 + (len(systems) == 2)) + "|"]
-    for row in (*STEPS, CPU_ROW, "idle RSS (MiB)", "idle CPU per 10 s"):
+    rows = (*STEPS[:2], GONE_ROWS[STEPS[1]], *STEPS[2:], GONE_ROWS[STEPS[4]])
+    for row in (*rows, CPU_ROW, "idle RSS (MiB)", "idle CPU per 10 s"):
         medians = [statistics.median(s.figures[row]) if s.figures.get(row) else None for s in systems]
         cells = [("—" if m is None else f"{m:.2f}" if "CPU" in row else f"{m:.1f}") for m in medians]
         if len(systems) == 2:
             k, o = medians
             cells.append(f"{k / o:.2f}" if k is not None and o else "—")
-        unit = " s" if row in STEPS else ""
+        unit = " s" if row in rows else ""
         lines.append(f"| {row}{unit} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
