@@ -187,7 +187,8 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
         system.record(row, time.monotonic() - started)
         if row in GONE_ROWS:
             deleting.join()
-            system.record(GONE_ROWS[row], gone[-1] - started)
+            if gone:  # else kubectl failed, and said why
+                system.record(GONE_ROWS[row], gone[-1] - started)
         if row == STEPS[0]:
             system.record(CPU_ROW, cpu_seconds(system.pid()) - cpu)
         print(f"  {system.name} {namespace}: {row}: {time.monotonic() - started:.1f} s", flush=True)
@@ -200,6 +201,7 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
     def delete(victims: list[str]) -> None:
         """Delete ``victims`` and, beside the step, note when their objects are gone."""
         nonlocal deleting
+        gone.clear()
 
         def wait() -> None:
             kubectl("delete", "-n", namespace, *victims, "--wait=true", "--timeout=120s")

@@ -334,8 +334,7 @@ async def test_a_namespace_deleted_with_its_cluster_goes_without_the_operator_fi
 ) -> None:
     """The namespace's pods may go before the EtcdCluster does, and the API server refuses anything
     new there: the operator's recreations of the member pod and its Services are refused. They are
-    not retried with backoff nor logged as failures (the object's own deletion wakes it), and the
-    namespace goes."""
+    not logged as failures (a page for the person who deleted it), and the namespace goes."""
     kubectl.apply(etcd_cluster("doomed", 1, storage={"type": "pvc", "size": "1Gi"}))
     await wait_healthy(kubectl, "doomed", 1)
     kubectl.cluster.kubectl("delete", "namespace", kubectl.namespace, "--wait=false")

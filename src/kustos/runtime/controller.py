@@ -225,7 +225,7 @@ class ControllerRunner:
                 self.metrics.reconcile_total.labels(name, "error").inc()
                 self.metrics.reconcile_errors.labels(name).inc()
                 self._log_failure(key, err)
-                if isinstance(err, TerminalError) or namespace_terminating(err):
+                if isinstance(err, TerminalError):
                     self.queue.forget(key)  # not retried: the object's next change wakes it
                 elif isinstance(err, RetryAfter) and err.retry_after:
                     self.queue.add_rate_limited(key, retry_after=err.retry_after)
@@ -258,8 +258,10 @@ class ControllerRunner:
         if isinstance(err, TerminalError):
             log.warning("reconcile failed, not retried until %s changes: %s", key, err)
         elif namespace_terminating(err):
-            # Its namespace is being deleted, the object with it: its own deletion wakes it.
-            log.info("reconcile stopped, not retried until %s changes: %s", key, describe(err))
+            # Routine while a namespace goes, its objects with it; retried with backoff all the
+            # same (the refused namespace need not be the object's, and may come back).
+            log.info("reconcile refused, namespace being deleted (retry %d): %s",
+                     self.queue.failures(key) + 1, describe(err))  # fmt: skip
         elif isinstance(err, ApiStatusError) and err.conflict:
             # Someone wrote the object since the cache showed it: routine, retried on fresh state.
             log.info("reconcile retried (retry %d): %s", self.queue.failures(key) + 1, err)
