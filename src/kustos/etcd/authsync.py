@@ -149,8 +149,7 @@ class AuthSync:
     def remember(cluster: EtcdCluster, secret: Obj | None, endpoints: list[str]) -> None:
         """Every kustos client of these members logs in as root from now on."""
         if secret is not None:
-            key = f"{cluster.metadata['namespace']}/{cluster.metadata['name']}"
-            CREDENTIALS.remember(key, endpoints, root_credentials(secret))
+            CREDENTIALS.remember(objects.key(cluster), endpoints, root_credentials(secret))
 
     async def desired(self, cluster: EtcdCluster, secret: Obj, now: datetime) -> auth.Desired:
         spec = cluster.spec.auth

@@ -360,7 +360,7 @@ class Observer:
     def remember(self, cluster: EtcdCluster, endpoints: list[str]) -> None:
         """Every client of these members (observation, membership, maintenance, rebuilds) logs
         in with the cluster's root credentials, when it has them (``CredentialBook``)."""
-        key = f"{cluster.metadata['namespace']}/{cluster.metadata['name']}"
+        key = objects.key(cluster)
         found = self.credentials.get(key)
         if found:
             CREDENTIALS.remember(key, endpoints, found)
