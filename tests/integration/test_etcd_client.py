@@ -361,8 +361,17 @@ async def test_maintenance(single: tuple[EtcdProcess, EtcdClient], version: str)
 async def test_downgrade_api(single: tuple[EtcdProcess, EtcdClient], version: str) -> None:
     """The downgrade API (3.6 and later): validate, enable (seen in status), cancel; two minors
     back is refused."""
-    _, client = single
+    member, client = single
     running = ".".join(version.lstrip("v").split(".")[:2])  # "3.7"
+
+    # Right after start, etcd's leader has not yet decided a cluster version, and the
+    # downgrade API refuses with "cluster version not found" until it has.
+    async def decided() -> str:
+        if not (cluster_version := await client.cluster_version()):
+            raise EtcdUnavailable("no cluster version yet")
+        return cluster_version
+
+    assert (await eventually(decided, "cluster version decided", members=[member])).startswith(running)
     major, minor = (int(p) for p in running.split("."))
     previous, two_back = f"{major}.{minor - 1}", f"{major}.{minor - 2}"
     assert await client.downgrade("VALIDATE", previous) == running
