@@ -34,9 +34,9 @@ from typing import Any
 import httpx
 
 from benchmarks.etcd_bench import bench_cluster, healthy, rss_mib, status
-from benchmarks.runtime_bench import free_port
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.network import operator_argv
+from kustos.devcluster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")

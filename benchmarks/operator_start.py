@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import httpx
-from tests.integration.operator import free_port
 
 from benchmarks.runtime_bench import REPO
+from kustos.devcluster.ports import free_port
 
 TIMEOUT = 120.0
 

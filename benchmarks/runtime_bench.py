@@ -24,16 +24,9 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node
 
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig
+from kustos.devcluster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mib(pid: int) -> float:

@@ -15,7 +15,6 @@ a terminate of an unknown instance with HTTP 500, and makes a launch template ve
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,8 @@ from typing import Any
 import boto3
 import httpx
 
+from kustos.devcluster.ports import free_port
+
 REGION = "us-east-1"
 ZONE = "us-east-1a"
 # moto accepts any credentials; these keep boto3 from looking for real ones.
@@ -37,12 +38,6 @@ NEW_IMAGE = "ami-0000000000000000b"
 # One of the AMIs moto knows (its default list): the one image that launches when moto's
 # AMI validation (MOTO_ENABLE_AMI_VALIDATION) is on.
 MOTO_AMI = "ami-03cf127a"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -85,15 +80,11 @@ def aws_environment() -> dict[str, str]:
     }
 
 
-def free_port() -> int:
-    return _free_port()
-
-
 @contextmanager
 def moto_server(log_dir: Path, timeout: float = 60, **settings: str) -> Iterator[MotoServer]:
     """moto's server on 127.0.0.1 and a free port, until the block ends (``settings``: moto's
     environment variables, which it reads once, at import)."""
-    port = _free_port()
+    port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"moto-{port}.log"
     with log_file.open("ab") as sink:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -34,12 +33,6 @@ def build_missing_etcd_binaries() -> None:
     missing = [b for b in binaries.missing_binaries() if b.name.startswith("etcd")]
     if missing:
         binaries.build(missing)
-
-
-def free_port(ip: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
 
 
 def install_crds(cluster: DevCluster) -> None:

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import httpx
 
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.network import operator_argv
+from kustos.devcluster.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 # What an operator's log says when the API server refused it: the refusal's reason is "Forbidden"
@@ -27,12 +27,6 @@ REFUSED = re.compile(r"forbidden", re.IGNORECASE)
 # How long a started operator has to answer /healthz. At a load of 15 (four sessions and a crash
 # chain) one answered none of 30 s of one-second probes; a Deployment's probes wait longer.
 HEALTHZ_TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -16,8 +16,8 @@ import httpx
 import yaml
 
 from kustos.devcluster import binaries
+from kustos.devcluster.ports import free_port
 from kustos.install.dashboard import dashboard
-from tests.integration.operator import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "helm" / "kustos" / "files" / "prometheus-rules.yaml"

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
+from kustos.devcluster.ports import free_port
 from kustos.etcd.client import (
     AuthFailed,
     AuthRequired,
@@ -58,7 +59,7 @@ from kustos.etcd.client import (
     cluster_health,
     prefix_end,
 )
-from tests.integration.etcd_support import build_missing_etcd_binaries, free_port
+from tests.integration.etcd_support import build_missing_etcd_binaries
 from tests.integration.kube import wait_until
 
 T = TypeVar("T")

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from kustos.devcluster.binaries import ETCD_VERSIONS, binary_path
+from kustos.devcluster.ports import free_port
 from kustos.etcd.bolt import snapshot_revision
 from kustos.etcd.client import EtcdClient
 from kustos.etcd.snapshot import SnapshotCorrupt, verify_snapshot
-from tests.integration.etcd_support import build_missing_etcd_binaries, free_port, put_all
+from tests.integration.etcd_support import build_missing_etcd_binaries, put_all
 
 
 @pytest.fixture(scope="module", autouse=True)

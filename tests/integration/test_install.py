@@ -22,6 +22,7 @@ import yaml
 from kustos.api import RESOURCES
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.ports import free_port
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import etcd_cluster, wait_healthy
 from tests.integration.kube import wait_until
@@ -30,7 +31,6 @@ from tests.integration.operator import (
     CHART_RELEASE,
     REFUSED,
     chart_identity,
-    free_port,
     service_account_kubeconfig,
 )
 

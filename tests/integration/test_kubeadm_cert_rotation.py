@@ -37,12 +37,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from kustos.devcluster.binaries import binary_path
+from kustos.devcluster.ports import free_port
 from kustos.etcd.kubeadm import APISERVER_ENDPOINT_ANNOTATION
 from kustos.maintenance import certrotation, kubeadm_certs
 from kustos.maintenance.certrotation import CHECKED_ANNOTATION
 from kustos.maintenance.certs_cli import served_certificate
 from tests.integration.conftest import Kubectl
-from tests.integration.etcd_support import free_port
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, chart_maintenance_operator
 from tests.integration.test_maintenance_ilb import FIRST_INDEX, control_plane_node, node_root

@@ -20,12 +20,13 @@ import pytest
 import yaml
 
 from kustos.devcluster.cluster import DevCluster, DevClusterError
+from kustos.devcluster.ports import free_port
 from kustos.images import KUSTOS_IMAGE_REPOSITORY
 from kustos.maintenance.envoy import NOT_READY_ANNOTATION
 from kustos.maintenance.image_overrides_webhook import APPLIED_ANNOTATION
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import REFUSED, OperatorProcess, free_port, start_operator
+from tests.integration.operator import REFUSED, OperatorProcess, start_operator
 
 pytestmark = pytest.mark.process_runner(
     "the policy's Envoy restarts, image overrides and reboot unit decide on kwok nodes' pods"

@@ -33,6 +33,7 @@ import yaml
 from kustos.devcluster.binaries import binary_path
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.kwokconfig import node_manifest
+from kustos.devcluster.ports import free_port
 from kustos.maintenance.internallb import (
     CONFIG_FILE,
     CONTAINER_CONFIG_DIR,
@@ -46,7 +47,7 @@ from kustos.maintenance.internallb import (
 from kustos.maintenance.internallb_node import master_command
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
-from tests.integration.operator import OperatorProcess, chart_maintenance_operator, free_port
+from tests.integration.operator import OperatorProcess, chart_maintenance_operator
 
 pytestmark = pytest.mark.process_runner(
     "the load balancer's pods on kwok control-plane nodes; its HAProxy and API servers run as processes"

@@ -21,6 +21,7 @@ import pytest
 
 from kustos.api.storage import StorageCluster
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.ports import free_port
 from kustos.runtime.manager import namespace_selector
 from kustos.storage import names
 from kustos.storage.images import parse_kube_version
@@ -28,7 +29,7 @@ from kustos.storage.manifests import Inputs, desired, listing, shipped_roles
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import assert_rejected, etcd_cluster, running_operator, wait_healthy
 from tests.integration.kube import claim, wait_until
-from tests.integration.operator import CHART_ENV, CHART_RELEASE, REPO, OperatorProcess, free_port
+from tests.integration.operator import CHART_ENV, CHART_RELEASE, REPO, OperatorProcess
 
 pytestmark = pytest.mark.process_runner("its etcd cluster only needs to exist beside Rook's simulated pods")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kustos.devcluster.cluster import DevCluster
+from kustos.devcluster.ports import free_port
 from kustos.etcd.carotation import ROTATE_CA_ANNOTATION
 from kustos.etcd.webhook import GUARD_NAME
 from kustos.install.certs import service_dns_names, shared_certificate
@@ -26,7 +27,7 @@ from kustos.runtime.metrics import Metrics
 from tests.integration.conftest import Kubectl
 from tests.integration.etcd_support import etcd_cluster
 from tests.integration.kube import wait_until
-from tests.integration.operator import REPO, free_port, parse_metrics, start_operator
+from tests.integration.operator import REPO, parse_metrics, start_operator
 
 
 async def test_concurrent_replicas_share_one_certificate(dev_cluster: DevCluster, kubectl: Kubectl) -> None:

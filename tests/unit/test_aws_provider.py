@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kustos.devcluster.ports import free_port
 from kustos.nodes.cloud.aws import AwsProvider
 from kustos.runtime.cloud import (
     CapacityError,
@@ -29,7 +30,6 @@ from tests.aws_support import (
     MotoServer,
     aws_environment,
     ec2_instance,
-    free_port,
     group,
     instance_ids,
     make_group,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typer.testing import CliRunner
 from kustos.api.maintenance import MaintenancePolicySpec
 from kustos.cli import app
 from kustos.devcluster.binaries import binary_path
+from kustos.devcluster.ports import free_port
 from kustos.maintenance import internallb, planner
 from kustos.maintenance.internallb import (
     ApiServer,
@@ -57,12 +57,6 @@ def check(config: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "haproxy.cfg"
     path.write_text(config)
     return subprocess.run([haproxy(), "-c", "-f", str(path)], capture_output=True, text=True, check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spec(**changes: object) -> MaintenancePolicySpec:

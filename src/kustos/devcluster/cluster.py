@@ -48,6 +48,7 @@ from kustos.devcluster.network import (
 )
 from kustos.devcluster.paths import cache_root, clusters_root
 from kustos.devcluster.pids import alive, read_pid
+from kustos.devcluster.ports import free_ports
 from kustos.devcluster.provisioner import storage_class_manifest
 from kustos.devcluster.realnode import RealNode, RealNodeError, real_node
 from kustos.devcluster.runner import sandbox_dir
@@ -212,7 +213,7 @@ class DevCluster:
         config_file = self.state_dir / "kwokctl.yaml"
         audit_policy = self.state_dir / "audit-policy.yaml"
         audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
-        ports = _free_ports()
+        ports = dict(zip(PORT_OPTIONS, free_ports(len(PORT_OPTIONS)), strict=True))
         config = kwokctl_config(
             self.config.timings, kwok_source_dir(), slot, ports, network, audit_policy,
             kubelet_client=(self.pki_dir / "admin.crt", self.pki_dir / "admin.key"),
@@ -349,7 +350,7 @@ class DevCluster:
         # ip_forward stays 0; pods have no default route, so nothing leaves the machine).
         # The setting goes with the bridge.
         Path(f"/proc/sys/net/ipv4/conf/{self.network.bridge}/forwarding").write_text("1")
-        ports = [_free_port() for _ in range(2)]
+        ports = free_ports(2)
         self.ensure_background("kube-proxy", [
             str(binaries.binary_path("kube-proxy")), "--proxy-mode=nftables",
             f"--kubeconfig={self.kubeconfig}", f"--hostname-override={node}",
@@ -667,26 +668,6 @@ class DevCluster:
         raise DevClusterError(
             f"timed out after {timeout:.0f}s waiting for {what}; logs: {self.cluster_dir / 'logs'}"
         )
-
-
-def _free_ports() -> dict[str, int]:
-    """Distinct ports the kernel has just handed out, one per control-plane listener."""
-    sockets = []
-    try:
-        for _ in PORT_OPTIONS:
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return {name: s.getsockname()[1] for name, s in zip(PORT_OPTIONS, sockets, strict=True)}
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def remove_proxy_tables() -> None:

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from kustos.devcluster import binaries
 from kustos.devcluster.imagestore import link_preloaded, private_containerd
 from kustos.devcluster.network import SERVICE_CIDR, ClusterNetwork, short_hash
 from kustos.devcluster.pids import alive, read_pid
+from kustos.devcluster.ports import free_ports
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # containerd's shims put their sockets here whatever containerd's state directory is.
@@ -277,7 +277,8 @@ class RealNode:
         _wait_for(self.containerd_socket.exists, 30, what)
         for archive in () if linked else images:
             self.ctr("images", "import", str(archive))
-        config = self.kubelet_config(network, client_ca, (_free_port(), _free_port()))
+        kubelet_port, healthz_port = free_ports(2, "0.0.0.0")
+        config = self.kubelet_config(network, client_ca, (kubelet_port, healthz_port))
         (self.directory / "kubelet.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         self._spawn("kubelet", self.kubelet_argv(kubeconfig, network))
         log(f"started real node {self.name} (containerd and kubelet; logs in {self.log_dir})")
@@ -544,12 +545,6 @@ def processes() -> list[tuple[int, list[str]]]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             found.append((int(entry.name), [a.decode(errors="replace") for a in argv if a]))
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return int(sock.getsockname()[1])
 
 
 def _stop(pid_file: Path, timeout: float = 15) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 
 from kustos.devcluster.binaries import binary_path
+from kustos.devcluster.ports import free_port
 
 HOST = "127.0.0.1"
 HEALTH_PATH = "/health"
@@ -79,7 +79,7 @@ class S3Server:
         # another port is tried.
         attempts = 1 if self.config.port else 3
         for attempt in range(1, attempts + 1):
-            self.port = self.config.port or _free_port(self.config.host)
+            self.port = self.config.port or free_port(self.config.host)
             if _answers(self.config.host, self.port):
                 # Or its health check would pass while our process fails to bind.
                 raise S3ServerError(f"something already answers on {self.endpoint}")
@@ -183,13 +183,6 @@ class S3Server:
                 return None
             time.sleep(0.1)
         return "did not answer within the timeout"
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _answers(host: str, port: int) -> bool:
