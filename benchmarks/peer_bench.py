@@ -141,7 +141,12 @@ class ApiReader:
         self.http = httpx.Client(base_url=server, verify=context, timeout=5.0)
 
     def get(self, path: str, **params: str) -> dict[str, Any]:
-        response = self.http.get(path, params=params)
+        """The object at ``path``, or {} (not there, or the API server did not answer: the next
+        look asks again)."""
+        try:
+            response = self.http.get(path, params=params)
+        except httpx.HTTPError:
+            return {}
         return dict(response.json()) if response.status_code == 200 else {}
 
     def pod_ips(self, namespace: str, selector: str) -> list[str]:
