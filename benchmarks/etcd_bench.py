@@ -119,11 +119,12 @@ def start_operator(cluster: DevCluster, port: int = 18080) -> subprocess.Popen[b
         time.sleep(0.2)
 
 
-def bench_cluster(name: str) -> DevCluster:
-    """A fresh dev cluster with 4 workers and the test timings, CRDs installed."""
+def bench_cluster(name: str, kind: type[DevCluster] = DevCluster) -> DevCluster:
+    """A fresh dev cluster with 4 workers and the test timings, CRDs installed (``kind``: a
+    subclass, such as the tests' ``ReadingCluster``)."""
     binaries.build()
-    cluster = DevCluster(DevClusterConfig(name=name, worker_nodes=4, timings=Timings.fast(),
-                                          restart_backoff=(0.5, 4.0)))  # fmt: skip
+    cluster = kind(DevClusterConfig(name=name, worker_nodes=4, timings=Timings.fast(),
+                                    restart_backoff=(0.5, 4.0)))  # fmt: skip
     cluster.stop()
     cluster.start()
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))

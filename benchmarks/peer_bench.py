@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
+from tests.integration.api_reads import ReadingCluster
 
 from benchmarks.etcd_bench import bench_cluster, healthy, rss_mib
 from benchmarks.operator_cpu_bench import REPO, Operator, cpu_seconds
@@ -88,7 +88,7 @@ class System:
     manifest: Callable[[str, str, int], dict[str, Any]]
     selector: Callable[[str], str]  # the label selector of a cluster's member pods
     agrees: Callable[[dict[str, Any], int], bool]  # its status says N healthy members
-    resource: str  # its EtcdCluster kind's group, version and plural: "kustos.dev/v1alpha1/etcdclusters"
+    resource: str  # kubectl's name of its EtcdCluster kind
     figures: dict[str, list[float]] = field(default_factory=dict)
 
     def record(self, row: str, value: float) -> None:
@@ -108,7 +108,7 @@ def kustos_system(pid: Callable[[], int], name: str = "kustos") -> System:
         manifest,
         lambda cluster: f"kustos.dev/cluster={cluster}",
         healthy,
-        "kustos.dev/v1alpha1/etcdclusters",
+        "etcdclusters.kustos.dev",
     )
 
 
@@ -124,40 +124,17 @@ def peer_system(process: subprocess.Popen[bytes]) -> System:
 
     return System(
         "official", lambda: process.pid, manifest, lambda name: f"app={name}", agrees,
-        "operator.etcd.io/v1alpha1/etcdclusters",
+        "etcdclusters.operator.etcd.io",
     )  # fmt: skip
 
 
 # ---- the outside check -------------------------------------------------------------------------
 
 
-class ApiReader:
-    """The outside check's reads, straight from the API server: two kubectl processes a look
-    took about 0.3 s, a lag every step's end carried, and more for an operator whose status
-    follows its own look at etcd than for one whose status comes first."""
-
-    def __init__(self, cluster: DevCluster) -> None:
-        server, context = cluster._api_access()  # the dev cluster's admin identity
-        self.http = httpx.Client(base_url=server, verify=context, timeout=5.0)
-
-    def get(self, path: str, **params: str) -> dict[str, Any]:
-        """The object at ``path``, or {} (not there, or the API server did not answer: the next
-        look asks again)."""
-        try:
-            response = self.http.get(path, params=params)
-        except httpx.HTTPError:
-            return {}
-        return dict(response.json()) if response.status_code == 200 else {}
-
-    def pod_ips(self, namespace: str, selector: str) -> list[str]:
-        pods = self.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)
-        return [p["status"]["podIP"] for p in pods.get("items") or []
-                if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
-
-    def status(self, system: System, namespace: str, name: str) -> dict[str, Any]:
-        group, version, plural = system.resource.split("/")
-        found = self.get(f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}")
-        return dict(found.get("status") or {})
+def _pod_ips(cluster: DevCluster, namespace: str, selector: str) -> list[str]:
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json"))
+    return [p["status"]["podIP"] for p in pods["items"]
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
 
 
 async def _etcd_healthy(ips: list[str], size: int) -> bool:
@@ -179,11 +156,19 @@ async def _etcd_healthy(ips: list[str], size: int) -> bool:
     return True
 
 
-def until_healthy(api: ApiReader, system: System, namespace: str, name: str, size: int) -> None:
+def _status(cluster: DevCluster, system: System, namespace: str, name: str) -> dict[str, Any]:
+    out = cluster.kubectl("get", system.resource, name, "-n", namespace, "-o", "json", check=False)
+    try:
+        return dict(json.loads(out).get("status") or {})
+    except ValueError:
+        return {}
+
+
+def until_healthy(cluster: DevCluster, system: System, namespace: str, name: str, size: int) -> None:
     deadline = time.monotonic() + STEP_TIMEOUT
     while time.monotonic() < deadline:
-        if system.agrees(api.status(system, namespace, name), size) and asyncio.run(
-            _etcd_healthy(api.pod_ips(namespace, system.selector(name)), size)
+        if system.agrees(_status(cluster, system, namespace, name), size) and asyncio.run(
+            _etcd_healthy(_pod_ips(cluster, namespace, system.selector(name)), size)
         ):
             return
         time.sleep(0.1)
@@ -196,7 +181,6 @@ def until_healthy(api: ApiReader, system: System, namespace: str, name: str, siz
 def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
     name = "bench"
     kubectl = cluster.kubectl
-    api = ApiReader(cluster)
     kubectl("create", "namespace", namespace)
 
     def apply(size: int) -> None:
@@ -209,7 +193,7 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
     def timed(row: str, action: Callable[[], None], size: int) -> None:
         cpu, started = cpu_seconds(system.pid()), time.monotonic()
         action()
-        until_healthy(api, system, namespace, name, size)
+        until_healthy(cluster, system, namespace, name, size)
         ended = time.monotonic()
         system.record(row, ended - started)
         if row in GONE_ROWS:
@@ -245,7 +229,6 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
     timed(STEPS[2], lambda: apply(5), 5)
     timed(STEPS[3], lambda: apply(3), 3)
     timed(STEPS[4], lambda: delete(pods()[:2]), 3)
-    api.http.close()
     kubectl("delete", "namespace", namespace, "--wait=false")
 
 
@@ -322,7 +305,9 @@ def main() -> None:
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"peer-bench-{os.getpid()}"
     out.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()}", flush=True)
-    cluster = bench_cluster("bench-peer")
+    # The outside check's kubectl reads served in-process: a kubectl process a read lagged every
+    # step's end by ~0.3 s a look, more for kustos, whose status follows its own look at etcd.
+    cluster = bench_cluster("bench-peer", ReadingCluster)
     operators: dict[str, Operator] = {}  # by system name: the kustos operators running
     peer = None
     trees = {"kustos": REPO, **({"kustos (compare)": args.compare.resolve()} if args.compare else {})}
