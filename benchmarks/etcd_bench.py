@@ -104,7 +104,7 @@ def start_operator(cluster: DevCluster, port: int = 18080) -> subprocess.Popen[b
     resolves members' DNS names through the cluster DNS."""
     operator = subprocess.Popen(
         operator_argv(cluster.resolv_conf, [
-            sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+            sys.executable, "-m", "kustos", "run", "--kubeconfig", str(cluster.kubeconfig),
             "--no-leader-elect", "--metrics-address", f"127.0.0.1:{port}",
             "--webhook-address", "127.0.0.1:0",
             "--log-level", "warning"]),

@@ -125,7 +125,7 @@ def until(check: Any, timeout: float, what: str) -> Any:
 def start_operator(cluster: DevCluster, port: int) -> subprocess.Popen[bytes]:
     """``kustos run`` with every controller and the kwok provider, once it reports ready."""
     argv = [
-        sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+        sys.executable, "-m", "kustos", "run", "--kubeconfig", str(cluster.kubeconfig),
         "--no-leader-elect", "--metrics-address", f"127.0.0.1:{port}", "--webhook-address", "127.0.0.1:0",
         "--cloud-provider", "kwok", "--log-level", "warning",
     ]  # fmt: skip

@@ -131,7 +131,7 @@ def rollout(workers: int, control_plane: int, surge: int, ready_after: float) ->
 
         while not (len(ns := nodes()) == total and all(objects.node_ready(n) for n in ns)):  # type: ignore[arg-type]
             time.sleep(1)
-        args = [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+        args = [sys.executable, "-m", "kustos", "run", "--kubeconfig", str(cluster.kubeconfig),
                 "--no-leader-elect", "--metrics-address", "127.0.0.1:0", "--webhook-address", "127.0.0.1:0",
                 "--controllers", "nodeimage,scalinggroup,pendingnode", "--cloud-provider", "kwok",
                 *[a for k, v in options.items() for a in ("--cloud-option", f"{k}={v}")]]  # fmt: skip

@@ -32,10 +32,10 @@ def _kind_of(path: str) -> str:
 
 
 def main(argv: list[str]) -> None:
-    """Run ``kustos.cli`` with counters and a profiler toggled by signals."""
+    """Run ``kustos`` with counters and a profiler toggled by signals."""
     import kustos.etcd.client as etcd_client
     import kustos.runtime.kube as kube
-    from kustos.cli import main
+    from kustos.entry import main
 
     counts: Counter[str] = Counter()
     out = Path(os.environ["KUSTOS_CPU_BENCH_OUT"])

@@ -49,7 +49,7 @@ def start(config: Path, env: dict[str, str], log: Path) -> tuple[float, float]:
     began = time.monotonic()
     with log.open("ab") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(config),
+            [sys.executable, "-m", "kustos", "run", "--kubeconfig", str(config),
              "--metrics-address", f"127.0.0.1:{metrics}", "--webhook-address", f"127.0.0.1:{webhook}",
              "--webhook-url", f"https://127.0.0.1:{webhook}"],
             env=env, cwd=REPO, stdout=sink, stderr=sink,

@@ -45,8 +45,10 @@ class Operator:
         controllers: str = "none", leader_elect: bool = False, source: Path = REPO,
     ):  # fmt: skip
         self.port, webhook_port = free_port(), free_port()
+        # An older checkout (idle_rss.py --source) has no ``python -m kustos``: its CLI ran the operator.
+        entry = "kustos" if (source / "src" / "kustos" / "__main__.py").exists() else "kustos.cli"
         args = [
-            sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(cluster.kubeconfig),
+            sys.executable, "-m", entry, "run", "--kubeconfig", str(cluster.kubeconfig),
             "--metrics-address", f"127.0.0.1:{self.port}", "--webhook-address", f"127.0.0.1:{webhook_port}",
             "--webhook-url", f"https://127.0.0.1:{webhook_port}", "--log-level", "warning",
             "--controllers", controllers,

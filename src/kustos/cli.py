@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import json
 import os
 import subprocess
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from kustos.devcluster.cluster import DevCluster
-    from kustos.install.certs import SharedCertificate
-    from kustos.runtime.manager import Manager
 
 app = typer.Typer(
     help="kustos: operators for clustered data stores and the nodes beneath them.",
@@ -394,171 +391,16 @@ def crds(
         console.print(f"wrote {path}")
 
 
-@app.command("run")
-def run(
-    kubeconfig: Annotated[Path | None, typer.Option(help="Default: in-cluster, else $KUBECONFIG.")] = None,
-    context: Annotated[str | None, typer.Option(help="Kubeconfig context.")] = None,
-    namespace: Annotated[
-        list[str] | None,
-        typer.Option(help="Watch only this namespace (repeatable: several; default: all)."),
-    ] = None,
-    leader_elect: Annotated[bool, typer.Option(help="Run only while holding the Lease.")] = True,
-    lease_name: Annotated[str, typer.Option()] = "kustos-operator",
-    lease_namespace: Annotated[str, typer.Option()] = "default",
-    lease_duration: Annotated[float, typer.Option(help="Seconds.")] = 15.0,
-    renew_deadline: Annotated[float, typer.Option(help="Seconds.")] = 10.0,
-    retry_period: Annotated[float, typer.Option(help="Seconds.")] = 2.0,
-    metrics_address: Annotated[str, typer.Option(help="host:port of /metrics and probes.")] = ":8080",
-    webhook_address: Annotated[str, typer.Option(help="host:port of the HTTPS webhook server.")] = ":9443",
-    webhook_url: Annotated[
-        str | None, typer.Option(help="URL the API server calls webhooks at (operator outside the cluster).")
-    ] = None,
-    webhook_configuration_name: Annotated[
-        str, typer.Option(help="Name of the webhook configurations the operator keeps current.")
-    ] = "kustos",
-    webhook_service: Annotated[
-        str | None, typer.Option(help="namespace/name:port of the webhook Service (operator in the cluster).")
-    ] = None,
-    webhook_cert_secret: Annotated[
-        str | None,
-        typer.Option(
-            help="Secret every replica shares its certificate in (in the Service's namespace, else "
-            "the Lease's); the leader rotates its CA before expiry or on kustos.dev/rotate-ca."
-        ),
-    ] = None,
-    webhook_cert_check_interval: Annotated[
-        float, typer.Option(help="Seconds between reads of --webhook-cert-secret (rotation steps).")
-    ] = 60.0,
-    webhook_cert: Annotated[Path | None, typer.Option(help="PEM certificate (self-signed if unset).")] = None,
-    webhook_key: Annotated[Path | None, typer.Option(help="PEM key for --webhook-cert.")] = None,
-    webhook_ca: Annotated[Path | None, typer.Option(help="CA bundle for --webhook-cert.")] = None,
-    shutdown_timeout: Annotated[float, typer.Option(help="Seconds for in-flight reconciles.")] = 30.0,
-    cache_sync_timeout: Annotated[
-        float, typer.Option(help="Seconds before a controller still waiting for its caches is reported.")
-    ] = 120.0,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
-    json_logs: Annotated[bool, typer.Option(help="One JSON object per log line.")] = False,
-    controllers_: Annotated[
-        str, typer.Option("--controllers", help="Comma-separated controllers to run, 'all' or 'none'.")
-    ] = "all",
-    extra_controllers: Annotated[
-        list[str] | None, typer.Option(hidden=True, help="module:function registering more controllers.")
-    ] = None,
-    cloud_provider: Annotated[
-        str, typer.Option(help="Cloud provider node rollouts and fencing use: none, kwok, aws, gcp or azure.")
-    ] = "none",
-    cloud_option: Annotated[
-        list[str] | None, typer.Option(help="key=value for the cloud provider (repeatable).")
-    ] = None,
-) -> None:
-    """Run the operator: every kustos controller, against the current cluster."""
-    from kustos import controllers
-    from kustos.nodes.cloud import parse_options, provider_from
-    from kustos.runtime.deps import Deps
-    from kustos.runtime.kube import load_config
-    from kustos.runtime.logs import setup_logging
-    from kustos.runtime.manager import LeadershipLost, Manager, ManagerOptions
-    from kustos.runtime.webhook import ServingCertificate
+@app.command(
+    "run",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def run(ctx: typer.Context) -> None:
+    """Run the operator: every kustos controller, against the current cluster (options: kustos run --help)."""
+    from kustos.run import main as run_operator
 
-    setup_logging(log_level, json_logs)
-    try:
-        cloud = provider_from(cloud_provider, parse_options(cloud_option or []))
-    except (ValueError, ImportError) as err:
-        raise typer.BadParameter(str(err), param_hint="--cloud-provider/--cloud-option") from err
-    certificate = None
-    if webhook_cert and webhook_key:
-        certificate = ServingCertificate.from_files(webhook_cert, webhook_key, webhook_ca)
-    options = ManagerOptions(
-        namespaces=tuple(dict.fromkeys(namespace or [])),
-        leader_election=leader_elect,
-        lease_name=lease_name,
-        lease_namespace=lease_namespace,
-        lease_duration=lease_duration,
-        renew_deadline=renew_deadline,
-        retry_period=retry_period,
-        metrics_address=metrics_address,
-        webhook_address=webhook_address,
-        webhook_url=webhook_url,
-        webhook_service=_service(webhook_service) if webhook_service else None,
-        webhook_configuration_name=webhook_configuration_name,
-        certificate=certificate,
-        certificate_check_interval=webhook_cert_check_interval,
-        shutdown_timeout=shutdown_timeout,
-        cache_sync_timeout=cache_sync_timeout,
-    )
-
-    async def serve() -> None:
-        manager = Manager.from_config(load_config(kubeconfig, context), options)
-        if webhook_cert_secret and (options.webhook_service or webhook_url) and certificate is None:
-            source = _shared_certificate(manager, webhook_cert_secret)
-            options.certificate_source = source
-            options.certificate = await source.current(leader=False)
-        names = None if controllers_ == "all" else [n for n in controllers_.split(",") if n and n != "none"]
-        bind = getattr(cloud, "bind", None)
-        if bind is not None:
-            bind(manager.api)  # a provider that keeps its state in the cluster (kwok)
-        deps = Deps(cloud=cloud)
-        controllers.register_all(manager, deps, names)
-        for target in extra_controllers or []:
-            module_name, _, function = target.partition(":")
-            getattr(importlib.import_module(module_name), function)(manager, deps)
-        try:
-            await manager.run()
-        finally:
-            await manager.clients.close()
-
-    import logging
-
-    from kustos.runtime.controller import describe, expected
-
-    log = logging.getLogger("kustos.run")
-    try:
-        asyncio.run(serve())
-    except LeadershipLost as err:
-        log.error("%s: exiting so that a fresh start waits as a standby", err)
-        raise typer.Exit(3) from err
-    except Exception as err:
-        if not expected(err):
-            raise  # a bug: its traceback is the report
-        # The API server went away (or refused) where nothing could retry: one line, not a traceback.
-        log.error("exiting: %s", describe(err))
-        raise typer.Exit(1) from err
-
-
-def _shared_certificate(manager: Manager, secret: str) -> SharedCertificate:
-    """The Secret the replicas share (install/certs.py), for the names the API server calls us by:
-    the webhook Service's, or the host of --webhook-url (an operator outside the cluster)."""
-    import datetime as dt
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    from kustos.install.certs import SharedCertificate, service_dns_names
-
-    options = manager.options
-    dns_names: list[str] = []
-    ips: list[str] = []
-    if options.webhook_service:
-        namespace_ = options.webhook_service["namespace"]
-        dns_names = service_dns_names(namespace_, options.webhook_service["name"])
-    else:
-        namespace_ = options.lease_namespace
-        host = urlsplit(options.webhook_url or "").hostname or "localhost"
-        try:
-            ips = [str(ipaddress.ip_address(host))]
-        except ValueError:
-            dns_names = [host]
-    # A step waits for every replica's next read and for the API server to see the configurations.
-    settle = dt.timedelta(seconds=2 * options.certificate_check_interval + 5)
-    return SharedCertificate(manager.api, namespace_, secret, dns_names, ips, settle)
-
-
-def _service(value: str) -> dict[str, object]:
-    """``namespace/name:port`` -> the clientConfig.service of a webhook configuration."""
-    reference, _, port = value.partition(":")
-    namespace_, _, name = reference.partition("/")
-    if not (namespace_ and name and port.isdigit()):
-        raise typer.BadParameter(f"--webhook-service {value!r}: expected namespace/name:port")
-    return {"namespace": namespace_, "name": name, "port": int(port)}
+    raise typer.Exit(run_operator(ctx.args))
 
 
 @app.command("chart")

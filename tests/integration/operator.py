@@ -101,7 +101,7 @@ def start_operator(
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"operator-{metrics_port}.log"
     args = [
-        sys.executable, "-m", "kustos.cli", "run",
+        sys.executable, "-m", "kustos", "run",
         "--kubeconfig", str(kubeconfig or cluster.kubeconfig),
         "--metrics-address", f"127.0.0.1:{metrics_port}",
         "--webhook-address", f"127.0.0.1:{webhook_port}",

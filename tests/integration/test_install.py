@@ -140,7 +140,7 @@ def start_operator_as(kubeconfig: Path, log: Path, *args: str, release: str = ""
         env |= {"KUSTOS_STORAGE_NODE_ROLE": f"{release}-storage-node",
                 "KUSTOS_STORAGE_CSI_HELPER_ROLE": f"{release}-storage-csi-helper"}  # fmt: skip
     with log.open("wb") as sink:
-        command = [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(kubeconfig), *args]
+        command = [sys.executable, "-m", "kustos", "run", "--kubeconfig", str(kubeconfig), *args]
         return subprocess.Popen(command, stdout=sink, stderr=sink, cwd=REPO, env=env)
 
 

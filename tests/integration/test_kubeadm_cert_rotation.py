@@ -41,7 +41,7 @@ from kustos.devcluster.ports import free_port
 from kustos.etcd.kubeadm import APISERVER_ENDPOINT_ANNOTATION
 from kustos.maintenance import certrotation, kubeadm_certs
 from kustos.maintenance.certrotation import CHECKED_ANNOTATION
-from kustos.maintenance.certs_cli import served_certificate
+from kustos.maintenance.certrotation_act import served_certificate
 from tests.integration.conftest import Kubectl
 from tests.integration.kube import wait_until
 from tests.integration.operator import OperatorProcess, chart_maintenance_operator

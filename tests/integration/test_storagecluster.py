@@ -608,7 +608,7 @@ async def test_external_etcd_with_a_tls_secret(
 def operator_without_webhook_url(kubectl: Kubectl, log: Path) -> subprocess.Popen[bytes]:
     """``kustos run`` as ``kustos dev up`` starts it: no --webhook-url."""
     args = [
-        sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(kubectl.cluster.kubeconfig),
+        sys.executable, "-m", "kustos", "run", "--kubeconfig", str(kubectl.cluster.kubeconfig),
         "--metrics-address", f"127.0.0.1:{free_port()}", "--webhook-address", f"127.0.0.1:{free_port()}",
         "--namespace", kubectl.namespace, "--lease-namespace", kubectl.namespace,
         "--webhook-configuration-name", f"kustos-{kubectl.namespace}", "--controllers", "storagecluster",

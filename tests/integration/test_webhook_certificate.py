@@ -61,7 +61,7 @@ def test_kustos_run_serves_the_shared_certificate_and_points_the_api_server_at_t
     log = tmp_path / "operator.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kustos.cli", "run", "--kubeconfig", str(dev_cluster.kubeconfig),
+            [sys.executable, "-m", "kustos", "run", "--kubeconfig", str(dev_cluster.kubeconfig),
              "--namespace", namespace, "--lease-namespace", namespace, "--controllers", "storagecluster",
              "--metrics-address", f"127.0.0.1:{metrics_port}",
              "--webhook-address", f"127.0.0.1:{webhook_port}",

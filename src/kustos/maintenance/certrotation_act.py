@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import ssl
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -97,11 +99,26 @@ def view(
     )
 
 
+def served_certificate(address: str, timeout: float = 5.0) -> tuple[bytes, str]:
+    """The certificate the API server at ``host:port`` serves (DER) and its /readyz answer's
+    status line. Not verified: which certificate it serves is the question."""
+    host, _, port = address.rpartition(":")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no trust store loaded: nothing is verified
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw,
+        context.wrap_socket(raw) as conn,
+    ):
+        der = conn.getpeercert(binary_form=True) or b""
+        conn.sendall(b"GET /readyz HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
+        status = conn.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
+    return der, status
+
+
 async def check_apiserver(endpoint: str, spec: MaintenancePolicySpec, now: datetime) -> str:
     """The node's API server answers /readyz on a certificate outside the threshold, or raise."""
     from cryptography import x509  # here: cryptography costs the operator ~8 MiB resident
-
-    from kustos.maintenance.certs_cli import served_certificate
 
     try:
         der, answer = await asyncio.wait_for(

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import socket
-import ssl
 import time
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -23,6 +21,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from kustos.maintenance.certrotation import TERMINATION_MESSAGE_PATH
+from kustos.maintenance.certrotation_act import served_certificate
 from kustos.maintenance.purge_cli import load_spec
 from kustos.runtime.times import parse_duration
 
@@ -31,23 +30,6 @@ maintenance = typer.Typer(help="Node maintenance on this node (kubeadm's certifi
 DEFAULT_APISERVER = "127.0.0.1:6443"
 KUBERNETES_DIR = Path("/etc/kubernetes")
 TERMINATION_LOG = Path(TERMINATION_MESSAGE_PATH)
-
-
-def served_certificate(address: str, timeout: float = 5.0) -> tuple[bytes, str]:
-    """The certificate the API server at ``host:port`` serves (DER) and its /readyz answer's
-    status line. Not verified: which certificate it serves is the question."""
-    host, _, port = address.rpartition(":")
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    with (
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw,
-        context.wrap_socket(raw) as conn,
-    ):
-        der = conn.getpeercert(binary_form=True) or b""
-        conn.sendall(b"GET /readyz HTTP/1.0\r\nHost: " + host.encode() + b"\r\n\r\n")
-        status = conn.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
-    return der, status
 
 
 def await_apiserver(root: Path, address: str, timeout: float) -> str:
