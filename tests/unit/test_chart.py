@@ -174,6 +174,28 @@ def test_chart_webhooks_are_what_the_operator_serves(helm: Path, mode: str) -> N
     assert {c["metadata"]["name"] for c in configurations} == {RELEASE}
 
 
+@pytest.mark.parametrize(
+    "sets",
+    [
+        *MODES.values(),
+        ["--set", "webhook.url=https://kustos.example:9443", "--set", "leaderElection.enabled=false",
+         "--set", "jsonLogs=true", "--set", "cloudProvider.name=kwok"],
+    ],
+    ids=[*MODES, "webhook-url"],
+)  # fmt: skip
+def test_kustos_run_accepts_every_argument_the_chart_passes(helm: Path, sets: list[str]) -> None:
+    """``kustos run`` parses its own options (kustos/run.py, not typer's CLI): a flag the chart
+    renders and the parser lacks would stop every operator pod at start."""
+    from kustos.run import parser
+
+    deployment = next(d for d in documents(template(helm, *sets)) if d["kind"] == "Deployment")
+    command, *args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert command == "run"
+    parsed = parser().parse_args(args)  # argparse exits (status 2) on a flag it does not know
+    assert parsed.leader_elect == ("--leader-elect" in args)  # --no-leader-elect turns it off
+    assert parsed.namespace == [a.removeprefix("--namespace=") for a in args if a.startswith("--namespace=")]
+
+
 def test_deployment_is_hardened_and_highly_available(helm: Path) -> None:
     rendered = documents(template(helm))
     deployment = next(d for d in rendered if d["kind"] == "Deployment")
