@@ -156,6 +156,10 @@ async def _etcd_healthy(ips: list[str], size: int) -> bool:
     return True
 
 
+def _uid_of(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["uid"])
+
+
 def _status(cluster: DevCluster, system: System, namespace: str, name: str) -> dict[str, Any]:
     out = cluster.kubectl("get", system.resource, name, "-n", namespace, "-o", "json", check=False)
     try:
@@ -198,7 +202,7 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
         system.record(row, ended - started)
         if row in GONE_ROWS:
             deleting.join()
-            if gone:  # else kubectl failed, and said why
+            if gone:  # else they outlived the wait, which said so
                 system.record(GONE_ROWS[row], gone[-1] - started)
                 system.record(AFTER_ROWS[row], ended - gone[-1])
         if row == STEPS[0]:
@@ -216,11 +220,20 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
         their objects are gone."""
         nonlocal deleting
         gone.clear()
+        uids = {_uid_of(json.loads(kubectl("get", "-n", namespace, pod, "-o", "json"))) for pod in victims}
         kubectl("delete", "-n", namespace, *victims, "--wait=false")
 
         def wait() -> None:
-            kubectl("wait", "-n", namespace, "--for=delete", *victims, "--timeout=120s")
-            gone.append(time.monotonic())
+            # By UID, not by name (`kubectl wait --for=delete`): the operator recreates a member
+            # under its old name, and a wait that starts after that waits for the new pod.
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                listed = json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
+                if not uids & {_uid_of(pod) for pod in listed}:
+                    gone.append(time.monotonic())
+                    return
+                time.sleep(0.05)
+            print(f"  the deleted pods {victims} were still there after 120 s", flush=True)
 
         deleting = threading.Thread(target=wait)
         deleting.start()
