@@ -1,8 +1,9 @@
 """The ``kustos`` command.
 
-``kustos run`` is the operator: it loads what it runs and nothing else. rich and the dev
-cluster's code are imported inside the commands that use them (a unit test holds the line;
-benchmarks/idle_rss.py measures what each import costs).
+``kustos run``, the operator, is not built here: ``kustos.entry`` hands it to ``kustos.run``
+before this application is imported (its ``run`` command below forwards to the same parser).
+rich and the dev cluster's code are imported inside the commands that use them (a unit test
+holds the line; benchmarks/idle_rss.py measures what each import costs).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ TERMINATION_LOG = Path(TERMINATION_MESSAGE_PATH)
 
 def await_apiserver(root: Path, address: str, timeout: float) -> str:
     """Wait until the API server answers /readyz with 200 on the certificate in pki/apiserver.crt."""
-    # cryptography is imported where used: `kustos run` (the operator) loads this module.
+    # cryptography is imported where used: every other kustos command loads this module.
     from cryptography import x509
 
     from kustos.maintenance import kubeadm_certs
