@@ -31,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kustos run",
         description="Run the operator: every kustos controller, against the current cluster.",
+        allow_abbrev=False,  # a misspelt flag is an error, not silently another flag (as under typer)
     )
     flag = argparse.BooleanOptionalAction
     p.add_argument("--kubeconfig", type=Path, help="Default: in-cluster, else $KUBECONFIG.")

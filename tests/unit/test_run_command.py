@@ -50,3 +50,9 @@ def test_flags_pair_and_repeat() -> None:
     assert args.leader_elect is False and args.json_logs is True
     assert args.cloud_option == ["a=1", "b=2"] and args.namespace == ["x"]
     assert args.webhook_service == {"namespace": "kustos-system", "name": "kustos-webhook", "port": 443}
+
+
+def test_a_shortened_flag_is_refused_not_taken_for_another() -> None:
+    done = kustos("run", "--webhook-cert-secre", "kustos-webhook")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --webhook-cert-secre" in done.stderr
