@@ -51,6 +51,7 @@ from benchmarks.operator_cpu_bench import REPO, Operator, cpu_seconds
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.network import operator_argv
 from kustos.etcd.client import EtcdClient, EtcdError
+from kustos.runtime import objects
 
 VERSION = "3.6.16"
 VOLUME = "64Mi"
@@ -156,10 +157,6 @@ async def _etcd_healthy(ips: list[str], size: int) -> bool:
     return True
 
 
-def _uid_of(obj: dict[str, Any]) -> str:
-    return str(obj["metadata"]["uid"])
-
-
 def _status(cluster: DevCluster, system: System, namespace: str, name: str) -> dict[str, Any]:
     out = cluster.kubectl("get", system.resource, name, "-n", namespace, "-o", "json", check=False)
     try:
@@ -220,7 +217,13 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
         their objects are gone."""
         nonlocal deleting
         gone.clear()
-        uids = {_uid_of(json.loads(kubectl("get", "-n", namespace, pod, "-o", "json"))) for pod in victims}
+
+        def listed() -> list[dict[str, Any]]:
+            printed = kubectl("get", "pods", "-n", namespace, "-o", "json")
+            items: list[dict[str, Any]] = json.loads(printed)["items"]
+            return items
+
+        uids = {objects.uid(pod) for pod in listed() if f"pod/{objects.name(pod)}" in victims}
         kubectl("delete", "-n", namespace, *victims, "--wait=false")
 
         def wait() -> None:
@@ -228,8 +231,7 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
             # under its old name, and a wait that starts after that waits for the new pod.
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                listed = json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
-                if not uids & {_uid_of(pod) for pod in listed}:
+                if not uids & {objects.uid(pod) for pod in listed()}:
                     gone.append(time.monotonic())
                     return
                 time.sleep(0.05)
