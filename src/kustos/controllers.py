@@ -2,46 +2,70 @@
 
 Each family exposes ``register(manager: Manager, deps: Deps) -> None``; ``kustos run``
 builds one ``Deps`` (the clock, settings) and hands it to all of them.
+
+A family whose kind has no object yet is not imported: it loads on the first object of that
+kind (``Manager.load_on_first``), so an operator that runs etcd alone does not hold the node,
+storage and maintenance families' modules, watches and caches (issue 28, idle RSS). Only a
+family that does nothing before its first object may wait; these stay loaded from the start:
+
+- the etcd families, the reason most users run kustos;
+- Envoy restarts, which act with no MaintenancePolicy at all (their defaults restart
+  ``app=envoy`` pods), and pod image overrides, which remove their own webhook configuration
+  when no policy asks for it;
+- the webhooks the chart registers before any object exists (``EAGER_WEBHOOKS``): the
+  StorageCluster scheduler answers every pod's creation, loaded or not.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from kustos.etcd import backup_controller
-from kustos.etcd import controller as etcd_controller
-from kustos.etcd.defragmentation_controller import register as register_defragmentation
-from kustos.maintenance import controller as maintenance_controller
-from kustos.maintenance import envoy_controller, image_overrides_controller
+from kustos.api.autoscaling import AutoscalingStrategy
+from kustos.api.maintenance import MaintenancePolicy
+from kustos.api.nodeimage import NodeImage
+from kustos.api.nodejob import NodeJob
+from kustos.api.pendingnode import PendingNode
+from kustos.api.scalinggroup import ScalingGroup
+from kustos.api.storage import StorageCluster
+from kustos.api.storageupgrade import StorageUpgrade
 from kustos.metrics import collector as domain_metrics
-from kustos.nodejob import controller as nodejob_controller
-from kustos.nodes.autoscaling import controller as autoscaling_controller
-from kustos.nodes.nodeimage import controller as nodeimage_controller
-from kustos.nodes.pendingnode import controller as pendingnode_controller
-from kustos.nodes.scalinggroup import controller as scalinggroup_controller
 from kustos.runtime.deps import Deps
+from kustos.runtime.informer import ResourceRef
 from kustos.runtime.manager import Manager
-from kustos.storage import controller as storage_controller
-from kustos.storage import upgrade_controller as storageupgrade_controller
 
 Register = Callable[[Manager, Deps], None]
 
 
-CONTROLLERS: dict[str, Register] = {
-    "etcdcluster": etcd_controller.register,
-    "etcdbackup": backup_controller.register,
-    "etcdmaintenance": register_defragmentation,
-    "storagecluster": storage_controller.register,
-    "nodejob": nodejob_controller.register,
-    "storageupgrade": storageupgrade_controller.register,
-    "maintenance": maintenance_controller.register,
-    "nodeimage": nodeimage_controller.register,
-    "scalinggroup": scalinggroup_controller.register,
-    "pendingnode": pendingnode_controller.register,
-    "autoscalingstrategy": autoscaling_controller.register,
-    "envoyrestart": envoy_controller.register,
-    "imageoverrides": image_overrides_controller.register,
+@dataclass(frozen=True)
+class Family:
+    register: str
+    """``module:function`` registering the family's controllers, imported only when needed."""
+    loads_on: ResourceRef | None = None
+    """Registered on the first object of this kind (None: at start)."""
+
+
+CONTROLLERS: dict[str, Family] = {
+    "etcdcluster": Family("kustos.etcd.controller:register"),
+    "etcdbackup": Family("kustos.etcd.backup_controller:register"),
+    "etcdmaintenance": Family("kustos.etcd.defragmentation_controller:register"),
+    "storagecluster": Family("kustos.storage.controller:register", StorageCluster.crd.ref),
+    "nodejob": Family("kustos.nodejob.controller:register", NodeJob.crd.ref),
+    "storageupgrade": Family("kustos.storage.upgrade_controller:register", StorageUpgrade.crd.ref),
+    "maintenance": Family("kustos.maintenance.controller:register", MaintenancePolicy.crd.ref),
+    "nodeimage": Family("kustos.nodes.nodeimage.controller:register", NodeImage.crd.ref),
+    "scalinggroup": Family("kustos.nodes.scalinggroup.controller:register", ScalingGroup.crd.ref),
+    "pendingnode": Family("kustos.nodes.pendingnode.controller:register", PendingNode.crd.ref),
+    "autoscalingstrategy": Family(
+        "kustos.nodes.autoscaling.controller:register", AutoscalingStrategy.crd.ref
+    ),
+    "envoyrestart": Family("kustos.maintenance.envoy_controller:register"),
+    "imageoverrides": Family("kustos.maintenance.image_overrides_controller:register"),
 }
+
+EAGER_WEBHOOKS: dict[str, str] = {"storagecluster": "kustos.storage.webhook:register"}
+"""Webhooks of a family that loads late, served from the start (``module:function``)."""
 
 
 def register_all(manager: Manager, deps: Deps | None = None, names: list[str] | None = None) -> None:
@@ -52,6 +76,23 @@ def register_all(manager: Manager, deps: Deps | None = None, names: list[str] | 
     if unknown:
         raise ValueError(f"unknown controllers {unknown}; known: {sorted(CONTROLLERS)}")
     for name in chosen:
-        CONTROLLERS[name](manager, deps)
+        family = CONTROLLERS[name]
+        if name in EAGER_WEBHOOKS:
+            _resolve(EAGER_WEBHOOKS[name])(manager, deps)
+        if family.loads_on is None:
+            _resolve(family.register)(manager, deps)
+        else:
+            load = _loader(family.register, manager, deps)
+            manager.load_on_first(family.loads_on, load, f"controller {name}")
     # The domain metrics read the caches these controllers share (docs/metrics.md).
     domain_metrics.register(manager, chosen, deps.clock)
+
+
+def _resolve(target: str) -> Register:
+    module, _, function = target.partition(":")
+    register: Register = getattr(importlib.import_module(module), function)
+    return register
+
+
+def _loader(target: str, manager: Manager, deps: Deps) -> Callable[[], None]:
+    return lambda: _resolve(target)(manager, deps)

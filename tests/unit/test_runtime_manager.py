@@ -19,6 +19,7 @@ from kustos.runtime.metrics import Metrics
 
 THINGS = ResourceRef("kustos.dev", "v1alpha1", "things", "Thing")
 GHOSTS = ResourceRef("kustos.dev", "v1alpha1", "ghosts", "Ghost")
+EMPTIES = ResourceRef("kustos.dev", "v1alpha1", "empties", "Empty")
 
 
 class FakeApiServer:
@@ -35,8 +36,11 @@ class FakeApiServer:
             )
         if request.url.params.get("watch"):
             return httpx2.Response(200, content=_silence())
-        item = {"metadata": {"name": f"{plural}-1", "namespace": "ns", "resourceVersion": "1"}}
-        return httpx2.Response(200, json={"items": [item], "metadata": {"resourceVersion": "1"}})
+        items = [
+            {"metadata": {"name": f"{plural}-{n}", "namespace": "ns", "resourceVersion": "1"}}
+            for n in range(1, 1 if plural == "empties" else 3)
+        ]
+        return httpx2.Response(200, json={"items": items, "metadata": {"resourceVersion": "1"}})
 
 
 async def _silence() -> AsyncIterator[bytes]:
@@ -86,6 +90,62 @@ async def test_a_controller_with_an_absent_crd_waits_without_stopping_the_others
         await asyncio.wait_for(reconciled["ghosts"].wait(), 10)
         assert _sample(manager.metrics, "ghost") == 1
         assert manager.waiting_controllers() == {}
+    finally:
+        manager.request_stop()
+        await asyncio.wait_for(running, 10)
+        await raw.aclose()
+
+
+async def test_a_family_loads_on_its_first_object_and_a_late_controller_gets_what_is_cached() -> None:
+    """``load_on_first``: a family registers once, on the first object of its kind, never for a
+    kind with none; what it adds while the manager leads starts at once, handed every object
+    already cached, and its caches still syncing do not make the replica unready."""
+    server = FakeApiServer()
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(server), base_url="https://k8s")
+    clients = KubeClients(config=KubeAccess(server="https://k8s"), raw=raw)
+    options = ManagerOptions(leader_election=False, metrics_address="127.0.0.1:0", cache_sync_timeout=60)
+    manager = Manager(clients, options)
+    loads: list[str] = []
+    reconciled: dict[str, set[str]] = {"things": set(), "late": set()}
+    done = asyncio.Event()
+
+    def reconciler(name: str) -> Any:
+        async def reconcile(key: str) -> None:
+            reconciled[name].add(key)
+            if len(reconciled["things"]) == 2 and len(reconciled["late"]) == 2:
+                done.set()
+
+        return reconcile
+
+    def load(kind: str) -> Any:
+        def register() -> None:
+            loads.append(kind)
+            if kind == "things":
+                manager.add_controller(Controller("things", THINGS, reconciler("things")))
+
+        return register
+
+    manager.load_on_first(THINGS, load("things"), "the things family")
+    manager.load_on_first(EMPTIES, load("empties"), "the empties family")
+    running = asyncio.create_task(manager.run())
+    try:
+        await asyncio.wait_for(manager.informer(THINGS).wait_synced(), 5)
+        await asyncio.wait_for(manager.informer(EMPTIES).wait_synced(), 5)
+        # Added once both things are cached: it saw neither event, and gets both all the same.
+        manager.add_controller(Controller("late", THINGS, reconciler("late")))
+        # A controller whose late cache never syncs (a CRD not installed) waits, said in the note.
+        manager.add_controller(Controller("stuck", THINGS, reconciler("late")).watch(GHOSTS, lambda _o: []))
+        await asyncio.wait_for(done.wait(), 5)
+        assert loads == ["things"]
+        assert reconciled == {
+            "things": {"ns/things-1", "ns/things-2"},
+            "late": {"ns/things-1", "ns/things-2"},
+        }
+        assert manager._informers_synced() == (True, "")
+        assert manager.waiting_controllers() == {
+            "stuck": ["ghosts.kustos.dev (not served (is its CRD installed?))"]
+        }
+        assert _sample(manager.metrics, "late") == 1 and _sample(manager.metrics, "stuck") == 0
     finally:
         manager.request_stop()
         await asyncio.wait_for(running, 10)

@@ -60,10 +60,8 @@ def test_disabled_inactive_and_deleting_clusters_do_not_schedule() -> None:
 
 def test_the_webhook_is_registered_only_where_the_api_server_can_reach_it() -> None:
     from kustos.runtime.manager import ManagerOptions
-    from kustos.storage.controller import webhook_reachable
 
-    assert not webhook_reachable(ManagerOptions())  # kustos dev up: no URL, no Service
-    assert webhook_reachable(ManagerOptions(webhook_url="https://127.0.0.1:9443"))
-    assert webhook_reachable(
-        ManagerOptions(webhook_service={"namespace": "kustos", "name": "kustos", "port": 443})
-    )
+    assert not ManagerOptions().webhooks_reachable  # kustos dev up: no URL, no Service
+    assert ManagerOptions(webhook_url="https://127.0.0.1:9443").webhooks_reachable
+    service = {"namespace": "kustos", "name": "kustos", "port": 443}
+    assert ManagerOptions(webhook_service=service).webhooks_reachable

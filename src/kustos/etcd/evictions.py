@@ -88,7 +88,7 @@ def eviction_webhook(manager: Manager, deps: Deps, pods: Informer) -> Webhook:
 
 def register(manager: Manager, deps: Deps) -> None:
     """Serve the eviction webhook beside the EtcdCluster validators (``webhook.register``)."""
-    if not (manager.options.webhook_url or manager.options.webhook_service):
+    if not manager.options.webhooks_reachable:
         return  # webhook.register says why
     pods = manager.informer(PODS, InformerOptions(label_selector=CLUSTER_LABEL))
     manager.add_webhook(eviction_webhook(manager, deps, pods))

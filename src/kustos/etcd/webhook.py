@@ -229,7 +229,7 @@ def webhooks() -> list[Webhook]:
 def register(manager: Manager, deps: Deps) -> None:
     """Serve the validators when the API server can reach us (a webhook URL or Service)."""
     del deps  # the validators are pure: they need no clock or settings
-    if not (manager.options.webhook_url or manager.options.webhook_service):
+    if not manager.options.webhooks_reachable:
         log.warning(
             "the EtcdCluster validating webhooks are off: the API server could not reach them "
             "(give kustos run --webhook-url, or run it in the cluster behind a webhook Service)"

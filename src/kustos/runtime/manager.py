@@ -5,6 +5,12 @@ controllers (and the webhook configurations they own) run only on the leader.
 Losing the lease stops the controllers and ends ``run`` so that the process exits:
 two leaders never act at once.
 
+A family of controllers may load on the first object of its kind (``load_on_first``): until then
+it costs only that kind's watch, so an operator that runs etcd alone does not hold the modules,
+watches and caches of the node and storage families. What a family adds while the manager runs
+(informers, controllers) starts at once, and a late controller is handed every object already
+cached.
+
 Each controller starts as soon as ITS caches have synced (controller-runtime's
 per-controller WaitForCacheSync): a controller whose resource is not served (a CRD
 that is absent, e.g. Rook's on a cluster without Rook) is reported after
@@ -66,6 +72,12 @@ class ManagerOptions:
     cache_sync_timeout: float = 120.0
     """Seconds /readyz waits for every cache; after it a controller still waiting is reported."""
 
+    @property
+    def webhooks_reachable(self) -> bool:
+        """Whether a webhook configuration can say where we are: without a URL or a Service the
+        API server refuses the configuration, and the operator must still run (kustos dev up)."""
+        return bool(self.webhook_url or self.webhook_service)
+
 
 class Manager:
     def __init__(self, clients: KubeClients, options: ManagerOptions, metrics: Metrics | None = None) -> None:
@@ -78,6 +90,10 @@ class Manager:
         self.events = EventRecorder(self.api)
         self.probes = ProbeServer(self.metrics, options.metrics_address)
         self._informers: dict[tuple[ResourceRef, str | None, str | None, str | None], Informer] = {}
+        self._informer_tasks: list[asyncio.Task[None]] = []
+        self._late_informers: list[Informer] = []  # created by a family loaded while running
+        self._leading = False
+        self._starters: list[asyncio.Task[None]] = []
         self._controllers: list[ControllerRunner] = []
         self._sources: dict[str, list[Informer]] = {}  # controller name -> its informers
         self._started_at: float | None = None
@@ -101,6 +117,8 @@ class Manager:
         """The shared informer for a resource (and selector); created on first use."""
         options = options or InformerOptions()
         namespaces = self.options.namespaces
+        if options.namespace == "" and not namespaces:
+            options.namespace = None  # every namespace either way: one watch, not two
         several = options.namespace is None and resource.namespaced and len(namespaces) > 1
         if options.namespace is None and resource.namespaced and len(namespaces) == 1:
             options.namespace = namespaces[0]
@@ -114,6 +132,9 @@ class Manager:
                 )
             else:
                 self._informers[key] = Informer(self.clients.raw, resource, options, self.metrics)
+            if self._started_at is not None:
+                self._late_informers.append(self._informers[key])
+                self._informer_tasks.append(asyncio.create_task(self._informers[key].run()))
         return self._informers[key]
 
     def add_controller(self, controller: Controller) -> ControllerRunner:
@@ -163,7 +184,26 @@ class Manager:
             if informer not in sources:
                 sources.append(informer)
         self._controllers.append(runner)
+        if self._started_at is not None:
+            self.metrics.caches_synced.labels(controller.name).set(0)
+        if self._leading:
+            self._starters.append(asyncio.create_task(self._start_when_synced(runner)))
         return runner
+
+    def load_on_first(self, resource: ResourceRef, load: Callable[[], None], what: str) -> None:
+        """Call ``load`` (once) on the first object of ``resource``, on every replica: a family
+        registers its controllers then, which start at once (see the module's docstring)."""
+        loaded = False
+
+        def on_event(kind: str, obj: dict[str, Any], _old: dict[str, Any] | None) -> None:
+            nonlocal loaded
+            if loaded or kind == "DELETED":
+                return
+            loaded = True
+            log.info("loading %s: the first %s is %s", what, resource.kind, object_key(obj))
+            load()
+
+        self.informer(resource).add_handler(on_event)
 
     def add_webhook(self, webhook: Webhook) -> None:
         self._webhooks.append(webhook)
@@ -176,7 +216,10 @@ class Manager:
     def _informers_synced(self) -> tuple[bool, str]:
         """Not ready while caches sync; past the sync timeout a cache still waiting (a CRD that is
         absent) no longer fails readiness: the controllers that do not need it run."""
-        waiting = sorted({_describe(i) for i in self._informers.values() if not i.has_synced})
+        # A family loaded later is not a reason to stop serving (its controllers' note says why
+        # they wait): /readyz took its verdict on the caches there were at start.
+        late = self._late_informers
+        waiting = sorted({_describe(i) for i in self._informers.values() if not (i.has_synced or i in late)})
         if not waiting:
             return True, ""
         return self._sync_deadline_passed(), "caches not synced: " + ", ".join(waiting)
@@ -218,9 +261,9 @@ class Manager:
         await self.probes.start()
         if self._webhooks:
             await self._start_webhooks()
-        informer_tasks = [asyncio.create_task(i.run()) for i in self._informers.values()]
+        self._informer_tasks = [asyncio.create_task(i.run()) for i in self._informers.values()]
         if self.webhook_server is not None and self.options.certificate_source is not None:
-            informer_tasks.append(asyncio.create_task(self._keep_certificate_current()))
+            self._informer_tasks.append(asyncio.create_task(self._keep_certificate_current()))
         lost = False
         try:
             if self.options.leader_election:
@@ -228,11 +271,12 @@ class Manager:
             else:
                 await self._lead_until_stopped()
         finally:
-            for task in informer_tasks:
+            tasks = self._informer_tasks
+            for task in tasks:
                 task.cancel()
-            if informer_tasks:
+            if tasks:
                 # Bounded: a task that swallowed its cancel must not keep the process alive.
-                await asyncio.wait(informer_tasks, timeout=5)
+                await asyncio.wait(tasks, timeout=5)
             if self.webhook_server is not None:
                 await self.webhook_server.stop()
             await self.probes.stop()
@@ -269,7 +313,10 @@ class Manager:
         return True  # the elector returned: the lease is gone
 
     async def _lead_until_stopped(self) -> None:
-        starters = [asyncio.create_task(self._start_when_synced(r)) for r in self._controllers]
+        self._leading = True
+        starters = self._starters = [
+            asyncio.create_task(self._start_when_synced(r)) for r in self._controllers
+        ]
         try:
             if self._webhooks:
                 # The webhooks read the caches: point the API server at them once those synced (or
@@ -279,11 +326,13 @@ class Manager:
             await self._stop.wait()
         except asyncio.CancelledError:
             # Leadership lost: another leader may act soon, so in-flight work is abandoned now.
+            self._leading = False
             for task in starters:
                 task.cancel()
             for runner in self._controllers:
                 runner.abandon()
             raise
+        self._leading = False
         for task in starters:
             task.cancel()
         await asyncio.gather(*starters, return_exceptions=True)
@@ -309,6 +358,11 @@ class Manager:
             await self._wait_synced(informers, None)
         if self._stop.is_set():
             return
+        # Every object cached so far: a controller added after its primary informer listed (a
+        # family loaded late, a resource shared with another controller) saw none of them.
+        primary = self._sources[name][0]
+        for key in primary.keys():  # noqa: SIM118 (an Informer, not a dict)
+            runner.enqueue(key)
         runner.start()
         self.metrics.caches_synced.labels(name).set(1)
         log.info("controller %s started", name)

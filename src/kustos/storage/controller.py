@@ -24,7 +24,7 @@ from kustos.runtime.controller import Controller, KeyMapper, through_index
 from kustos.runtime.deps import Deps
 from kustos.runtime.errors import ReconcileError
 from kustos.runtime.informer import Informer, InformerOptions, ResourceRef
-from kustos.runtime.manager import Manager, ManagerOptions
+from kustos.runtime.manager import Manager
 from kustos.runtime.reconciler import FamilyReconciler, InvalidSpec
 from kustos.runtime.record import Note
 from kustos.runtime.resources import (
@@ -365,8 +365,8 @@ def _all_others(reconciler: StorageClusterReconciler) -> Any:
 
 
 def register(manager: Manager, deps: Deps) -> None:
-    from kustos.storage.webhook import scheduler_webhook  # the webhook reads this controller's caches
-
+    """The controller; its scheduler webhook is ``storage.webhook.register``'s, served from the
+    start (kustos.controllers)."""
     reconciler = StorageClusterReconciler(manager, deps)
     controller = Controller("storagecluster", STORAGECLUSTERS, reconciler.reconcile, workers=2)
     for ref in OWNED.values():
@@ -376,19 +376,6 @@ def register(manager: Manager, deps: Deps) -> None:
     controller.watch(ETCDCLUSTERS, _referencing(reconciler))
     controller.watch(STORAGECLUSTERS, _all_others(reconciler), InformerOptions(namespace=""))
     manager.add_controller(controller)
-    if webhook_reachable(manager.options):
-        manager.add_webhook(scheduler_webhook(manager, reconciler.clusters))
-    else:
-        log.warning(
-            "the StorageCluster scheduler webhook is off: the API server could not reach it "
-            "(give kustos run --webhook-url, or run it in the cluster behind a webhook Service)"
-        )
 
 
-def webhook_reachable(options: ManagerOptions) -> bool:
-    """Whether a webhook configuration can say where we are: without a URL or a Service the
-    API server refuses the configuration, and the operator must still run (kustos dev up)."""
-    return bool(options.webhook_url or options.webhook_service)
-
-
-__all__ = ["OWNED", "STORAGECLUSTERS", "StorageClusterReconciler", "register", "webhook_reachable"]
+__all__ = ["OWNED", "STORAGECLUSTERS", "StorageClusterReconciler", "register"]

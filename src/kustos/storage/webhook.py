@@ -7,17 +7,21 @@ cannot answer, pods keep the default scheduler rather than not being created at 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from kustos.api.storage import StorageCluster
 from kustos.runtime import objects
 from kustos.runtime.conditions import is_true
+from kustos.runtime.deps import Deps
 from kustos.runtime.informer import Informer
 from kustos.runtime.manager import Manager
 from kustos.runtime.resources import CLAIMS
 from kustos.runtime.webhook import AdmissionResponse, Webhook
 from kustos.storage import names
+
+log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
@@ -109,4 +113,17 @@ def scheduler_webhook(manager: Manager, clusters: Informer) -> Webhook:
     )
 
 
-__all__ = ["WEBHOOK_NAME", "claim_matches", "mutation", "scheduler_webhook"]
+def register(manager: Manager, deps: Deps) -> None:
+    """Serve the webhook from the start, whether or not the StorageCluster controller has loaded
+    (kustos.controllers): the chart's configuration sends it every pod's creation."""
+    del deps  # it reads the StorageClusters' cache and the claims, nothing else
+    if not manager.options.webhooks_reachable:
+        log.warning(
+            "the StorageCluster scheduler webhook is off: the API server could not reach it "
+            "(give kustos run --webhook-url, or run it in the cluster behind a webhook Service)"
+        )
+        return
+    manager.add_webhook(scheduler_webhook(manager, manager.informer(StorageCluster.crd.ref)))
+
+
+__all__ = ["WEBHOOK_NAME", "claim_matches", "mutation", "register", "scheduler_webhook"]
