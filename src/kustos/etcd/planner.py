@@ -75,9 +75,12 @@ CATCH_UP_SLACK = 1000
 # While a member's etcd started this recently, an unhealthy member or a quorum loss is looked
 # at again every RECOVERY_LOOK: its etcd may be serving (or electing a leader with the
 # survivors) any moment, and no pod event says when (the next one is the readiness probe's,
-# up to its 2 s period later).
+# up to its 2 s period later). A member back on its volume (a replaced pod, a lost quorum) is
+# looked at twice as often as a new one the cluster grows by: its return is what the user waits
+# for, and it is over in a second or two; a growth waits on learners anyway.
 RECOVERY_WINDOW = timedelta(seconds=10)
-RECOVERY_LOOK = 0.5
+RECOVERY_LOOK = 0.25
+GROWTH_LOOK = 0.5
 # A learner is promoted once its raft log matches 90% of the leader's (etcd's isLearnerReady):
 # for one whose etcd has just started, a few heartbeats (100 ms each) after it connects. Its
 # pod runs before that and no event says when, so the promote is asked again this soon, for
@@ -462,7 +465,7 @@ def plan(o: Observed) -> Step:
     # cluster runs (the controller's choice), and the rollback restarts it like the others.
     if (len(members) < o.size or surge) and not o.downgrade_enabled:
         if any(not m.healthy for m in members):
-            return Wait("not growing while a member is unhealthy", _starting_look(o))
+            return Wait("not growing while a member is unhealthy", _starting_look(o, GROWTH_LOOK))
         settle = _settling(o, members, pods)
         if settle > 0:
             # etcd refuses a membership change for 5 s after the last one joined ("unhealthy
@@ -724,15 +727,15 @@ def learner_look(o: Observed, learner: str) -> float:
     return LEARNER_CATCH_UP if fresh else 1.0
 
 
-def _starting_look(o: Observed) -> float:
-    """When to look again at an unhealthy member or a lost quorum: soon while a member's etcd
-    has just started (a member back on its volume may serve, or restore quorum, any moment),
-    else every 2 s. A pod that starts running wakes the controller by itself."""
+def _starting_look(o: Observed, look: float = RECOVERY_LOOK) -> float:
+    """When to look again at an unhealthy member or a lost quorum: every ``look`` while a
+    member's etcd has just started (a member back on its volume may serve, or restore quorum,
+    any moment), else every 2 s. A pod that starts running wakes the controller by itself."""
     starting = any(
         not p.deleting and p.running_since is not None and o.now - p.running_since < RECOVERY_WINDOW
         for p in o.pods
     )
-    return RECOVERY_LOOK if starting else 2.0
+    return look if starting else 2.0
 
 
 def _expected_pod(o: Observed, member: MemberView) -> str | None:
