@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
+import pytest
 
 from kustos.runtime.controller import Controller
 from kustos.runtime.informer import ResourceRef
@@ -16,6 +17,7 @@ from kustos.runtime.kube import KubeClients
 from kustos.runtime.kubeconfig import KubeAccess
 from kustos.runtime.manager import Manager, ManagerOptions
 from kustos.runtime.metrics import Metrics
+from kustos.runtime.webhook import AdmissionResponse, Webhook
 
 THINGS = ResourceRef("kustos.dev", "v1alpha1", "things", "Thing")
 GHOSTS = ResourceRef("kustos.dev", "v1alpha1", "ghosts", "Ghost")
@@ -41,6 +43,10 @@ class FakeApiServer:
             for n in range(1, 1 if plural == "empties" else 3)
         ]
         return httpx2.Response(200, json={"items": items, "metadata": {"resourceVersion": "1"}})
+
+
+async def _allow(_request: dict[str, Any]) -> AdmissionResponse:
+    return AdmissionResponse.allow()
 
 
 async def _silence() -> AsyncIterator[bytes]:
@@ -146,6 +152,10 @@ async def test_a_family_loads_on_its_first_object_and_a_late_controller_gets_wha
             "stuck": ["ghosts.kustos.dev (not served (is its CRD installed?))"]
         }
         assert _sample(manager.metrics, "late") == 1 and _sample(manager.metrics, "stuck") == 0
+        # A webhook is routed and configured at start: one added later would never be called.
+        late_webhook = Webhook("late.kustos.dev", "/late", "validating", [], _allow)
+        with pytest.raises(RuntimeError, match=r"late\.kustos\.dev added after the manager started"):
+            manager.add_webhook(late_webhook)
     finally:
         manager.request_stop()
         await asyncio.wait_for(running, 10)

@@ -206,6 +206,11 @@ class Manager:
         self.informer(resource).add_handler(on_event)
 
     def add_webhook(self, webhook: Webhook) -> None:
+        if self._started_at is not None:
+            # The server's routes and the shared configuration are made at start: a webhook
+            # added later would never be called. A family loaded late serves its webhooks
+            # from the start (kustos.controllers.EAGER_WEBHOOKS).
+            raise RuntimeError(f"webhook {webhook.name} added after the manager started")
         self._webhooks.append(webhook)
 
     def on_ca_bundle_change(self, listener: Callable[[], None]) -> None:
