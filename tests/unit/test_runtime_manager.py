@@ -12,7 +12,7 @@ import httpx2
 import pytest
 
 from kustos.runtime.controller import Controller
-from kustos.runtime.informer import ResourceRef
+from kustos.runtime.informer import Informer, ResourceRef
 from kustos.runtime.kube import KubeClients
 from kustos.runtime.kubeconfig import KubeAccess
 from kustos.runtime.manager import Manager, ManagerOptions
@@ -47,6 +47,15 @@ class FakeApiServer:
 
 async def _allow(_request: dict[str, Any]) -> AdmissionResponse:
     return AdmissionResponse.allow()
+
+
+async def _absent(informer: Informer) -> None:
+    """Until the informer's list has found its resource not served (no event says so)."""
+    for _ in range(500):
+        if informer.absent:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{informer.resource} never found absent")
 
 
 async def _silence() -> AsyncIterator[bytes]:
@@ -142,6 +151,7 @@ async def test_a_family_loads_on_its_first_object_and_a_late_controller_gets_wha
         # A controller whose late cache never syncs (a CRD not installed) waits, said in the note.
         manager.add_controller(Controller("stuck", THINGS, reconciler("late")).watch(GHOSTS, lambda _o: []))
         await asyncio.wait_for(done.wait(), 5)
+        await _absent(manager.informer(GHOSTS))  # its first list answered
         assert loads == ["things"]
         assert reconciled == {
             "things": {"ns/things-1", "ns/things-2"},
