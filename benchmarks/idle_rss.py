@@ -44,7 +44,7 @@ def _families(loaded_at_start: bool) -> str:
         "import importlib, kustos.controllers as c\n"
         "for f in c.CONTROLLERS.values():\n"
         f"    if (f.loads_on is None) == {loaded_at_start}:\n"
-        "        importlib.import_module(f.register.partition(':')[0])"
+        "        importlib.import_module(f.module)"
     )
 
 

@@ -12,8 +12,8 @@ family that does nothing before its first object may wait; these stay loaded fro
 - Envoy restarts, which act with no MaintenancePolicy at all (their defaults restart
   ``app=envoy`` pods), and pod image overrides, which remove their own webhook configuration
   when no policy asks for it;
-- the webhooks the chart registers before any object exists (``EAGER_WEBHOOKS``): the
-  StorageCluster scheduler answers every pod's creation, loaded or not.
+- the webhooks the chart registers before any object exists (``Family.serves_at_start``):
+  the StorageCluster scheduler answers every pod's creation, loaded or not.
 """
 
 from __future__ import annotations
@@ -44,13 +44,21 @@ class Family:
     """``module:function`` registering the family's controllers, imported only when needed."""
     loads_on: ResourceRef | None = None
     """Registered on the first object of this kind (None: at start)."""
+    serves_at_start: str | None = None
+    """``module:function`` registering the family's webhooks at start, however late it loads."""
+
+    @property
+    def module(self) -> str:
+        return self.register.partition(":")[0]
 
 
 CONTROLLERS: dict[str, Family] = {
     "etcdcluster": Family("kustos.etcd.controller:register"),
     "etcdbackup": Family("kustos.etcd.backup_controller:register"),
     "etcdmaintenance": Family("kustos.etcd.defragmentation_controller:register"),
-    "storagecluster": Family("kustos.storage.controller:register", StorageCluster.crd.ref),
+    "storagecluster": Family(
+        "kustos.storage.controller:register", StorageCluster.crd.ref, "kustos.storage.webhook:register"
+    ),
     "nodejob": Family("kustos.nodejob.controller:register", NodeJob.crd.ref),
     "storageupgrade": Family("kustos.storage.upgrade_controller:register", StorageUpgrade.crd.ref),
     "maintenance": Family("kustos.maintenance.controller:register", MaintenancePolicy.crd.ref),
@@ -64,9 +72,6 @@ CONTROLLERS: dict[str, Family] = {
     "imageoverrides": Family("kustos.maintenance.image_overrides_controller:register"),
 }
 
-EAGER_WEBHOOKS: dict[str, str] = {"storagecluster": "kustos.storage.webhook:register"}
-"""Webhooks of a family that loads late, served from the start (``module:function``)."""
-
 
 def register_all(manager: Manager, deps: Deps | None = None, names: list[str] | None = None) -> None:
     """Register the named controllers (all when None); an unknown name is an error."""
@@ -77,10 +82,10 @@ def register_all(manager: Manager, deps: Deps | None = None, names: list[str] | 
         raise ValueError(f"unknown controllers {unknown}; known: {sorted(CONTROLLERS)}")
     for name in chosen:
         family = CONTROLLERS[name]
-        if name in EAGER_WEBHOOKS:
-            _resolve(EAGER_WEBHOOKS[name])(manager, deps)
+        if family.serves_at_start is not None:
+            resolve(family.serves_at_start)(manager, deps)
         if family.loads_on is None:
-            _resolve(family.register)(manager, deps)
+            resolve(family.register)(manager, deps)
         else:
             load = _loader(family.register, manager, deps)
             manager.load_on_first(family.loads_on, load, f"controller {name}")
@@ -88,11 +93,12 @@ def register_all(manager: Manager, deps: Deps | None = None, names: list[str] | 
     domain_metrics.register(manager, chosen, deps.clock)
 
 
-def _resolve(target: str) -> Register:
+def resolve(target: str) -> Register:
+    """The registration function ``module:function`` names, its module imported now."""
     module, _, function = target.partition(":")
     register: Register = getattr(importlib.import_module(module), function)
     return register
 
 
 def _loader(target: str, manager: Manager, deps: Deps) -> Callable[[], None]:
-    return lambda: _resolve(target)(manager, deps)
+    return lambda: resolve(target)(manager, deps)

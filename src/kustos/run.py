@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -149,8 +148,7 @@ def main(argv: Sequence[str]) -> int:
         deps = Deps(cloud=cloud)
         controllers.register_all(manager, deps, names)
         for target in args.extra_controllers:
-            module_name, _, function = target.partition(":")
-            getattr(importlib.import_module(module_name), function)(manager, deps)
+            controllers.resolve(target)(manager, deps)
         try:
             await manager.run()
         finally:

@@ -57,7 +57,7 @@ def operator_modules() -> set[str]:
     return loaded_after(
         f"{AT_START}\nimport importlib\n"
         "for family in kustos.controllers.CONTROLLERS.values():\n"
-        "    importlib.import_module(family.register.partition(':')[0])"
+        "    importlib.import_module(family.module)"
     )
 
 
@@ -67,9 +67,7 @@ def test_a_family_whose_kind_has_no_object_is_not_imported_at_start() -> None:
     from kustos.controllers import CONTROLLERS
 
     at_start = loaded_after(AT_START)
-    lazy = {
-        name: family.register.partition(":")[0] for name, family in CONTROLLERS.items() if family.loads_on
-    }
+    lazy = {name: family.module for name, family in CONTROLLERS.items() if family.loads_on}
     assert {"maintenance", "storagecluster", "nodeimage"} <= set(lazy)
     assert {name: module for name, module in lazy.items() if module in at_start} == {}
 

@@ -209,7 +209,7 @@ class Manager:
         if self._started_at is not None:
             # The server's routes and the shared configuration are made at start: a webhook
             # added later would never be called. A family loaded late serves its webhooks
-            # from the start (kustos.controllers.EAGER_WEBHOOKS).
+            # from the start (kustos.controllers, Family.serves_at_start).
             raise RuntimeError(f"webhook {webhook.name} added after the manager started")
         self._webhooks.append(webhook)
 
