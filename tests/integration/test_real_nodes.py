@@ -161,13 +161,16 @@ async def test_pods_on_a_real_node_reach_services_by_cluster_ip(
 
 
 def _host_uplinks() -> list[tuple[str, str]]:
-    """The host's own interfaces (no dev cluster bridge or port) with their state, and its
-    default routes."""
+    """Loopback and the links the host's default routes leave by, with their state, and the
+    default routes. Only these: other sessions' dev clusters add and remove veths meanwhile, and
+    a veth has no bridge for a moment after it is made."""
+    routes = json.loads(
+        subprocess.run(["ip", "-j", "route", "show", "default"], capture_output=True, check=True).stdout
+    )
     links = json.loads(subprocess.run(["ip", "-j", "link", "show"], capture_output=True, check=True).stdout)
-    routes = subprocess.run(["ip", "route", "show", "default"], capture_output=True, text=True, check=True)
-    uplinks = [link for link in links if "master" not in link and not link["ifname"].startswith("kbr")]
-    return [(link["ifname"], link.get("operstate", "")) for link in uplinks] + [
-        ("default", routes.stdout.strip())
+    uplinks = {"lo", *(route["dev"] for route in routes if "dev" in route)}
+    return [(link["ifname"], link.get("operstate", "")) for link in links if link["ifname"] in uplinks] + [
+        ("default", json.dumps(routes, sort_keys=True))
     ]
 
 
