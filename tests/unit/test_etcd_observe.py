@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from kustos.etcd.client import Member, MemberList, Status
-from kustos.etcd.observe import EtcdView, member_views, pod_view, unless_set
+from kustos.etcd.observe import EtcdView, askable, member_views, pod_view, unless_set
 
 NODE_READY = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 NODE_GONE = {"metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
@@ -43,6 +43,19 @@ def test_a_member_pod_is_seen_with_its_member_id_version_and_start() -> None:
     assert (view.name, view.index, view.member_id, view.version) == ("e-2", 2, 0x1F, "3.6.16")
     assert view.ready and view.running and not view.node_lost and not view.deleting
     assert view.running_since == datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def test_only_pods_whose_etcd_container_runs_are_asked() -> None:
+    """A pod just created (an address on no link yet) or between restarts has no etcd to answer,
+    and asking it would hold the pass for its request's timeout."""
+    created = pod("e-1")
+    created["status"] = {"podIP": "10.0.0.2"}
+    restarting = pod("e-2")
+    restarting["status"]["containerStatuses"] = [{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]
+    seen = [pod_view("e", p, NODES.get) for p in (pod("e-0"), created, restarting)]
+    views = tuple(v for v in seen if v is not None)
+    urls = {v.name: f"http://{v.name}.e.ns.svc:2379" for v in views}
+    assert askable(views, urls) == ["http://e-0.e.ns.svc:2379"]
 
 
 def test_a_pod_on_a_lost_or_absent_node_is_on_a_lost_node() -> None:

@@ -73,6 +73,10 @@ def test_a_member_whose_etcd_just_restarted_is_looked_at_again_soon_one_long_dow
     pods[1] = dataclasses.replace(pods[1], running_since=NOW - timedelta(seconds=1))
     step = plan(observed(members, pods, 3))
     assert isinstance(step, planner.Wait) and step.seconds <= 0.5
+    # Most restarted members serve within their etcd's first second: looked at most often then.
+    pods[1] = dataclasses.replace(pods[1], running_since=NOW - timedelta(seconds=5))
+    later = plan(observed(members, pods, 3))
+    assert isinstance(later, planner.Wait) and step.seconds < later.seconds < 2.0
     pods[1] = dataclasses.replace(pods[1], running_since=NOW - timedelta(minutes=5))
     step = plan(observed(members, pods, 3))
     assert isinstance(step, planner.Wait) and step.seconds == 2.0

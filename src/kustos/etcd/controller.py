@@ -503,7 +503,8 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
             fingerprint = await self._user_tls_fingerprint(cluster)
             if fingerprint is not None:
                 manifest["metadata"]["annotations"][FINGERPRINT_ANNOTATION] = fingerprint
-        await submit_pod(self.api, cluster, manifest, self.expected)
+        on_volume = any(c.pod == manifest["metadata"]["name"] for c in o.claims)
+        await submit_pod(self.api, cluster, manifest, self.expected, claim_exists=on_volume)
 
     async def _user_tls_fingerprint(self, cluster: EtcdCluster) -> str | None:
         """Which contents of the user's TLS Secrets a new member starts with (None: not

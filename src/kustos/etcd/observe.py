@@ -221,6 +221,15 @@ async def adoption_answers(endpoints: list[str]) -> AdoptionSeen:
     return AdoptionSeen(tuple(answers), members, listed.cluster_id)
 
 
+def askable(views: tuple[PodView, ...], client_urls: dict[str, str]) -> list[str]:
+    """The client URLs worth asking: those of pods whose etcd container runs. One that does not
+    (just created, between restarts) has nothing listening, and asking it costs the pass that
+    request's timeout: an address on no link yet answers no ARP for a second or more. That was
+    most of what a pass took while a replaced member's pod started (issue 28), and the second
+    before its return was seen."""
+    return [url for v in views if v.running and (url := client_urls.get(v.name)) is not None]
+
+
 def unhealthy_since(
     members: tuple[MemberView, ...] | None, recorded: list[MemberStatus], now: datetime
 ) -> dict[str, datetime]:
@@ -432,7 +441,7 @@ class Observer:
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
             claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
         )  # fmt: skip
-        etcd = await ask_statuses([*client_urls.values(), *external], certs.client if certs else None)
+        etcd = await ask_statuses([*askable(views, client_urls), *external], certs.client if certs else None)
         etcd.tls = certs
         etcd.members, known = await self._membership(cluster, known, lambda: seen(pods_now()), etcd)
         if chain.under_way(cluster):

@@ -76,9 +76,13 @@ CATCH_UP_SLACK = 1000
 # at again every RECOVERY_LOOK: its etcd may be serving (or electing a leader with the
 # survivors) any moment, and no pod event says when (the next one is the readiness probe's,
 # up to its 2 s period later). A member back on its volume (a replaced pod, a lost quorum) is
-# looked at twice as often as a new one the cluster grows by: its return is what the user waits
-# for, and it is over in a second or two; a growth waits on learners anyway.
+# looked at more often than a new one the cluster grows by: its return is what the user waits
+# for, and it is over in a second or two; a growth waits on learners anyway. In the first
+# RECOVERY_FIRST, when a restarted etcd serves (0.1-0.3 s after its start on the dev cluster),
+# every RECOVERY_FIRST_LOOK: a slower look was most of what kustos added to a pod's replacement.
 RECOVERY_WINDOW = timedelta(seconds=10)
+RECOVERY_FIRST = timedelta(seconds=2)
+RECOVERY_FIRST_LOOK = 0.1
 RECOVERY_LOOK = 0.25
 GROWTH_LOOK = 0.5
 # A learner is promoted once its raft log matches 90% of the leader's (etcd's isLearnerReady):
@@ -465,7 +469,7 @@ def plan(o: Observed) -> Step:
     # cluster runs (the controller's choice), and the rollback restarts it like the others.
     if (len(members) < o.size or surge) and not o.downgrade_enabled:
         if any(not m.healthy for m in members):
-            return Wait("not growing while a member is unhealthy", _starting_look(o, GROWTH_LOOK))
+            return Wait("not growing while a member is unhealthy", _starting_look(o, growth=True))
         settle = _settling(o, members, pods)
         if settle > 0:
             # etcd refuses a membership change for 5 s after the last one joined ("unhealthy
@@ -727,15 +731,20 @@ def learner_look(o: Observed, learner: str) -> float:
     return LEARNER_CATCH_UP if fresh else 1.0
 
 
-def _starting_look(o: Observed, look: float = RECOVERY_LOOK) -> float:
-    """When to look again at an unhealthy member or a lost quorum: every ``look`` while a
-    member's etcd has just started (a member back on its volume may serve, or restore quorum,
-    any moment), else every 2 s. A pod that starts running wakes the controller by itself."""
-    starting = any(
-        not p.deleting and p.running_since is not None and o.now - p.running_since < RECOVERY_WINDOW
-        for p in o.pods
+def _starting_look(o: Observed, growth: bool = False) -> float:
+    """When to look again at an unhealthy member or a lost quorum: often while a member's etcd
+    has just started (a member back on its volume may serve, or restore quorum, any moment; a
+    ``growth`` waits on a learner, less often), else every 2 s. A pod that starts running wakes
+    the controller by itself."""
+    youngest = min(
+        (o.now - p.running_since for p in o.pods if not p.deleting and p.running_since is not None),
+        default=RECOVERY_WINDOW,
     )
-    return look if starting else 2.0
+    if youngest >= RECOVERY_WINDOW:
+        return 2.0
+    if growth:
+        return GROWTH_LOOK
+    return RECOVERY_FIRST_LOOK if youngest < RECOVERY_FIRST else RECOVERY_LOOK
 
 
 def _expected_pod(o: Observed, member: MemberView) -> str | None:

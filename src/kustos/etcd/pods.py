@@ -417,8 +417,11 @@ class PodRefused(ReconcileError):
         self.pod = pod
 
 
-async def submit_pod(api: Api, cluster: EtcdCluster, manifest: Obj, expected: Expectations) -> None:
-    """Create a member pod (and its claim first, with PVC storage); one that exists is fine.
+async def submit_pod(
+    api: Api, cluster: EtcdCluster, manifest: Obj, expected: Expectations, claim_exists: bool = False
+) -> None:
+    """Create a member pod (and its claim first, with PVC storage, unless ``claim_exists``: a
+    member back on its volume waits for no request); one that exists is fine.
 
     The creation is expected BEFORE it is made: the informer may deliver the pod before the
     create call returns. A failed create, or a pod that already existed, is expected no more.
@@ -426,7 +429,7 @@ async def submit_pod(api: Api, cluster: EtcdCluster, manifest: Obj, expected: Ex
     """
     owner, name = objects.key(cluster), manifest["metadata"]["name"]
     try:
-        if cluster.spec.storage.type == "pvc":
+        if cluster.spec.storage.type == "pvc" and not claim_exists:
             await api.apply(CLAIMS, member_claim(cluster, name, pod_epoch(manifest)))
         expected.expect(owner, name)
         await api.create(PODS, manifest)
