@@ -13,8 +13,8 @@ members with 64Mi volumes, at etcd 3.6.16: create 3 members, delete 1 member pod
 scale 5 -> 3, delete 2 of 3 pods (quorum lost, volumes kept). A step ends when the system is
 healthy by the same outside check for both: the member list read from a member pod shows N
 started voters, every member pod answers etcd's /health (one whose container is not running
-yet does not, unasked), and the operator's status agrees; the check looks every 20 ms
-(kustos: N/N ready and Running; the peer: readyReplicas and memberCount N). CPU is the operator
+yet does not, unasked), and the operator's status agrees (kustos: N/N ready and Running; the
+peer: readyReplicas and memberCount N), looked at every 20 ms. CPU is the operator
 process's utime + stime over the create. The two deletion steps also print how long the
 deleted pods' objects lasted (their etcd's exit, before any operator can bring them back) and
 the rest of the step (from then to healthy: the part the operator acts in).
