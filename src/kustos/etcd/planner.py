@@ -79,7 +79,8 @@ CATCH_UP_SLACK = 1000
 # looked at more often than a new one the cluster grows by: its return is what the user waits
 # for, and it is over in a second or two; a growth waits on learners anyway. In the first
 # RECOVERY_FIRST, when a restarted etcd serves (0.1-0.3 s after its start on the dev cluster),
-# every RECOVERY_FIRST_LOOK: a slower look was most of what kustos added to a pod's replacement.
+# every RECOVERY_FIRST_LOOK: a pass that found it not yet listening looks again soon (one that
+# found it listening waits for its answer, which comes when it serves).
 RECOVERY_WINDOW = timedelta(seconds=10)
 RECOVERY_FIRST = timedelta(seconds=2)
 RECOVERY_FIRST_LOOK = 0.1
