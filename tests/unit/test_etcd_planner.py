@@ -315,13 +315,14 @@ class Model:
                 for i, m in self.members.items():  # a stopped member's process is gone with its pod
                     if m.name == name:
                         self.members[i] = dataclasses.replace(m, healthy=False, leader=False)
-            case planner.RecreatePod(name=name, member_id=i):
-                index = int(name.rsplit("-", 1)[1])
-                ip = f"127.1.1.{index + 1}"
-                self.pods[name] = PodView(
-                    name, index, uid=f"u{index}b", ip=ip, running=True, member_id=i, version=self.version
-                )
-                self.members[i] = dataclasses.replace(self.members[i], healthy=True)
+            case planner.RecreatePod() as back:
+                for name, i in back.members:
+                    index = int(name.rsplit("-", 1)[1])
+                    ip = f"127.1.1.{index + 1}"
+                    self.pods[name] = PodView(
+                        name, index, uid=f"u{index}b", ip=ip, running=True, member_id=i, version=self.version
+                    )
+                    self.members[i] = dataclasses.replace(self.members[i], healthy=True)
             case planner.AnnotatePod(name=name, member_id=i):
                 self.pods[name] = dataclasses.replace(self.pods[name], member_id=i)
             case planner.MoveLeader(from_id=a, to_id=b):
@@ -435,15 +436,16 @@ def test_the_outdated_leader_hands_over_to_an_upgraded_member_before_it_goes() -
     assert step == planner.MoveLeader(100, 101)
 
 
-def test_pvc_members_come_back_on_their_volumes_even_without_quorum() -> None:
+def test_pvc_members_come_back_on_their_volumes_even_without_quorum_all_at_once() -> None:
+    """Each is the same member on its own data: none waits a pass for another to come back."""
     members, pods = healthy_cluster(3)
     members = [dataclasses.replace(m, healthy=m.name == "e-0", leader=False) for m in members]
     step = plan(observed(members, pods[:1], 3, storage="pvc"))
-    assert step == planner.RecreatePod("e-1", 101)
+    assert isinstance(step, planner.RecreatePod) and step.members == (("e-1", 101), ("e-2", 102))
     # Nobody answers at all (every pod was deleted): the recorded members come back.
     recorded = (("e-0", 100), ("e-1", 101), ("e-2", 102))
     step = plan(observed(None, [], 3, storage="pvc", ever_formed=True, recorded_members=recorded))
-    assert step == planner.RecreatePod("e-0", 100)
+    assert isinstance(step, planner.RecreatePod) and step.members == recorded
     # With emptyDir there is nothing to come back to: quorum loss is reported.
     assert isinstance(plan(observed(members, pods[:1], 3)), planner.QuorumLost)
 
@@ -812,12 +814,13 @@ def _lost_on_volumes(pods: list[PodView], **kwargs: object) -> Observed:
 def test_the_membership_is_not_asked_while_too_few_voters_run_and_each_member_comes_back() -> None:
     """Two of three pods gone: the survivor cannot answer a linearizable member list (its leader
     needs a majority), so the operator does not wait the list's 2 s timeout to bring the two back,
-    one per pass; a recreated pod counts only once its etcd runs."""
+    both in one step; a recreated pod counts only once its etcd runs."""
     _, pods = healthy_cluster(3)
     survivor = pods[0]
     o = _lost_on_volumes([survivor])
     assert planner.membership_unanswerable(o)
-    assert plan(o) == planner.RecreatePod("e-1", 101)
+    both = plan(o)
+    assert isinstance(both, planner.RecreatePod) and both.members == (("e-1", 101), ("e-2", 102))
     pending = PodView("e-1", 1, member_id=101)
     o = _lost_on_volumes([survivor, pending])
     assert planner.membership_unanswerable(o)

@@ -404,12 +404,13 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
                 initial = self._initial_cluster(cluster, o, pod)
                 await self._create_pod(cluster, o, index, "existing", initial, avoid_nodes=leaving)
                 await self.event(cluster, "MemberPodCreated", f"created pod {pod} to join the cluster")
-            case planner.RecreatePod(name=pod, member_id=member_id):
-                at = planner.pod_index(name, pod)
-                assert at is not None
-                initial = self._initial_cluster(cluster, o, pod)
-                await self._create_pod(cluster, o, at, "existing", initial, member_id=member_id)
-                await self.event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
+            case planner.RecreatePod() as back:
+                for pod, member_id in back.members:
+                    at = planner.pod_index(name, pod)
+                    assert at is not None
+                    initial = self._initial_cluster(cluster, o, pod)
+                    await self._create_pod(cluster, o, at, "existing", initial, member_id=member_id)
+                    await self.event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
             case planner.AddMember(pod=pod, peer_url=url, learner=learner):
                 if await membership.add_member(members, tls, url, learner) is None:
                     return 1.0

@@ -181,10 +181,23 @@ class CreatePod:
 
 @dataclass(frozen=True)
 class RecreatePod:
-    """Bring a PVC-backed member back on its own volume under its own name."""
+    """Bring a PVC-backed member back on its own volume under its own name, and with it every
+    member in ``also`` whose pod is gone too: each is the same member on its own data (no
+    membership changes), so they come back at once, and after a lost quorum the second member's
+    pod no longer waits a pass for the first's."""
 
     name: str
     member_id: int
+    also: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def members(self) -> tuple[tuple[str, int], ...]:
+        """(pod name, member ID) of every member this brings back."""
+        return ((self.name, self.member_id), *self.also)
+
+
+def _recreate(gone: list[tuple[str, int]]) -> RecreatePod | None:
+    return RecreatePod(*gone[0], also=tuple(gone[1:])) if gone else None
 
 
 @dataclass(frozen=True)
@@ -371,10 +384,14 @@ def plan(o: Observed) -> Step:
     # loss the first member back must not hold the next one up by a pass. With quorum lost even a
     # dead member comes back (removing it is impossible); with quorum, rule 7 removes a dead one.
     existing_names = {p.name for p in o.pods}
-    for m in members:
-        gone = o.storage == "pvc" and m.name and m.id not in pods and m.name not in existing_names
-        if gone and m.id not in o.external_ids and (quorum_lost or not is_dead(o, m, None)):
-            return RecreatePod(m.name, m.id)
+    back = [
+        (m.name, m.id)
+        for m in members
+        if o.storage == "pvc" and m.name and m.id not in pods and m.name not in existing_names
+        and m.id not in o.external_ids and (quorum_lost or not is_dead(o, m, None))
+    ]  # fmt: skip
+    if (recreate := _recreate(back)) is not None:
+        return recreate
 
     # 2. Record membership on pods.
     for m in members:
@@ -694,9 +711,9 @@ def _plan_without_membership(o: Observed) -> Step:
     live = [p for p in o.pods if not p.deleting]
     if o.ever_formed and o.storage == "pvc":
         names = {p.name for p in o.pods}
-        for name, member_id in o.recorded_members:
-            if name not in names:
-                return RecreatePod(name, member_id)
+        missing = [(name, member_id) for name, member_id in o.recorded_members if name not in names]
+        if (recreate := _recreate(missing)) is not None:
+            return recreate
     if not o.ever_formed:
         if not o.pods:
             return CreateSeed(o.next_index)
