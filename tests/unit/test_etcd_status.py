@@ -99,6 +99,14 @@ def test_a_step_is_progress_named_after_its_kind() -> None:
     )  # fmt: skip
 
 
+def test_members_brought_back_on_their_volumes_are_named_in_the_progress() -> None:
+    step = planner.RecreatePod("e-1", 101, also=(("e-2", 102),))
+    progressing = condition(status(formed(healthy=1), step, NOW), "Progressing")
+    assert (progressing["reason"], progressing["message"]) == (
+        "RecreatePod", "bringing e-1 and e-2 back on their volumes",
+    )  # fmt: skip
+
+
 def test_an_unhealthy_member_degrades_and_the_cluster_recovers() -> None:
     result = status(formed(healthy=2), planner.RemoveMember(102, "e-2", "dead"), NOW)
     assert result["phase"] == "Recovering" and result["ready"] == "2/3"

@@ -122,6 +122,9 @@ def describe(step: ClusterStep) -> str:
             return message
         case Rebuild(step=inner):
             return rebuild_message(inner)
+        case planner.RecreatePod() as back:
+            names = " and ".join(name for name, _ in back.members)
+            return f"bringing {names} back on {'their volumes' if back.also else 'its volume'}"
     return str(step)
 
 
