@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -161,6 +162,42 @@ async def test_a_majority_of_pvc_member_pods_deleted_comes_back_as_the_same_memb
     assert writer.acknowledged, "the writer never wrote"
     assert await writer.missing(status["members"][0]["clientUrl"]) == [], "an acknowledged write is gone"
     assert "MemberPodRecreated" in kubectl("get", "events", "--field-selector", "involvedObject.name=m")
+
+
+async def test_a_pvc_member_whose_pod_stops_slower_than_the_failure_timeout_comes_back_as_itself(
+    kubectl: Kubectl, operator: OperatorProcess
+) -> None:
+    """A pod deleted gracefully whose etcd takes longer to stop than the failure timeout (a
+    leader deleted with another member waits 7 s on a leadership transfer; here its process is
+    frozen, and killed at the end of its grace period): its member is the same one back on its
+    volume, not removed and replaced by a new member that copies every key."""
+    kubectl.apply(etcd_cluster("g", 3, storage={"type": "pvc", "size": "1Gi"}, memberFailureTimeout="2s"))
+    status = await wait_healthy(kubectl, "g", 3)
+    before = {m["name"]: m["id"] for m in status["members"]}
+    async with EtcdClient(status["members"][0]["clientUrl"]) as client:
+        await client.put("kept", "through a slow stop")
+    old_uid = kubectl.get("pod", "g-1")["metadata"]["uid"]
+    pid = kubectl.cluster.container_pid(kubectl.namespace, "g-1", "etcd")
+    assert pid is not None
+    os.killpg(pid, signal.SIGSTOP)  # the SIGTERM waits; the grace period's SIGKILL does not
+    kubectl("delete", "pod", "g-1", "--grace-period=8", "--wait=false")
+
+    async def back() -> dict[str, Any] | None:
+        current = status_of(kubectl, "g")
+        pods = kubectl.get("pods", None, "-l", "kustos.dev/member=g-1")["items"]
+        fresh = pods and pods[0]["metadata"]["uid"] != old_uid
+        healthy = all(m["healthy"] for m in current.get("members") or [])
+        return current if fresh and healthy and current.get("ready") == "3/3" else None
+
+    status = await wait_until(back, "g-1 back on its volume", timeout=90, cluster=kubectl.cluster,
+                              namespace=kubectl.namespace)  # fmt: skip
+    assert {m["name"]: m["id"] for m in status["members"]} == before  # not a new member
+    events = kubectl("get", "events", "--field-selector", "involvedObject.name=g")
+    assert "MemberPodRecreated" in events and "MemberRemoved" not in events
+    member = next(m for m in status["members"] if m["name"] == "g-1")
+    async with EtcdClient(member["clientUrl"]) as client:
+        kv = await client.get("kept")
+    assert kv is not None and kv.value == b"through a slow stop"
 
 
 async def test_the_volumes_of_members_that_left_are_deleted_and_no_other(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from kustos.etcd.client import Member, MemberList, Status
 from kustos.etcd.observe import EtcdView, askable, member_views, pod_view, unless_set
@@ -150,16 +150,39 @@ def test_a_member_is_timed_from_when_its_started_etcd_was_first_seen_unhealthy()
     url = "http://e-1.e-peer.ns.svc:2380"
     joining = MemberView(id=0x2B, name="", peer_url=url, learner=True, healthy=False)
     first, later = datetime(2026, 11, 26, 17, 0, tzinfo=UTC), datetime(2026, 11, 26, 17, 0, 3, tzinfo=UTC)
-    assert unhealthy_since((joining,), [], first) == {}
+    assert unhealthy_since((joining,), [], (), first) == {}
     started = replace(joining, name="e-1")
-    assert unhealthy_since((started,), [], first) == {"e-1": first}
+    assert unhealthy_since((started,), [], (), first) == {"e-1": first}
     recorded = [MemberStatus(name="e-1", id="2b", pod="e-1", peer_url=url, learner=True,
                              unhealthy_since="2026-11-26T17:00:00Z")]  # fmt: skip
-    assert unhealthy_since((started,), recorded, later) == {"e-1": first}
+    assert unhealthy_since((started,), recorded, (), later) == {"e-1": first}
     # Another member under a recorded name (a rebuild's new cluster) starts its own clock.
     other = MemberView(id=0x3C, name="e-1", peer_url=url, healthy=False)
-    assert unhealthy_since((other,), recorded, later) == {"e-1": later}
-    assert unhealthy_since((replace(other, healthy=True),), recorded, later) == {}
+    assert unhealthy_since((other,), recorded, (), later) == {"e-1": later}
+    assert unhealthy_since((replace(other, healthy=True),), recorded, (), later) == {}
+
+
+def test_a_member_is_not_timed_while_its_pod_is_deleted_gracefully() -> None:
+    """Its etcd stops on purpose and comes back on its volume once the pod is gone: no failure
+    timeout runs out meanwhile (one that did replaced the member by a new one). Past the grace
+    period, or on a lost node, the clock runs as for any failed member."""
+    from kustos.api.etcd import MemberStatus
+    from kustos.etcd.observe import unhealthy_since
+    from kustos.etcd.planner import MemberView, PodView
+
+    url = "http://e-1.e-peer.ns.svc:2380"
+    member = MemberView(id=0x2B, name="e-1", peer_url=url, healthy=False)
+    now = datetime(2026, 11, 28, 20, 0, tzinfo=UTC)
+    pod = PodView("e-1", 1, deleting=True, deletion_deadline=now + timedelta(seconds=30))
+    recorded = [MemberStatus(name="e-1", id="2b", pod="e-1", peer_url=url,
+                             unhealthy_since="2026-11-28T19:59:00Z")]  # fmt: skip
+    assert unhealthy_since((member,), recorded, (pod,), now) == {}
+    assert unhealthy_since((member,), [], (replace(pod, name="e-2"),), now) == {"e-1": now}
+    late = now + timedelta(seconds=31)
+    assert unhealthy_since((member,), [], (pod,), late) == {"e-1": late}
+    assert unhealthy_since((member,), [], (replace(pod, node_lost=True),), now) == {"e-1": now}
+    # Gone: its member is timed from the first pass that misses it, and comes back (not dead).
+    assert unhealthy_since((member,), [], (), now) == {"e-1": now}
 
 
 async def test_a_member_list_in_flight_is_dropped_when_a_pod_goes_and_kept_otherwise() -> None:

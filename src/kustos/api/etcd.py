@@ -293,7 +293,9 @@ class EtcdClusterSpec(KubeModel):
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     """Who may reach the members (a NetworkPolicy)."""
     member_failure_timeout: Duration = "60s"
-    """How long a member may be unhealthy before it is replaced (a deleted pod is replaced at once)."""
+    """How long a member may be unhealthy before it is replaced. A deleted pod's member is
+    replaced at once, or, with PVC storage, comes back on its volume once the pod is gone; the
+    time a pod takes to stop within its grace period does not count."""
     extra_args: list[str] = Field(
         default_factory=list,
         max_length=64,

@@ -231,7 +231,10 @@ def askable(views: tuple[PodView, ...], client_urls: dict[str, str]) -> list[str
 
 
 def unhealthy_since(
-    members: tuple[MemberView, ...] | None, recorded: list[MemberStatus], now: datetime
+    members: tuple[MemberView, ...] | None,
+    recorded: list[MemberStatus],
+    pods: tuple[PodView, ...],
+    now: datetime,
 ) -> dict[str, datetime]:
     """When each unhealthy member was first seen so, by name: the time recorded for the same
     member ID (for a record without one, the same name), else now.
@@ -240,14 +243,29 @@ def unhealthy_since(
     cannot start), and its failure timeout starts once its etcd has. Before, its status named it
     after its pod while this looked it up by its peer URL, so its time was "now" on every pass:
     one status write a second while a new member's pod started (issue 28), and a timeout that
-    could never run out, which is what this says outright."""
+    could never run out, which is what this says outright.
+
+    Nor is a member timed while its pod is deleted gracefully (``stopping``): its etcd stops on
+    purpose and comes back on its volume once the pod is gone. Before, a pod that took longer
+    than the failure timeout to go (a leader deleted with another member waits 7 s on a
+    leadership transfer that cannot land) had its member removed and replaced by a new one that
+    copied every key, instead of the same member back in a second."""
     by_id = {m.id: parse_rfc3339(m.unhealthy_since) for m in recorded if m.id}
     by_name = {m.name: parse_rfc3339(m.unhealthy_since) for m in recorded if not m.id}  # no ID said yet
+    stopping_pods = {p.name for p in pods if stopping(p, now)}
     found: dict[str, datetime] = {}
     for m in members or ():
-        if not m.healthy and m.name:
+        if not m.healthy and m.name and m.name not in stopping_pods:
             found[m.name] = by_id.get(f"{m.id:x}") or by_name.get(m.name) or now
     return found
+
+
+def stopping(pod: PodView, now: datetime) -> bool:
+    """Deleted gracefully, within its grace period, on a node that still runs it: its etcd
+    stops on purpose. Past that (a finalizer holds it, a kubelet that does not finish) or on a
+    lost node it is as failed as any other."""
+    deadline = pod.deletion_deadline
+    return pod.deleting and not pod.node_lost and deadline is not None and now < deadline
 
 
 # ---- pods and volumes -------------------------------------------------------------------------
@@ -288,6 +306,7 @@ def pod_view(cluster: str, pod: Obj, node: Callable[[str], Obj | None]) -> PodVi
         uid=objects.uid(pod) or "",
         ip=(pod.get("status") or {}).get("podIP"),
         deleting=objects.deleting(pod),
+        deletion_deadline=objects.deletion_deadline(pod),
         running=objects.pod_running(pod),
         ready=objects.pod_ready(pod),
         member_id=int(member_id, 16) if member_id else None,
@@ -450,7 +469,7 @@ class Observer:
         walk = chain.progress(cluster, etcd.cluster_version, downgrade_enabled, now)
         members = member_views(etcd)
         observed = replace(
-            known, members=members, unhealthy_since=unhealthy_since(members, status.members, now),
+            known, members=members, unhealthy_since=unhealthy_since(members, status.members, known.pods, now),
             version=walk.version, hold=walk.hold, rollback=walk.rollback, downgrade_enabled=downgrade_enabled,
         )  # fmt: skip
         return observed, etcd, client_urls

@@ -104,6 +104,7 @@ class PodView:
     uid: str = ""
     ip: str | None = None
     deleting: bool = False
+    deletion_deadline: datetime | None = None  # when a graceful deletion ends (deletionTimestamp)
     running: bool = False
     ready: bool = False
     member_id: int | None = None  # from the pod's annotation, once it became a member

@@ -85,6 +85,12 @@ def deleting(obj: Object) -> bool:
     return bool(_meta(obj).get("deletionTimestamp"))
 
 
+def deletion_deadline(obj: Object) -> datetime | None:
+    """When a graceful deletion ends (the deletionTimestamp: the kubelet kills what still runs
+    then), None when the object is not being deleted."""
+    return parse_rfc3339(_meta(obj).get("deletionTimestamp"))
+
+
 def owner_of(obj: Object, kind: str) -> str | None:
     """The name of the owner of kind ``kind`` (the controlling one first), or None."""
     refs = [r for r in _meta(obj).get("ownerReferences") or [] if r.get("kind") == kind]
