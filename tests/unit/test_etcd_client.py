@@ -592,3 +592,39 @@ def test_a_deleted_clusters_passwords_are_dropped_and_never_offered_at_its_old_a
     book.forget("team-a/main")
     assert book.get("http://10.0.0.1:2379") == ()  # no client there logs in as a's root any more
     assert book.get("http://10.0.0.2:2379") == tuple(b) and book.get("http://10.0.0.3:2379") == tuple(b)
+
+
+async def test_a_starting_member_is_asked_again_until_it_listens() -> None:
+    """A just-started etcd refuses connections for a few tens of milliseconds: a member given
+    patience answers the moment it listens, within the same observation; one without is
+    refused at once, and patience that runs out ends refused."""
+    from kustos.etcd.client import EtcdUnavailable, cluster_health, refused
+
+    body = STATUS_V36.replace("\n", "").encode()
+    handlers: list[asyncio.Task[Any]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        await answer_requests(reader, writer, body)
+
+    ports = []
+    for _ in range(3):  # free ports, nothing listening on them yet
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        ports.append(server.sockets[0].getsockname()[1])
+        server.close()
+        await server.wait_closed()
+    starting, silent, impatient = (f"http://127.0.0.1:{port}" for port in ports)
+    servers: list[asyncio.Server] = []
+
+    async def listen_later() -> None:
+        await asyncio.sleep(0.15)
+        servers.append(await asyncio.start_server(serve, "127.0.0.1", ports[0]))
+
+    later = asyncio.create_task(listen_later())
+    answers = await cluster_health([starting, silent, impatient], patience={starting: 5.0, silent: 0.1})
+    await later
+    assert answers[starting].version == "3.6.16"  # type: ignore[union-attr]
+    for url in (silent, impatient):
+        failed = answers[url]
+        assert isinstance(failed, EtcdUnavailable) and refused(failed), failed
+    await stop_members(servers, handlers)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from kustos.etcd.client import Member, MemberList, Status
-from kustos.etcd.observe import EtcdView, askable, member_views, pod_view, unless_set
+from kustos.etcd.observe import EtcdView, askable, member_views, pod_view, starting, unless_set
 
 NODE_READY = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 NODE_GONE = {"metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
@@ -56,6 +56,16 @@ def test_only_pods_whose_etcd_container_runs_are_asked() -> None:
     views = tuple(v for v in seen if v is not None)
     urls = {v.name: f"http://{v.name}.e.ns.svc:2379" for v in views}
     assert askable(views, urls) == ["http://e-0.e.ns.svc:2379"]
+
+
+def test_only_members_whose_etcd_just_started_are_waited_for_to_listen() -> None:
+    """A pass waits a little for a just-started etcd to listen (it then answers once it
+    serves), and for no other: one that has run for a while and refuses is down."""
+    views = tuple(v for v in (pod_view("e", pod(n), NODES.get) for n in ("e-0", "e-1")) if v is not None)
+    urls = {v.name: f"http://{v.name}.e.ns.svc:2379" for v in views}
+    started = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    assert starting(views, urls, started + timedelta(seconds=1)) == list(urls.values())
+    assert starting(views, urls, started + timedelta(seconds=3)) == []
 
 
 def test_a_pod_on_a_lost_or_absent_node_is_on_a_lost_node() -> None:
@@ -162,10 +172,10 @@ def test_a_member_is_timed_from_when_its_started_etcd_was_first_seen_unhealthy()
     assert unhealthy_since((replace(other, healthy=True),), recorded, (), later) == {}
 
 
-def test_a_member_is_not_timed_while_its_pod_is_deleted_gracefully() -> None:
-    """Its etcd stops on purpose and comes back on its volume once the pod is gone: no failure
-    timeout runs out meanwhile (one that did replaced the member by a new one). Past the grace
-    period, or on a lost node, the clock runs as for any failed member."""
+def test_a_member_whose_pod_is_stopping_is_not_timed_from_its_status() -> None:
+    """Its etcd stops on purpose (``planner.is_dead`` times it from the end of the grace period):
+    nothing recorded for it, so the kubelet's last word on the pod writes no status. On a lost
+    node, or once the pod is gone, its clock runs as for any failed member."""
     from kustos.api.etcd import MemberStatus
     from kustos.etcd.observe import unhealthy_since
     from kustos.etcd.planner import MemberView, PodView
@@ -173,15 +183,12 @@ def test_a_member_is_not_timed_while_its_pod_is_deleted_gracefully() -> None:
     url = "http://e-1.e-peer.ns.svc:2380"
     member = MemberView(id=0x2B, name="e-1", peer_url=url, healthy=False)
     now = datetime(2026, 11, 28, 20, 0, tzinfo=UTC)
-    pod = PodView("e-1", 1, deleting=True, deletion_deadline=now + timedelta(seconds=30))
+    pod = PodView("e-1", 1, deleting=True, deletion_deadline=now - timedelta(seconds=1))
     recorded = [MemberStatus(name="e-1", id="2b", pod="e-1", peer_url=url,
                              unhealthy_since="2026-11-28T19:59:00Z")]  # fmt: skip
     assert unhealthy_since((member,), recorded, (pod,), now) == {}
     assert unhealthy_since((member,), [], (replace(pod, name="e-2"),), now) == {"e-1": now}
-    late = now + timedelta(seconds=31)
-    assert unhealthy_since((member,), [], (pod,), late) == {"e-1": late}
     assert unhealthy_since((member,), [], (replace(pod, node_lost=True),), now) == {"e-1": now}
-    # Gone: its member is timed from the first pass that misses it, and comes back (not dead).
     assert unhealthy_since((member,), [], (), now) == {"e-1": now}
 
 

@@ -182,6 +182,22 @@ def test_an_unhealthy_member_is_replaced_only_after_the_timeout() -> None:
     )
 
 
+def test_a_stopping_pods_member_is_timed_from_the_end_of_its_grace_period() -> None:
+    """Deleted with its volume kept, it comes back on it once the pod is gone, however long the
+    pod takes to stop within its grace period; one held past it is failed like any other."""
+    members, pods = healthy_cluster(3)
+    members[1] = dataclasses.replace(members[1], healthy=False)
+    stopping = dataclasses.replace(pods[1], deleting=True, deletion_deadline=NOW + timedelta(seconds=20))
+    slow = observed(members, [pods[0], stopping, pods[2]], 3, storage="pvc")
+    assert isinstance(plan(slow), planner.Wait)
+    held = dataclasses.replace(stopping, deletion_deadline=NOW - timedelta(seconds=31))
+    assert plan(observed(members, [pods[0], held, pods[2]], 3, storage="pvc")) == planner.RemoveMember(
+        101, "e-1", "it has been unhealthy longer than the failure timeout"
+    )
+    gone = observed(members, [pods[0], pods[2]], 3, storage="pvc", unhealthy_since={"e-1": NOW})
+    assert plan(gone) == planner.RecreatePod("e-1", 101)
+
+
 def test_majority_loss_is_reported_and_nothing_is_touched() -> None:
     members, pods = healthy_cluster(3)
     for i in (1, 2):

@@ -1337,17 +1337,41 @@ def _sink_writer(sink: SnapshotSink) -> Callable[[bytes], Awaitable[None]]:
     raise TypeError(f"snapshot sink must be a binary file or an async callable, not {sink!r}")
 
 
+def refused(err: BaseException) -> bool:
+    """Nothing listens at the member's address (yet): the connection was refused."""
+    return any(isinstance(cause, ConnectionRefusedError) for cause in _causes(err))
+
+
+# How often a member given ``patience`` is asked again while its address refuses connections.
+REFUSED_RETRY = 0.02
+
+
 async def cluster_health(
-    endpoints: Iterable[str], tls: EtcdTLS | None = None, timeout: float = 2.0
+    endpoints: Iterable[str],
+    tls: EtcdTLS | None = None,
+    timeout: float = 2.0,
+    patience: Mapping[str, float] | None = None,
 ) -> dict[str, Status | EtcdError]:
     """Every member's status, asked concurrently, each bounded by ``timeout``.
 
     How the operator observes a cluster: one failure does not hide the others, and
     the statuses tell who leads, who is a learner and whether members agree on the
-    cluster ID, raft term and revision.
+    cluster ID, raft term and revision. An endpoint given ``patience`` (seconds) is asked
+    again while it refuses connections, that long: an etcd that has just started listens
+    a few tens of milliseconds later, and one that listens answers once it serves.
     """
+    loop = asyncio.get_running_loop()
 
     async def one(endpoint: str) -> Status | EtcdError:
+        until = loop.time() + (patience or {}).get(endpoint, 0.0)
+        while True:
+            answer = await ask(endpoint)
+            again = isinstance(answer, EtcdError) and refused(answer) and loop.time() + REFUSED_RETRY < until
+            if not again:
+                return answer
+            await asyncio.sleep(REFUSED_RETRY)
+
+    async def ask(endpoint: str) -> Status | EtcdError:
         try:
             async with EtcdClient(endpoint, tls, timeout) as client:
                 async with asyncio.timeout(timeout * 2):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -51,6 +51,10 @@ T = TypeVar("T")
 STATUS_TIMEOUT = 2.0
 LIST_ATTEMPTS = 3  # member lists one pass may drop for a pod that went (``Observer._membership``)
 HEALTH_TIMEOUT = 3.0  # maintenance asks /health as well: a little longer
+# How long a pass waits for a just-started member's etcd to listen (``ask_statuses``). It
+# listens 20-40 ms after its process starts on the dev cluster; one that never does (it exits
+# at once) costs each pass in its first seconds this much, not a request timeout.
+STARTING_PATIENCE = 0.5
 
 
 @dataclass
@@ -90,10 +94,19 @@ def unresolved_hosts(answers: dict[str, Status | EtcdError]) -> tuple[str, ...]:
     }))  # fmt: skip
 
 
-async def ask_statuses(urls: list[str], tls: EtcdTLS | None = None) -> EtcdView:
+async def ask_statuses(
+    urls: list[str], tls: EtcdTLS | None = None, starting: Collection[str] = ()
+) -> EtcdView:
     """Status of every member that answers, and the members whose names did not resolve (DNS
-    addressing with a resolver that lacks them). The membership is the Observer's to ask."""
-    answers = await cluster_health(urls, tls, STATUS_TIMEOUT)
+    addressing with a resolver that lacks them). The membership is the Observer's to ask.
+
+    A ``starting`` member (its etcd process just started) is given ``STARTING_PATIENCE`` to
+    listen: its etcd listens tens of milliseconds after its process starts and then answers
+    once it serves, so the pass sees it serve when it does. Before, a pass that came first was
+    refused and the next looked 0.1 s later: most of what kustos added, after the new etcd
+    served, to a member pod's replacement (issue 28)."""
+    patience = dict.fromkeys(starting, STARTING_PATIENCE)
+    answers = await cluster_health(urls, tls, STATUS_TIMEOUT, patience)
     answered = {url: s for url, s in answers.items() if isinstance(s, Status)}
     # A raised NOSPACE alarm refuses writes, not quorum: its members still lead, replicate and
     # serve reads. Counting them unhealthy would report (and automatically rebuild) a quorum loss.
@@ -221,6 +234,15 @@ async def adoption_answers(endpoints: list[str]) -> AdoptionSeen:
     return AdoptionSeen(tuple(answers), members, listed.cluster_id)
 
 
+def starting(views: tuple[PodView, ...], client_urls: dict[str, str], now: datetime) -> list[str]:
+    """The client URLs of member pods whose etcd started within ``planner.RECOVERY_FIRST``."""
+    return [
+        url for v in views
+        if v.running_since is not None and now - v.running_since < planner.RECOVERY_FIRST
+        and (url := client_urls.get(v.name)) is not None
+    ]  # fmt: skip
+
+
 def askable(views: tuple[PodView, ...], client_urls: dict[str, str]) -> list[str]:
     """The client URLs worth asking: those of pods whose etcd container runs. One that does not
     (just created, between restarts) has nothing listening, and asking it costs the pass that
@@ -245,27 +267,17 @@ def unhealthy_since(
     one status write a second while a new member's pod started (issue 28), and a timeout that
     could never run out, which is what this says outright.
 
-    Nor is a member timed while its pod is deleted gracefully (``stopping``): its etcd stops on
-    purpose and comes back on its volume once the pod is gone. Before, a pod that took longer
-    than the failure timeout to go (a leader deleted with another member waits 7 s on a
-    leadership transfer that cannot land) had its member removed and replaced by a new one that
-    copied every key, instead of the same member back in a second."""
+    A member whose pod is stopping is not timed here (``planner.is_dead`` times it from the
+    end of the pod's grace period): a time recorded at the pod's last moments would be one more
+    status write between the pod gone and its member brought back."""
     by_id = {m.id: parse_rfc3339(m.unhealthy_since) for m in recorded if m.id}
     by_name = {m.name: parse_rfc3339(m.unhealthy_since) for m in recorded if not m.id}  # no ID said yet
-    stopping_pods = {p.name for p in pods if stopping(p, now)}
+    stopping = {p.name for p in pods if planner.stopping(p)}
     found: dict[str, datetime] = {}
     for m in members or ():
-        if not m.healthy and m.name and m.name not in stopping_pods:
+        if not m.healthy and m.name and m.name not in stopping:
             found[m.name] = by_id.get(f"{m.id:x}") or by_name.get(m.name) or now
     return found
-
-
-def stopping(pod: PodView, now: datetime) -> bool:
-    """Deleted gracefully, within its grace period, on a node that still runs it: its etcd
-    stops on purpose. Past that (a finalizer holds it, a kubelet that does not finish) or on a
-    lost node it is as failed as any other."""
-    deadline = pod.deletion_deadline
-    return pod.deleting and not pod.node_lost and deadline is not None and now < deadline
 
 
 # ---- pods and volumes -------------------------------------------------------------------------
@@ -460,7 +472,10 @@ class Observer:
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
             claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
         )  # fmt: skip
-        etcd = await ask_statuses([*askable(views, client_urls), *external], certs.client if certs else None)
+        etcd = await ask_statuses(
+            [*askable(views, client_urls), *external], certs.client if certs else None,
+            starting(views, client_urls, now),
+        )  # fmt: skip
         etcd.tls = certs
         etcd.members, known = await self._membership(cluster, known, lambda: seen(pods_now()), etcd)
         if chain.under_way(cluster):

@@ -363,10 +363,23 @@ def removal_keeps_quorum(members: tuple[MemberView, ...], victim: MemberView) ->
     return _keeps_quorum(len(voters), healthy_after, victim.learner)
 
 
+def stopping(pod: PodView) -> bool:
+    """Deleted, on a node that still runs it: its etcd stops on purpose, and its member comes
+    back (on its volume) or is replaced once the pod is gone."""
+    return pod.deleting and not pod.node_lost
+
+
 def is_dead(o: Observed, member: MemberView, pod: PodView | None) -> bool:
-    """Unhealthy (or on a lost node) for longer than the failure timeout."""
+    """Unhealthy (or on a lost node) for longer than the failure timeout. A stopping pod's
+    member is timed from the end of the pod's grace period instead: before, one whose pod took
+    longer than the timeout to go (a leader deleted with another member waits 7 s on a
+    leadership transfer that cannot land) was removed and replaced by a new member that copied
+    every key, where the same member was back on its volume a second later."""
     if member.healthy and not (pod and pod.node_lost):
         return False
+    if pod is not None and stopping(pod):
+        deadline = pod.deletion_deadline
+        return deadline is not None and o.now - deadline >= o.failure_timeout
     since = o.unhealthy_since.get(member.name or member.peer_url)
     return since is not None and o.now - since >= o.failure_timeout
 
