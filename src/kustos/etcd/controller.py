@@ -15,6 +15,7 @@ nothing unless the act failed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Sequence
@@ -405,12 +406,7 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
                 await self._create_pod(cluster, o, index, "existing", initial, avoid_nodes=leaving)
                 await self.event(cluster, "MemberPodCreated", f"created pod {pod} to join the cluster")
             case planner.RecreatePod() as back:
-                for pod, member_id in back.members:
-                    at = planner.pod_index(name, pod)
-                    assert at is not None
-                    initial = self._initial_cluster(cluster, o, pod)
-                    await self._create_pod(cluster, o, at, "existing", initial, member_id=member_id)
-                    await self.event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
+                await self._recreate_pods(cluster, o, back.members)
             case planner.AddMember(pod=pod, peer_url=url, learner=learner):
                 if await membership.add_member(members, tls, url, learner) is None:
                     return 1.0
@@ -506,6 +502,30 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
                 manifest["metadata"]["annotations"][FINGERPRINT_ANNOTATION] = fingerprint
         on_volume = any(c.pod == manifest["metadata"]["name"] for c in o.claims)
         await submit_pod(self.api, cluster, manifest, self.expected, claim_exists=on_volume)
+
+    async def _recreate_pods(
+        self, cluster: EtcdCluster, o: Observed, members: Sequence[tuple[str, int]]
+    ) -> None:
+        """Each member's pod, on its volume, all at once: after a lost quorum the members elect a
+        leader only once enough of them run, and a second pod created after the first's create
+        and Event started its etcd 0.1 s later (issue 28). Every create is made; the first that
+        failed then raises, the pods made before it recorded."""
+
+        async def one(pod: str, member_id: int) -> None:
+            at = planner.pod_index(cluster.metadata["name"], pod)
+            assert at is not None
+            initial = self._initial_cluster(cluster, o, pod)
+            await self._create_pod(cluster, o, at, "existing", initial, member_id=member_id)
+
+        outcomes = await asyncio.gather(
+            *(one(pod, member_id) for pod, member_id in members), return_exceptions=True
+        )
+        for (pod, _), outcome in zip(members, outcomes, strict=True):
+            if outcome is None:
+                await self.event(cluster, "MemberPodRecreated", f"recreated pod {pod} on its volume")
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _user_tls_fingerprint(self, cluster: EtcdCluster) -> str | None:
         """Which contents of the user's TLS Secrets a new member starts with (None: not
