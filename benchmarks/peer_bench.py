@@ -14,10 +14,11 @@ scale 5 -> 3, delete 2 of 3 pods (quorum lost, volumes kept). A step ends when t
 healthy by the same outside check for both: the member list read from a member pod shows N
 started voters, every member pod answers etcd's /health (one whose container is not running
 yet does not, unasked), and the operator's status agrees (kustos: N/N ready and Running; the
-peer: readyReplicas and memberCount N), looked at every 20 ms. CPU is the operator
-process's utime + stime over the create. The two deletion steps also print how long the
-deleted pods' objects lasted (their etcd's exit, before any operator can bring them back) and
-the rest of the step (from then to healthy: the part the operator acts in).
+peer: readyReplicas and memberCount N), looked at every 20 ms and at every status the
+operator writes (its EtcdCluster is watched). CPU is the operator process's utime + stime
+over the create. The two deletion steps also print how long the deleted pods' objects lasted
+(their etcd's exit, before any operator can bring them back) and the rest of the step (from
+then to healthy: the part the operator acts in).
 Idle CPU (per 10 s over 30 s) and RSS are taken with no cluster, first, each operator leading
 (leader election on for both). Medians are printed as a markdown table.
 
@@ -45,6 +46,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 from tests.integration.api_reads import ReadingCluster
 
 from benchmarks.etcd_bench import bench_cluster, healthy, rss_mib
@@ -162,34 +164,77 @@ async def _etcd_healthy(ips: list[str | None], size: int) -> bool:
     return True
 
 
-def _status(cluster: DevCluster, system: System, namespace: str, name: str) -> dict[str, Any]:
-    out = cluster.kubectl("get", system.resource, name, "-n", namespace, "-o", "json", check=False)
-    try:
-        return dict(json.loads(out).get("status") or {})
-    except ValueError:
-        return {}
+class StatusWatch:
+    """An EtcdCluster's status as its watch delivers it, with a wake-up on every change.
+
+    The outside check reads the operator's word when it is written, as its look at etcd sees
+    etcd's: a starting member's /health answers when it serves. Polled instead, a status
+    written just after etcd served (kustos's, which follows its own look at etcd) was seen up
+    to a look late, while the peer's, which agrees before etcd serves, was not."""
+
+    def __init__(self, cluster: ReadingCluster, system: System, namespace: str, name: str) -> None:
+        reads = cluster.reads()
+        resource = reads.resolve(system.resource)
+        if resource is None:
+            raise RuntimeError(f"the API server does not serve {system.resource}")
+        self._url = f"{reads.server}{resource.base}/namespaces/{namespace}/{resource.plural}"
+        self._client, self._name = reads.client, name
+        self._changed = threading.Condition()
+        self._stopped = False
+        self.status: dict[str, Any] = {}
+        self.changes = 0  # statuses delivered so far
+        threading.Thread(target=self._watch, daemon=True, name=f"watch {namespace}/{name}").start()
+
+    def _watch(self) -> None:
+        query = {"watch": "1", "fieldSelector": f"metadata.name={self._name}", "timeoutSeconds": "30"}
+        while not self._stopped:
+            try:
+                timeout = httpx.Timeout(10.0, read=40.0)
+                with self._client.stream("GET", self._url, params=query, timeout=timeout) as answer:
+                    for line in answer.iter_lines():
+                        if line:
+                            self._deliver(json.loads(line))
+            except httpx.HTTPError:
+                time.sleep(0.1)  # the next watch starts with the object as it is (ADDED)
+
+    def _deliver(self, event: dict[str, Any]) -> None:
+        gone = event.get("type") == "DELETED"
+        with self._changed:
+            self.status = {} if gone else dict((event.get("object") or {}).get("status") or {})
+            self.changes += 1
+            self._changed.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> None:
+        """Until a status after the ``seen``-th is delivered, or ``timeout`` seconds."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.changes > seen, timeout)
+
+    def stop(self) -> None:
+        self._stopped = True  # its watch ends within its timeoutSeconds
 
 
-def until_healthy(cluster: DevCluster, system: System, namespace: str, name: str, size: int) -> None:
+def until_healthy(
+    cluster: DevCluster, system: System, watch: StatusWatch, namespace: str, name: str, size: int
+) -> None:
     deadline = time.monotonic() + STEP_TIMEOUT
     while time.monotonic() < deadline:
-        if system.agrees(_status(cluster, system, namespace, name), size) and asyncio.run(
+        seen = watch.changes
+        if system.agrees(watch.status, size) and asyncio.run(
             _etcd_healthy(_pod_ips(cluster, namespace, system.selector(name)), size)
         ):
             return
-        # Often: a status that agrees only once the operator has written it is otherwise seen up to
-        # a whole sleep late, while a check waiting on a starting etcd's answer is not.
-        time.sleep(CHECK_EVERY)
+        watch.wait(seen, CHECK_EVERY)
     raise RuntimeError(f"{system.name}: {namespace}/{name} not healthy at size {size} in {STEP_TIMEOUT}s")
 
 
 # ---- one round ---------------------------------------------------------------------------------
 
 
-def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
+def run_round(cluster: ReadingCluster, system: System, namespace: str) -> None:
     name = "bench"
     kubectl = cluster.kubectl
     kubectl("create", "namespace", namespace)
+    watch = StatusWatch(cluster, system, namespace, name)
 
     def apply(size: int) -> None:
         kubectl("apply", "-f", "-", input_text=json.dumps(system.manifest(namespace, name, size)))
@@ -201,7 +246,7 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
     def timed(row: str, action: Callable[[], None], size: int) -> None:
         cpu, started = cpu_seconds(system.pid()), time.monotonic()
         action()
-        until_healthy(cluster, system, namespace, name, size)
+        until_healthy(cluster, system, watch, namespace, name, size)
         ended = time.monotonic()
         system.record(row, ended - started)
         if row in GONE_ROWS:
@@ -251,6 +296,7 @@ def run_round(cluster: DevCluster, system: System, namespace: str) -> None:
     timed(STEPS[2], lambda: apply(5), 5)
     timed(STEPS[3], lambda: apply(3), 3)
     timed(STEPS[4], lambda: delete(pods()[:2]), 3)
+    watch.stop()
     kubectl("delete", "namespace", namespace, "--wait=false")
 
 
