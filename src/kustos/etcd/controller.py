@@ -508,8 +508,8 @@ class EtcdClusterReconciler(FamilyReconciler[EtcdCluster, Pass, ClusterStep]):
     ) -> None:
         """Each member's pod, on its volume, all at once: after a lost quorum the members elect a
         leader only once enough of them run, and a second pod created after the first's create
-        and Event started its etcd 0.1 s later (issue 28). Every create is made; the first that
-        failed then raises, the pods made before it recorded."""
+        and Event started its etcd 0.1 s later (issue 28). Every create is made, each pod made gets
+        its Event, then the first failure raises."""
 
         async def one(pod: str, member_id: int) -> None:
             at = planner.pod_index(cluster.metadata["name"], pod)
