@@ -198,6 +198,8 @@ class StatusWatch:
                 time.sleep(0.1)  # the next watch starts with the object as it is (ADDED)
 
     def _deliver(self, event: dict[str, Any]) -> None:
+        if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+            return  # a watch error or bookmark: the next watch starts afresh
         gone = event.get("type") == "DELETED"
         with self._changed:
             self.status = {} if gone else dict((event.get("object") or {}).get("status") or {})
