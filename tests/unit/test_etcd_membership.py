@@ -120,3 +120,44 @@ def test_no_member_list_says_whether_anyone_answered_or_only_no_leader_could() -
     why = membership.why_no_member_list(urls, {urls[1]: status(2, leader_id=0)})
     assert why.startswith(f"etcd at {urls[1]} answered but could not list its members")
     assert "no leader" in why
+
+
+@pytest.fixture
+def listed_by(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Members asked for the membership; e-1 cannot say (no leader), the others list it."""
+    asked: list[str] = []
+
+    async def member_list_at(url: str, tls: object) -> MemberList | None:
+        asked.append(url)
+        return None if url == "http://e-1:2379" else members(3)
+
+    monkeypatch.setattr(membership, "member_list_at", member_list_at)
+    return asked
+
+
+async def test_a_list_asked_beside_the_statuses_is_taken_when_its_member_answered(
+    listed_by: list[str],
+) -> None:
+    on_its_way: asyncio.Future[MemberList | None] = asyncio.get_running_loop().create_future()
+    on_its_way.set_result(members(3))
+    assert await membership.member_list(SAID, None, ("http://e-0:2379", on_its_way)) == members(3)
+    assert listed_by == []
+
+
+async def test_a_list_asked_beside_the_statuses_that_could_not_say_is_not_asked_again(
+    listed_by: list[str],
+) -> None:
+    on_its_way: asyncio.Future[MemberList | None] = asyncio.get_running_loop().create_future()
+    on_its_way.set_result(None)
+    said = {**SAID, "http://e-2:2379": status(2, 0)}
+    assert await membership.member_list(said, None, ("http://e-0:2379", on_its_way)) == members(3)
+    assert listed_by == ["http://e-1:2379", "http://e-2:2379"]
+
+
+async def test_a_list_asked_of_a_member_that_did_not_answer_its_status_is_dropped(
+    listed_by: list[str],
+) -> None:
+    on_its_way: asyncio.Future[MemberList | None] = asyncio.get_running_loop().create_future()
+    assert await membership.member_list(SAID, None, ("http://e-2:2379", on_its_way)) == members(3)
+    assert on_its_way.cancelled()
+    assert listed_by == ["http://e-0:2379"]

@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from kustos.api.etcd import EtcdCluster, MemberStatus
+from kustos.etcd import membership, planner
 from kustos.etcd.client import Member, MemberList, Status
-from kustos.etcd.observe import EtcdView, askable, member_views, pod_view, starting, unless_set
+from kustos.etcd.observe import (
+    EtcdView,
+    Observer,
+    askable,
+    member_views,
+    pod_view,
+    recorded_leader,
+    skeleton,
+    starting,
+    unless_set,
+)
+from kustos.runtime.informer import Informer
+from kustos.runtime.resources import CLAIMS, PODS
+from kustos.runtime.resources import NODES as NODE_KIND
 
 NODE_READY = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 NODE_GONE = {"metadata": {"name": "n2"}, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
@@ -231,3 +249,63 @@ async def test_a_pass_cancelled_while_it_lists_the_members_cancels_the_list() ->
     outer.cancel()
     await asyncio.wait({outer})
     await asyncio.wait_for(cancelled.wait(), 1)
+
+
+def test_the_list_beside_the_statuses_is_asked_of_the_recorded_leader_if_its_etcd_runs() -> None:
+    urls = [f"http://e-{i}.e.ns.svc:2379" for i in range(3)]
+    recorded = [
+        MemberStatus(name=f"e-{i}", client_url=u, healthy=True, leader=i == 1) for i, u in enumerate(urls)
+    ]
+    assert recorded_leader(recorded, urls, []) == urls[1]
+    assert recorded_leader(recorded, [urls[0], urls[2]], []) is None  # its pod is gone or not running
+    assert recorded_leader(recorded, urls, [urls[1]]) is None  # its etcd just started: not serving yet
+    unhealthy = [m.model_copy(update={"healthy": not m.leader}) for m in recorded]
+    assert recorded_leader(unhealthy, urls, []) is None
+
+
+async def _event(informer: Informer, kind: str, obj: dict[str, object]) -> None:
+    await informer._handle_line(json.dumps({"type": kind, "object": obj}))
+
+
+async def test_a_pod_gone_while_the_statuses_were_asked_is_brought_back_by_that_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass asking the survivors' statuses when a member's pod went lists the members on the
+    pods as they are then, and brings that member back on its volume, not the next pass."""
+    cluster = EtcdCluster.model_validate({
+        "metadata": {"name": "e", "namespace": "ns", "uid": "u-1"},
+        "spec": {"size": 3, "addressing": "podIP", "storage": {"type": "pvc"}},
+    })  # fmt: skip
+    pods, nodes = Informer(None, PODS), Informer(None, NODE_KIND)  # type: ignore[arg-type]
+    observer = Observer(pods, nodes, Informer(None, CLAIMS), None)  # type: ignore[arg-type]
+    await _event(nodes, "ADDED", NODE_READY)
+    labelled = [
+        pod(f"e-{i}", labels={"kustos.dev/cluster": "e"}, annotations={"kustos.dev/member-id": f"{i + 1:x}"})
+        for i in range(3)
+    ]
+    for i, member_pod in enumerate(labelled):
+        member_pod["status"]["podIP"] = f"10.0.0.{i}"  # type: ignore[index]
+        await _event(pods, "ADDED", member_pod)
+
+    def views_now() -> tuple[planner.PodView, ...]:
+        return tuple(v for p in observer.pods_of(cluster) if (v := observer.pod_view(cluster, p)) is not None)
+
+    listed = MemberList(
+        1, 1, [Member(i + 1, f"e-{i}", (f"http://10.0.0.{i}:2380",), (), False) for i in range(3)]
+    )
+
+    async def member_list_at(url: str, tls: object) -> MemberList:
+        return listed
+
+    monkeypatch.setattr(membership, "member_list_at", member_list_at)
+    said = {"http://10.0.0.0:2379": status(1, 1), "http://10.0.0.2:2379": status(3, 1)}
+    now = datetime(2026, 11, 22, 12, 0, 1, tzinfo=UTC)
+    recorded = tuple((f"e-{i}", i + 1) for i in range(3))
+    known = replace(skeleton(cluster, now), pods=views_now(), ever_formed=True, recorded_members=recorded)
+    with observer._pods_going("ns/e") as went:
+        await _event(pods, "DELETED", labelled[1])  # while the statuses were asked
+        members, observed = await observer._membership(
+            cluster, known, views_now, EtcdView(None, said, said), went, None
+        )
+    etcd = EtcdView(members, said, said)
+    assert planner.plan(replace(observed, members=member_views(etcd))) == planner.RecreatePod("e-1", 2)

@@ -10,6 +10,7 @@ once), then to any other voting member; learners refuse membership calls.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
@@ -74,14 +75,35 @@ async def statuses_of(
     return {url: s for url, s in answers.items() if isinstance(s, Status)}
 
 
-async def member_list(statuses: Mapping[str, Status], tls: EtcdTLS | None) -> MemberList | None:
-    """The membership, from the first member that can say (voters first: a learner refuses)."""
-    for url in sorted(statuses, key=lambda u: statuses[u].is_learner):
-        try:
-            async with EtcdClient(url, tls, timeout=LIST_TIMEOUT) as client:
-                return await client.member_list()
-        except (EtcdError, OSError, TimeoutError):
-            continue
+async def member_list_at(url: str, tls: EtcdTLS | None) -> MemberList | None:
+    """The membership as the member at ``url`` lists it; None when it cannot say."""
+    try:
+        async with EtcdClient(url, tls, timeout=LIST_TIMEOUT) as client:
+            return await client.member_list()
+    except (EtcdError, OSError, TimeoutError):
+        return None
+
+
+async def member_list(
+    statuses: Mapping[str, Status],
+    tls: EtcdTLS | None,
+    asked: tuple[str, asyncio.Future[MemberList | None]] | None = None,
+) -> MemberList | None:
+    """The membership, from the first member that can say (voters first: a learner refuses).
+
+    ``asked``: a member's list already on its way (``member_list_at``, asked beside the
+    statuses), taken first when that member answered its status, and dropped otherwise."""
+    order = sorted(statuses, key=lambda u: statuses[u].is_learner)
+    if asked is not None:
+        url, answer = asked
+        if url not in statuses:
+            answer.cancel()
+        elif (found := await answer) is not None:
+            return found
+        order = [u for u in order if u != url]
+    for url in order:
+        if (found := await member_list_at(url, tls)) is not None:
+            return found
     return None
 
 

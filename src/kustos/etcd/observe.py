@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -243,6 +243,17 @@ def starting(views: tuple[PodView, ...], client_urls: dict[str, str], now: datet
     ]  # fmt: skip
 
 
+def recorded_leader(recorded: list[MemberStatus], asking: list[str], just_started: list[str]) -> str | None:
+    """The client URL of the member the status last recorded as the healthy leader, when its
+    pod's etcd runs and did not just start: the member most likely to list the membership at
+    once."""
+    for member in recorded:
+        url = member.client_url
+        if member.leader and member.healthy and url in asking and url not in just_started:
+            return url
+    return None
+
+
 def askable(views: tuple[PodView, ...], client_urls: dict[str, str]) -> list[str]:
     """The client URLs worth asking: those of pods whose etcd container runs. One that does not
     (just created, between restarts) has nothing listening, and asking it costs the pass that
@@ -354,16 +365,30 @@ class Observer:
         # Whom to log in as, by cluster key: the EtcdCluster controller sets it each pass.
         self.credentials: dict[str, tuple[EtcdCredentials, ...]] = {}
         self.claims_by_cluster = claims.index_by_label(CLUSTER_LABEL)
-        # Set when a pod of the cluster is deleted while its member list is asked (``_membership``).
-        self._listing: dict[str, asyncio.Event] = {}
+        # By cluster key: one event per observation under way, set when a pod of the cluster goes.
+        self._watching: dict[str, set[asyncio.Event]] = {}
         pods.add_handler(self._pod_changed)
 
     def _pod_changed(self, kind: str, pod: Obj, _old: Obj | None) -> None:
-        """A member pod gone: a member list in flight for its cluster may never answer now."""
+        """A member pod gone: the pods an observation under way started from are not the
+        cluster's any more, and a member list in flight for it may never answer now."""
         if kind == "DELETED":
-            waiting = self._listing.get(f"{objects.namespace(pod)}/{objects.labels(pod).get(CLUSTER_LABEL)}")
-            if waiting is not None:
-                waiting.set()
+            key = f"{objects.namespace(pod)}/{objects.labels(pod).get(CLUSTER_LABEL)}"
+            for went in self._watching.get(key, ()):
+                went.set()
+
+    @contextlib.contextmanager
+    def _pods_going(self, key: str) -> Iterator[asyncio.Event]:
+        """An event set when a pod of the cluster goes while the block runs (``_pod_changed``)."""
+        went = asyncio.Event()
+        watching = self._watching.setdefault(key, set())
+        watching.add(went)
+        try:
+            yield went
+        finally:
+            watching.discard(went)
+            if not watching:
+                self._watching.pop(key, None)
 
     async def _membership(
         self,
@@ -371,30 +396,32 @@ class Observer:
         known: Observed,
         views_now: Callable[[], tuple[PodView, ...]],
         etcd: EtcdView,
+        went: asyncio.Event,
+        asked: tuple[str, asyncio.Future[MemberList | None]] | None,
     ) -> tuple[MemberList | None, Observed]:
         """The membership, and the observation it was asked on (its pods).
 
-        Not asked when it cannot answer (``planner.membership_unanswerable``). A list in flight is
-        dropped when a member pod of the cluster goes, and the pods are looked at again: the pod
-        that went may be what makes the list unanswerable. Before, a quorum lost on volumes waited
-        for a list asked while the pods were stopping, its whole ``LIST_TIMEOUT``, before their
-        members were brought back. The last attempt is waited for whatever happens."""
+        Not asked when it cannot answer (``planner.membership_unanswerable``). When a member pod
+        of the cluster goes (``went``) before or while the list is asked, the pods are looked at
+        again and a list in flight is dropped: the pod that went may be what makes the list
+        unanswerable. Before, a quorum lost on volumes waited for a list asked while the pods
+        were stopping, its whole ``LIST_TIMEOUT``, before their members were brought back. The
+        last attempt is waited for whatever happens. ``asked``: the first attempt's list from
+        one member, already on its way (``observe``)."""
         key = objects.key(cluster)
         for attempt in range(1, LIST_ATTEMPTS + 1):
+            if went.is_set():
+                went.clear()
+                known = replace(known, pods=views_now())
             if planner.membership_unanswerable(known):
                 log.info("%s: not listing the members: too few voters have an etcd running", key)
                 return None, known
-            listing = membership.member_list(etcd.statuses, etcd.client_tls)
+            listing = membership.member_list(etcd.statuses, etcd.client_tls, asked if attempt == 1 else None)
             if attempt == LIST_ATTEMPTS:
                 break
-            gone = self._listing[key] = asyncio.Event()
-            try:
-                listed, dropped = await unless_set(listing, gone)
-            finally:
-                self._listing.pop(key, None)
+            listed, dropped = await unless_set(listing, went)
             if not dropped:
                 return listed, known
-            known = replace(known, pods=views_now())
         return await listing, known
 
     def remember(self, cluster: EtcdCluster, endpoints: list[str]) -> None:
@@ -472,12 +499,27 @@ class Observer:
             external_ids=frozenset(int(i, 16) for i in (adoption.external_members if adoption else [])),
             claims=self.claims_of(cluster), migrate=spec.disruption.migrate,
         )  # fmt: skip
-        etcd = await ask_statuses(
-            [*askable(views, client_urls), *external], certs.client if certs else None,
-            starting(views, client_urls, now),
-        )  # fmt: skip
-        etcd.tls = certs
-        etcd.members, known = await self._membership(cluster, known, lambda: seen(pods_now()), etcd)
+
+        def views_now() -> tuple[PodView, ...]:
+            return seen(pods_now())
+
+        asking, just_started = askable(views, client_urls), starting(views, client_urls, now)
+        tls = certs.client if certs else None
+        # The member list is asked of the recorded leader beside the statuses, not after them:
+        # a round trip less in every pass, and a member's replacement has two such passes on its
+        # way (issue 28). It is used only if the leader answered its status too.
+        leader = recorded_leader(status.members, asking, just_started)
+        asked = None
+        if leader is not None and not planner.membership_unanswerable(known):
+            asked = (leader, asyncio.ensure_future(membership.member_list_at(leader, tls)))
+        with self._pods_going(objects.key(cluster)) as went:
+            try:
+                etcd = await ask_statuses([*asking, *external], tls, just_started)
+                etcd.tls = certs
+                etcd.members, known = await self._membership(cluster, known, views_now, etcd, went, asked)
+            finally:
+                if asked is not None:
+                    asked[1].cancel()
         if chain.under_way(cluster):
             etcd.cluster_version = await ask_cluster_version(etcd.statuses, etcd.client_tls)
         downgrade_enabled = any(s.downgrade_enabled for s in etcd.statuses.values())
