@@ -14,8 +14,9 @@ scale 5 -> 3, delete 2 of 3 pods (quorum lost, volumes kept). A step ends when t
 healthy by the same outside check for both: the member list read from a member pod shows N
 started voters, every member pod answers etcd's /health (one whose container is not running
 yet does not, unasked), and the operator's status agrees (kustos: N/N ready and Running; the
-peer: readyReplicas and memberCount N), looked at every 20 ms and at every status the
-operator writes (its EtcdCluster is watched). CPU is the operator process's utime + stime
+peer: readyReplicas and memberCount N). etcd is looked at every 20 ms, the status as the
+operator writes it (its EtcdCluster is watched), and the step ends when both first said so,
+each side timed as it came true (``until_healthy``). CPU is the operator process's utime + stime
 over the create. The two deletion steps also print how long the deleted pods' objects lasted
 (their etcd's exit, before any operator can bring them back) and the rest of the step (from
 then to healthy: the part the operator acts in).
@@ -183,6 +184,7 @@ class StatusWatch:
         self._stopped = False
         self.status: dict[str, Any] = {}
         self.changes = 0  # statuses delivered so far
+        self._delivered: list[tuple[float, dict[str, Any]]] = []  # (time.monotonic, status), in order
         threading.Thread(target=self._watch, daemon=True, name=f"watch {namespace}/{name}").start()
 
     def _watch(self) -> None:
@@ -204,7 +206,19 @@ class StatusWatch:
         with self._changed:
             self.status = {} if gone else dict((event.get("object") or {}).get("status") or {})
             self.changes += 1
+            self._delivered.append((time.monotonic(), self.status))
             self._changed.notify_all()
+
+    def agreeing_since(self, agrees: Callable[[dict[str, Any]], bool]) -> float | None:
+        """When the statuses delivered began to agree without a break up to the last one (None:
+        the last one does not)."""
+        since = None
+        with self._changed:
+            for delivered, status in reversed(self._delivered):
+                if not agrees(status):
+                    break
+                since = delivered
+        return since
 
     def wait(self, seen: int, timeout: float) -> None:
         """Until a status after the ``seen``-th is delivered, or ``timeout`` seconds."""
@@ -217,14 +231,29 @@ class StatusWatch:
 
 def until_healthy(
     cluster: DevCluster, system: System, watch: StatusWatch, namespace: str, name: str, size: int
-) -> None:
+) -> float:
+    """The moment (``time.monotonic``) from which etcd and the operator's status both said the
+    cluster was healthy, once a look at etcd begun after the status agreed confirms it.
+
+    etcd is looked at all along, whatever the status says, and each side is timed as it came
+    true: etcd by the end of the first of the healthy looks in a row, the status by its
+    delivery. Before, etcd was looked at only once the status agreed, so an operator whose
+    status came last (kustos's follows its own look at etcd) was timed a whole look later, while
+    one whose status agreed before etcd served (the peer's) was timed by a look already waiting
+    on the starting etcd, which answers as it serves."""
     deadline = time.monotonic() + STEP_TIMEOUT
+    etcd_since: float | None = None  # the end of the first healthy look in the current run
+
+    def agrees(status: dict[str, Any]) -> bool:
+        return system.agrees(status, size)
+
     while time.monotonic() < deadline:
-        seen = watch.changes
-        if system.agrees(watch.status, size) and asyncio.run(
-            _etcd_healthy(_pod_ips(cluster, namespace, system.selector(name)), size)
-        ):
-            return
+        seen, started = watch.changes, time.monotonic()
+        healthy = asyncio.run(_etcd_healthy(_pod_ips(cluster, namespace, system.selector(name)), size))
+        etcd_since = (etcd_since or time.monotonic()) if healthy else None
+        agreed = watch.agreeing_since(agrees)
+        if etcd_since is not None and agreed is not None and agreed <= started:
+            return max(etcd_since, agreed)
         watch.wait(seen, CHECK_EVERY)
     raise RuntimeError(f"{system.name}: {namespace}/{name} not healthy at size {size} in {STEP_TIMEOUT}s")
 
@@ -248,8 +277,7 @@ def run_round(cluster: ReadingCluster, system: System, namespace: str) -> None:
     def timed(row: str, action: Callable[[], None], size: int) -> None:
         cpu, started = cpu_seconds(system.pid()), time.monotonic()
         action()
-        until_healthy(cluster, system, watch, namespace, name, size)
-        ended = time.monotonic()
+        ended = until_healthy(cluster, system, watch, namespace, name, size)
         system.record(row, ended - started)
         if row in GONE_ROWS:
             deleting.join()
