@@ -267,11 +267,14 @@ async def _event(informer: Informer, kind: str, obj: dict[str, object]) -> None:
     await informer._handle_line(json.dumps({"type": kind, "object": obj}))
 
 
-async def test_a_pod_gone_while_the_statuses_were_asked_is_brought_back_by_that_pass(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The pass asking the survivors' statuses when a member's pod went lists the members on the
-    pods as they are then, and brings that member back on its volume, not the next pass."""
+LISTED = MemberList(
+    1, 1, [Member(i + 1, f"e-{i}", (f"http://10.0.0.{i}:2380",), (), False) for i in range(3)]
+)
+
+
+async def three_member_pods() -> tuple[EtcdCluster, Observer, Informer, list[dict[str, object]]]:
+    """An Observer on caches that hold three member pods of PVC cluster ``ns/e`` (e-i at
+    10.0.0.i, member ID i + 1), the cluster, the pod cache and the pods."""
     cluster = EtcdCluster.model_validate({
         "metadata": {"name": "e", "namespace": "ns", "uid": "u-1"},
         "spec": {"size": 3, "addressing": "podIP", "storage": {"type": "pvc"}},
@@ -286,16 +289,21 @@ async def test_a_pod_gone_while_the_statuses_were_asked_is_brought_back_by_that_
     for i, member_pod in enumerate(labelled):
         member_pod["status"]["podIP"] = f"10.0.0.{i}"  # type: ignore[index]
         await _event(pods, "ADDED", member_pod)
+    return cluster, observer, pods, labelled
+
+
+async def test_a_pod_gone_while_the_statuses_were_asked_is_brought_back_by_that_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass asking the survivors' statuses when a member's pod went lists the members on the
+    pods as they are then, and brings that member back on its volume, not the next pass."""
+    cluster, observer, pods, labelled = await three_member_pods()
 
     def views_now() -> tuple[planner.PodView, ...]:
         return tuple(v for p in observer.pods_of(cluster) if (v := observer.pod_view(cluster, p)) is not None)
 
-    listed = MemberList(
-        1, 1, [Member(i + 1, f"e-{i}", (f"http://10.0.0.{i}:2380",), (), False) for i in range(3)]
-    )
-
     async def member_list_at(url: str, tls: object) -> MemberList:
-        return listed
+        return LISTED
 
     monkeypatch.setattr(membership, "member_list_at", member_list_at)
     said = {"http://10.0.0.0:2379": status(1, 1), "http://10.0.0.2:2379": status(3, 1)}
@@ -309,3 +317,33 @@ async def test_a_pod_gone_while_the_statuses_were_asked_is_brought_back_by_that_
         )
     etcd = EtcdView(members, said, said)
     assert planner.plan(replace(observed, members=member_views(etcd))) == planner.RecreatePod("e-1", 2)
+
+
+async def test_members_whose_etcd_started_while_the_list_waited_for_a_leader_are_asked_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a lost quorum the pass that began before the members brought back ran gets its
+    member list only once they have elected a leader: it asks them too, and sees them healthy,
+    instead of recording them unhealthy and leaving them to the next pass."""
+    cluster, observer, pods, labelled = await three_member_pods()
+    for back in labelled[1:]:
+        back["status"]["containerStatuses"] = [{"state": {"waiting": {"reason": "ContainerCreating"}}}]  # type: ignore[index]
+        await _event(pods, "MODIFIED", back)
+    asked: list[str] = []
+
+    async def cluster_health(urls: list[str], *_: object) -> dict[str, Status]:
+        asked.extend(urls)
+        return {u: status(int(u.split(".")[3].split(":")[0]) + 1, 1) for u in urls}
+
+    async def member_list_at(url: str, tls: object) -> MemberList:
+        for back in labelled[1:]:  # they start, and elect a leader with e-0
+            back["status"] = labelled[0]["status"] | {"podIP": back["status"]["podIP"]}  # type: ignore[index]
+            await _event(pods, "MODIFIED", back)
+        return LISTED
+
+    monkeypatch.setattr("kustos.etcd.observe.cluster_health", cluster_health)
+    monkeypatch.setattr(membership, "member_list_at", member_list_at)
+    observed, _, _ = await observer.observe(cluster, datetime(2026, 11, 22, 12, 0, 1, tzinfo=UTC))
+    assert asked == ["http://10.0.0.0:2379", "http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+    assert observed.members is not None and all(m.healthy for m in observed.members)
+    assert all(p.running for p in observed.pods)

@@ -73,6 +73,13 @@ class EtcdView:
     def client_tls(self) -> EtcdTLS | None:
         return self.tls.client if self.tls is not None else None
 
+    def add(self, more: EtcdView) -> None:
+        """What ``more`` members said (``ask_statuses``), beside what these said."""
+        self.statuses.update(more.statuses)
+        self.answered.update(more.answered)
+        self.unresolved = tuple(sorted({*self.unresolved, *more.unresolved}))
+        self.no_space = tuple(sorted({*self.no_space, *more.no_space}))
+
 
 # ---- asking etcd ----------------------------------------------------------------------------
 
@@ -241,6 +248,11 @@ def starting(views: tuple[PodView, ...], client_urls: dict[str, str], now: datet
         if v.running_since is not None and now - v.running_since < planner.RECOVERY_FIRST
         and (url := client_urls.get(v.name)) is not None
     ]  # fmt: skip
+
+
+def client_urls_of(base: Observed, views: tuple[PodView, ...]) -> dict[str, str]:
+    """Each member pod's client URL, by pod name, but for pods being deleted."""
+    return {v.name: url for v in views if not v.deleting and (url := planner.client_url(base, v)) is not None}
 
 
 def recorded_leader(recorded: list[MemberStatus], asking: list[str], just_started: list[str]) -> str | None:
@@ -424,6 +436,32 @@ class Observer:
                 return listed, known
         return await listing, known
 
+    async def _ask_started_since(
+        self,
+        cluster: EtcdCluster,
+        known: Observed,
+        now_seen: tuple[PodView, ...],
+        asking: list[str],
+        etcd: EtcdView,
+        client_urls: dict[str, str],
+    ) -> Observed:
+        """The observation with the members whose etcd started while it was under way asked too.
+
+        A member list waits for a leader: after a lost quorum, the pass that started before the
+        members brought back were running got its list only once they had elected one, and then
+        planned and wrote a status on statuses that lacked them, and the next pass had to look
+        again (0.1-0.7 s, issue 28's quorum-loss step). Only when the same pods are there."""
+        if {v.name for v in now_seen} != {v.name for v in known.pods}:
+            return known
+        urls = client_urls_of(known, now_seen)
+        late = [u for u in askable(now_seen, urls) if u not in asking]
+        if not late:
+            return known
+        self.remember(cluster, late)
+        etcd.add(await ask_statuses(late, etcd.client_tls, starting(now_seen, urls, known.now)))
+        client_urls.update(urls)
+        return replace(known, pods=now_seen)
+
     def remember(self, cluster: EtcdCluster, endpoints: list[str]) -> None:
         """Every client of these members (observation, membership, maintenance, rebuilds) logs
         in with the cluster's root credentials, when it has them (``CredentialBook``)."""
@@ -484,9 +522,7 @@ class Observer:
             certs = await self.certs.reconcile(cluster, [p for p, _ in found], now)
         views = seen(found)
         base = skeleton(cluster, now)
-        client_urls = {
-            v.name: url for v in views if not v.deleting and (url := planner.client_url(base, v)) is not None
-        }
+        client_urls = client_urls_of(base, views)
         adoption = status.adoption if status.adoption and status.adoption.phase == "Migrating" else None
         # An adopted cluster's original members are asked too, until they have all left.
         external = [u for u in (adoption.endpoints if adoption else []) if u not in client_urls.values()]
@@ -520,6 +556,8 @@ class Observer:
             finally:
                 if asked is not None:
                     asked[1].cancel()
+            if not went.is_set():
+                known = await self._ask_started_since(cluster, known, views_now(), asking, etcd, client_urls)
         if chain.under_way(cluster):
             etcd.cluster_version = await ask_cluster_version(etcd.statuses, etcd.client_tls)
         downgrade_enabled = any(s.downgrade_enabled for s in etcd.statuses.values())
