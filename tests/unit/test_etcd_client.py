@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -628,3 +629,38 @@ async def test_a_starting_member_is_asked_again_until_it_listens() -> None:
         failed = answers[url]
         assert isinstance(failed, EtcdUnavailable) and refused(failed), failed
     await stop_members(servers, handlers)
+
+
+async def test_a_starting_member_is_asked_again_until_its_name_resolves() -> None:
+    """A recreated pod's DNS name resolves once its EndpointSlice has its address, a little
+    after its etcd runs: a member given patience is asked again until it does."""
+    from kustos.etcd.client import cluster_health, unresolved
+
+    body = STATUS_V36.replace("\n", "").encode()
+    handlers: list[asyncio.Task[Any]] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+        await answer_requests(reader, writer, body)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    published = loop.time() + 0.15
+    resolve = loop.getaddrinfo
+
+    async def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "e-1.e-peer.ns.svc" and loop.time() < published:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return await resolve("127.0.0.1" if host == "e-1.e-peer.ns.svc" else host, *args, **kwargs)
+
+    loop.getaddrinfo = getaddrinfo  # type: ignore[method-assign]
+    try:
+        url = f"http://e-1.e-peer.ns.svc:{port}"
+        impatient = await cluster_health([url])
+        assert unresolved(impatient[url])  # type: ignore[arg-type]
+        answers = await cluster_health([url], patience={url: 5.0})
+        assert answers[url].version == "3.6.16"  # type: ignore[union-attr]
+    finally:
+        del loop.getaddrinfo  # type: ignore[method-assign]
+        await stop_members([server], handlers)

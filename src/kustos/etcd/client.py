@@ -1342,7 +1342,13 @@ def refused(err: BaseException) -> bool:
     return any(isinstance(cause, ConnectionRefusedError) for cause in _causes(err))
 
 
-# How often a member given ``patience`` is asked again while its address refuses connections.
+def unresolved(err: BaseException) -> bool:
+    """The member's host name did not resolve (yet)."""
+    return any(isinstance(cause, socket.gaierror) for cause in _causes(err))
+
+
+# How often a member given ``patience`` is asked again while its address refuses connections
+# or its name does not resolve.
 REFUSED_RETRY = 0.02
 
 
@@ -1357,8 +1363,10 @@ async def cluster_health(
     How the operator observes a cluster: one failure does not hide the others, and
     the statuses tell who leads, who is a learner and whether members agree on the
     cluster ID, raft term and revision. An endpoint given ``patience`` (seconds) is asked
-    again while it refuses connections, that long: an etcd that has just started listens
-    a few tens of milliseconds later, and one that listens answers once it serves.
+    again while it refuses connections or its name does not resolve, that long: an etcd that
+    has just started listens a few tens of milliseconds later, and one that listens answers
+    once it serves; a pod's DNS name resolves once its EndpointSlice has the pod's address,
+    which after a lost quorum came up to 0.7 s after the pod ran on the dev cluster.
     """
     loop = asyncio.get_running_loop()
 
@@ -1366,7 +1374,8 @@ async def cluster_health(
         until = loop.time() + (patience or {}).get(endpoint, 0.0)
         while True:
             answer = await ask(endpoint)
-            again = isinstance(answer, EtcdError) and refused(answer) and loop.time() + REFUSED_RETRY < until
+            missing = isinstance(answer, EtcdError) and (refused(answer) or unresolved(answer))
+            again = missing and loop.time() + REFUSED_RETRY < until
             if not again:
                 return answer
             await asyncio.sleep(REFUSED_RETRY)

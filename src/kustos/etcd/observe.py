@@ -53,7 +53,8 @@ LIST_ATTEMPTS = 3  # member lists one pass may drop for a pod that went (``Obser
 HEALTH_TIMEOUT = 3.0  # maintenance asks /health as well: a little longer
 # How long a pass waits for a just-started member's etcd to listen (``ask_statuses``). It
 # listens 20-40 ms after its process starts on the dev cluster; one that never does (it exits
-# at once) costs each pass in its first seconds this much, not a request timeout.
+# at once) costs each pass in its first seconds this much, not a request timeout. A recreated
+# pod's DNS name resolves once its EndpointSlice has its address: waited for the same way.
 STARTING_PATIENCE = 0.5
 
 
