@@ -182,8 +182,6 @@ class StatusWatch:
         self._client, self._name = reads.client, name
         self._changed = threading.Condition()
         self._stopped = False
-        self.status: dict[str, Any] = {}
-        self.changes = 0  # statuses delivered so far
         self._delivered: list[tuple[float, dict[str, Any]]] = []  # (time.monotonic, status), in order
         threading.Thread(target=self._watch, daemon=True, name=f"watch {namespace}/{name}").start()
 
@@ -203,11 +201,15 @@ class StatusWatch:
         if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
             return  # a watch error or bookmark: the next watch starts afresh
         gone = event.get("type") == "DELETED"
+        status = {} if gone else dict((event.get("object") or {}).get("status") or {})
         with self._changed:
-            self.status = {} if gone else dict((event.get("object") or {}).get("status") or {})
-            self.changes += 1
-            self._delivered.append((time.monotonic(), self.status))
+            self._delivered.append((time.monotonic(), status))
             self._changed.notify_all()
+
+    @property
+    def changes(self) -> int:
+        """Statuses delivered so far."""
+        return len(self._delivered)
 
     def agreeing_since(self, agrees: Callable[[dict[str, Any]], bool]) -> float | None:
         """When the statuses delivered began to agree without a break up to the last one (None:
