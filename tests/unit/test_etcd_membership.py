@@ -127,7 +127,7 @@ def listed_by(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Members asked for the membership; e-1 cannot say (no leader), the others list it."""
     asked: list[str] = []
 
-    async def member_list_at(url: str, tls: object) -> MemberList | None:
+    async def member_list_at(url: str, tls: object, linearizable: bool = True) -> MemberList | None:
         asked.append(url)
         return None if url == "http://e-1:2379" else members(3)
 

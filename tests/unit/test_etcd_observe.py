@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kustos.api.etcd import EtcdCluster, MemberStatus
+from kustos.api.etcd import EtcdCluster, EtcdClusterStatus, MemberStatus
 from kustos.etcd import membership, planner
 from kustos.etcd.client import Member, MemberList, Status
 from kustos.etcd.observe import (
@@ -302,7 +302,7 @@ async def test_a_pod_gone_while_the_statuses_were_asked_is_brought_back_by_that_
     def views_now() -> tuple[planner.PodView, ...]:
         return tuple(v for p in observer.pods_of(cluster) if (v := observer.pod_view(cluster, p)) is not None)
 
-    async def member_list_at(url: str, tls: object) -> MemberList:
+    async def member_list_at(url: str, tls: object, linearizable: bool = True) -> MemberList:
         return LISTED
 
     monkeypatch.setattr(membership, "member_list_at", member_list_at)
@@ -317,6 +317,61 @@ async def test_a_pod_gone_while_the_statuses_were_asked_is_brought_back_by_that_
         )
     etcd = EtcdView(members, said, said)
     assert planner.plan(replace(observed, members=member_views(etcd))) == planner.RecreatePod("e-1", 2)
+
+
+async def the_leaders_pod_gone(
+    monkeypatch: pytest.MonkeyPatch, failed_long_ago: bool
+) -> tuple[planner.Observed, list[bool]]:
+    """The pass after the leader's (e-0's) pod went: e-1 and e-2 answer their status, but
+    elect a leader only once the pass gives up on their linearizable list (each list asked is
+    noted, True for a linearizable one); their own lists answer at once."""
+    cluster, observer, pods, labelled = await three_member_pods()
+    recorded = [
+        {"name": f"e-{i}", "id": f"{i + 1:x}", "clientUrl": f"http://10.0.0.{i}:2379", "healthy": i > 0,
+         "leader": i == 0, "unhealthySince": "2026-11-22T11:00:00Z" if failed_long_ago and i == 0 else None}
+        for i in range(3)
+    ]  # fmt: skip
+    cluster = cluster.model_copy(update={"status": EtcdClusterStatus.model_validate(
+        {"clusterId": "1", "members": recorded})})  # fmt: skip
+    await _event(pods, "DELETED", labelled[0])
+    elected, lists = asyncio.Event(), []
+
+    async def cluster_health(urls: list[str], *_: object) -> dict[str, Status]:
+        return {u: status(int(u.split(".")[3].split(":")[0]) + 1, 0) for u in urls}  # no leader
+
+    async def member_list_at(url: str, tls: object, linearizable: bool = True) -> MemberList:
+        lists.append(linearizable)
+        if linearizable:
+            await elected.wait()
+        return LISTED
+
+    monkeypatch.setattr("kustos.etcd.observe.cluster_health", cluster_health)
+    monkeypatch.setattr(membership, "member_list_at", member_list_at)
+    observing = asyncio.ensure_future(observer.observe(cluster, datetime(2026, 11, 22, 12, 0, 1, tzinfo=UTC)))
+    await asyncio.sleep(0.05)
+    elected.set()
+    observed, _, _ = await observing
+    return observed, lists
+
+
+async def test_the_leaders_pod_gone_is_brought_back_on_a_members_own_list_without_waiting_for_the_election(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A linearizable list waits for the survivors' election (a second or more); the member
+    whose pod went came back only after it. Its own list from a survivor brings it back at once."""
+    observed, lists = await the_leaders_pod_gone(monkeypatch, failed_long_ago=False)
+    assert lists == [False] and not observed.members_confirmed
+    assert planner.plan(observed) == planner.RecreatePod("e-0", 1)
+
+
+async def test_a_member_its_own_list_would_not_bring_back_waits_for_the_leaders_word(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """e-0 failed long before its pod went: with quorum it is removed, not brought back, and
+    that is decided on a leader's list only."""
+    observed, lists = await the_leaders_pod_gone(monkeypatch, failed_long_ago=True)
+    assert lists == [False, True] and observed.members_confirmed
+    assert isinstance(planner.plan(observed), planner.RemoveMember)
 
 
 async def test_members_whose_etcd_started_while_the_list_waited_for_a_leader_are_asked_too(
@@ -335,7 +390,7 @@ async def test_members_whose_etcd_started_while_the_list_waited_for_a_leader_are
         asked.extend(urls)
         return {u: status(int(u.split(".")[3].split(":")[0]) + 1, 1) for u in urls}
 
-    async def member_list_at(url: str, tls: object) -> MemberList:
+    async def member_list_at(url: str, tls: object, linearizable: bool = True) -> MemberList:
         for back in labelled[1:]:  # they start, and elect a leader with e-0
             back["status"] = labelled[0]["status"] | {"podIP": back["status"]["podIP"]}  # type: ignore[index]
             await _event(pods, "MODIFIED", back)

@@ -96,6 +96,21 @@ def test_a_learner_not_caught_up_is_asked_again_soon_only_while_its_etcd_has_jus
     assert planner.learner_look(observed(members, pods, 3), "gone") == 1.0
 
 
+def test_a_members_own_list_during_an_election_brings_the_leader_back_and_does_nothing_else() -> None:
+    """The leader's pod deleted: the survivors elect for a second, and a member's own (serializable)
+    list is all the pass has. It brings the leader back on its volume; with nothing to bring back
+    the pass does not act on that list (a dead member is removed on a leader's word only)."""
+    members, pods = healthy_cluster(3, leader=0)
+    members[0] = dataclasses.replace(members[0], healthy=False, leader=False)
+    electing = observed(members, pods[1:], 3, storage="pvc", members_confirmed=False)
+    assert plan(electing) == planner.RecreatePod("e-0", 100)
+    # e-0 failed long ago: with quorum rule 7 would remove it, which needs the leader's list.
+    dead = dataclasses.replace(electing, unhealthy_since={"e-0": NOW - 2 * TIMEOUT})
+    assert planner.back_on_volumes(dead) is None
+    assert isinstance(plan(dead), planner.Wait)
+    assert isinstance(plan(dataclasses.replace(dead, members_confirmed=True)), planner.RemoveMember)
+
+
 def test_after_a_quorum_loss_every_member_comes_back_on_its_volume_before_any_is_annotated() -> None:
     """Two of three pods deleted: the first member back (and answering, with the survivor a quorum
     again) is annotated only once the second is recreated, so the second is not a pass later."""

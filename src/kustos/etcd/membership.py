@@ -75,11 +75,14 @@ async def statuses_of(
     return {url: s for url, s in answers.items() if isinstance(s, Status)}
 
 
-async def member_list_at(url: str, tls: EtcdTLS | None) -> MemberList | None:
-    """The membership as the member at ``url`` lists it; None when it cannot say."""
+async def member_list_at(url: str, tls: EtcdTLS | None, linearizable: bool = True) -> MemberList | None:
+    """The membership as the member at ``url`` lists it; None when it cannot say.
+
+    ``linearizable=False``: the membership the member itself has applied, answered at once,
+    even while the cluster elects a leader (a linearizable list waits for one)."""
     try:
         async with EtcdClient(url, tls, timeout=LIST_TIMEOUT) as client:
-            return await client.member_list()
+            return await client.member_list(linearizable)
     except (EtcdError, OSError, TimeoutError):
         return None
 
@@ -88,6 +91,7 @@ async def member_list(
     statuses: Mapping[str, Status],
     tls: EtcdTLS | None,
     asked: tuple[str, asyncio.Future[MemberList | None]] | None = None,
+    linearizable: bool = True,
 ) -> MemberList | None:
     """The membership, from the first member that can say (voters first: a learner refuses).
 
@@ -102,7 +106,7 @@ async def member_list(
             return found
         order = [u for u in order if u != url]
     for url in order:
-        if (found := await member_list_at(url, tls)) is not None:
+        if (found := await member_list_at(url, tls, linearizable)) is not None:
             return found
     return None
 

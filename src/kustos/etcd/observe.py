@@ -256,6 +256,14 @@ def client_urls_of(base: Observed, views: tuple[PodView, ...]) -> dict[str, str]
     return {v.name: url for v in views if not v.deleting and (url := planner.client_url(base, v)) is not None}
 
 
+def listed_already(asked: tuple[str, asyncio.Future[MemberList | None]] | None, etcd: EtcdView) -> bool:
+    """The list asked beside the statuses (``observe``) has answered, from a member that answered
+    its status too: ``membership.member_list`` takes it at once."""
+    if asked is None or asked[0] not in etcd.statuses or not asked[1].done() or asked[1].cancelled():
+        return False
+    return asked[1].result() is not None
+
+
 def recorded_leader(recorded: list[MemberStatus], asking: list[str], just_started: list[str]) -> str | None:
     """The client URL of the member the status last recorded as the healthy leader, when its
     pod's etcd runs and did not just start: the member most likely to list the membership at
@@ -420,7 +428,10 @@ class Observer:
         unanswerable. Before, a quorum lost on volumes waited for a list asked while the pods
         were stopping, its whole ``LIST_TIMEOUT``, before their members were brought back. The
         last attempt is waited for whatever happens. ``asked``: the first attempt's list from
-        one member, already on its way (``observe``)."""
+        one member, already on its way (``observe``).
+
+        A recorded member without a pod is brought back on a member's own list when that list
+        says it may be (``_applied_membership``): the members are not confirmed then."""
         key = objects.key(cluster)
         for attempt in range(1, LIST_ATTEMPTS + 1):
             if went.is_set():
@@ -429,13 +440,40 @@ class Observer:
             if planner.membership_unanswerable(known):
                 log.info("%s: not listing the members: too few voters have an etcd running", key)
                 return None, known
-            listing = membership.member_list(etcd.statuses, etcd.client_tls, asked if attempt == 1 else None)
+            early = asked if attempt == 1 else None
+            if planner.recorded_member_without_pod(known) and not listed_already(early, etcd):
+                applied = await self._applied_membership(cluster, known, etcd)
+                if applied is not None:
+                    return applied, replace(known, members_confirmed=False)
+            listing = membership.member_list(etcd.statuses, etcd.client_tls, early)
             if attempt == LIST_ATTEMPTS:
                 break
             listed, dropped = await unless_set(listing, went)
             if not dropped:
                 return listed, known
         return await listing, known
+
+    async def _applied_membership(
+        self, cluster: EtcdCluster, known: Observed, etcd: EtcdView
+    ) -> MemberList | None:
+        """The membership as a member has applied it (a serializable list), when on it rule 1b
+        brings a member back on its volume (``planner.back_on_volumes``); else None.
+
+        A linearizable list waits for a leader. The leader's pod deleted (alone, or with a
+        follower's as in a lost quorum) left the survivors electing for a second or more, and the
+        member whose pod went was brought back only after the election, its etcd starting once
+        the cluster had a leader again: 0.3-1.2 s of issue 28's quorum-loss step. A member's own
+        list answers at once. It may lag a membership change the old leader committed, which
+        cannot make this step wrong: a member brought back that was removed meanwhile is refused
+        by its peers, and the next pass, on a confirmed list, deletes its pod."""
+        listed = await membership.member_list(etcd.statuses, etcd.client_tls, linearizable=False)
+        if listed is None:
+            return None
+        members = member_views(replace(etcd, members=listed))
+        recorded = (cluster.status or EtcdClusterStatus()).members
+        since = unhealthy_since(members, recorded, known.pods, known.now)
+        candidate = replace(known, members=members, unhealthy_since=since, members_confirmed=False)
+        return listed if planner.back_on_volumes(candidate) is not None else None
 
     async def _ask_started_since(
         self,

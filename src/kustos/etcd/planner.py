@@ -92,6 +92,9 @@ GROWTH_LOOK = 0.5
 # LEARNER_FRESH; after that (a learner receiving a large snapshot) once a second.
 LEARNER_CATCH_UP = 0.25
 LEARNER_FRESH = timedelta(seconds=5)
+# A pass that had only a member's own (unconfirmed) membership, and nothing to bring back on it,
+# looks again this soon: an election takes etcd a second or two.
+UNCONFIRMED_LOOK = 0.25
 # A member volume is only ever collected this long after its creation (caches may not show
 # the pod of a claim created a moment ago).
 CLAIM_GRACE = timedelta(seconds=20)
@@ -150,6 +153,9 @@ class Observed:
     now: datetime
     pods: tuple[PodView, ...] = ()
     members: tuple[MemberView, ...] | None = None  # None: no member answered
+    # False: ``members`` is one member's own applied view (a serializable list, answered during an
+    # election), asked only to bring members back on their volumes (``back_on_volumes``).
+    members_confirmed: bool = True
     next_index: int = 0
     ever_formed: bool = False  # the cluster had a membership once (status.clusterID set)
     unhealthy_since: dict[str, datetime] = field(default_factory=dict)  # by member name
@@ -384,28 +390,38 @@ def is_dead(o: Observed, member: MemberView, pod: PodView | None) -> bool:
     return since is not None and o.now - since >= o.failure_timeout
 
 
+def back_on_volumes(o: Observed) -> RecreatePod | None:
+    """Rule 1b: PVC-backed members whose pod is gone come back on their volumes, before any
+    bookkeeping (2, 2b): each is the same member with its data, often what restores quorum, and
+    after a quorum loss the first member back must not hold the next one up by a pass. With
+    quorum lost even a dead member comes back (removing it is impossible); with quorum, rule 7
+    removes a dead one."""
+    if o.members is None or o.storage != "pvc":
+        return None
+    pods = match_pods(o, o.members)
+    voters = [m for m in o.members if not m.learner]
+    quorum_lost = sum(1 for m in voters if m.healthy) < quorum(len(voters))
+    existing_names = {p.name for p in o.pods}
+    return _recreate([
+        (m.name, m.id)
+        for m in o.members
+        if m.name and m.id not in pods and m.name not in existing_names
+        and m.id not in o.external_ids and (quorum_lost or not is_dead(o, m, None))
+    ])  # fmt: skip
+
+
 def plan(o: Observed) -> Step:
     if o.members is None:
         return _plan_without_membership(o)
+    if (recreate := back_on_volumes(o)) is not None:
+        return recreate
+    if not o.members_confirmed:  # the observer asks such a list only for rule 1b: never acted on
+        return Wait("the membership is not confirmed by a leader yet", UNCONFIRMED_LOOK)
     members = o.members
     pods = match_pods(o, members)
     voters = [m for m in members if not m.learner]
     healthy_voters = [m for m in voters if m.healthy]
     quorum_lost = len(healthy_voters) < quorum(len(voters))
-
-    # 1b. A PVC-backed member whose pod is gone comes back on its volume before any bookkeeping
-    # (2, 2b): it is the same member with its data, often what restores quorum, and after a quorum
-    # loss the first member back must not hold the next one up by a pass. With quorum lost even a
-    # dead member comes back (removing it is impossible); with quorum, rule 7 removes a dead one.
-    existing_names = {p.name for p in o.pods}
-    back = [
-        (m.name, m.id)
-        for m in members
-        if o.storage == "pvc" and m.name and m.id not in pods and m.name not in existing_names
-        and m.id not in o.external_ids and (quorum_lost or not is_dead(o, m, None))
-    ]  # fmt: skip
-    if (recreate := _recreate(back)) is not None:
-        return recreate
 
     # 2. Record membership on pods.
     for m in members:
@@ -737,6 +753,14 @@ def _plan_without_membership(o: Observed) -> Step:
     return QuorumLost("no member of the cluster answers", seconds=_starting_look(o))
 
 
+def recorded_member_without_pod(o: Observed) -> bool:
+    """A PVC-backed member the status recorded has no pod: one rule 1b may bring back."""
+    if not (o.ever_formed and o.storage == "pvc") or o.external_ids:
+        return False
+    present = {p.name for p in o.pods}
+    return any(name not in present for name, _ in o.recorded_members)
+
+
 def membership_unanswerable(o: Observed) -> bool:
     """Whether asking the membership is sure to fail, and failing leads where the pods tell
     already: a PVC-backed member to bring back (``_plan_without_membership``).
@@ -747,10 +771,7 @@ def membership_unanswerable(o: Observed) -> bool:
     hangs until its timeout (``LIST_TIMEOUT``, 2 s: a survivor that led keeps naming itself
     leader meanwhile), and then the same member comes back. So this says yes only when a
     recorded member has no pod; otherwise the list's own answer (or its timeout) decides."""
-    if not (o.ever_formed and o.storage == "pvc" and o.recorded_voters) or o.external_ids:
-        return False
-    present = {p.name for p in o.pods}
-    if all(name in present for name, _ in o.recorded_members):
+    if not (o.recorded_voters and recorded_member_without_pod(o)):
         return False
     able = {p.name for p in o.pods if p.running}  # a stopping pod counts while its container runs
     return sum(1 for v in o.recorded_voters if v in able) < quorum(len(o.recorded_voters))
