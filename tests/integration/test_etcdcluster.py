@@ -91,30 +91,34 @@ async def test_deleted_pod_is_replaced(kubectl: Kubectl, operator: OperatorProce
     assert_consistent(kubectl, "d", 3, status)
 
 
-async def test_a_pvc_member_whose_pod_is_deleted_comes_back_with_its_data(
+async def test_the_leaders_pvc_member_whose_pod_is_deleted_comes_back_with_its_data(
     kubectl: Kubectl, operator: OperatorProcess
 ) -> None:
+    """The leader's pod: the survivors elect a new leader meanwhile, and the member is brought back
+    on a survivor's own list during that election (observe.py), as the same member."""
     kubectl.apply(etcd_cluster("p", 3, storage={"type": "pvc", "size": "1Gi"}, memberFailureTimeout="60s"))
     status = await wait_healthy(kubectl, "p", 3)
     before = {m["name"]: m["id"] for m in status["members"]}
     async with EtcdClient(status["members"][0]["clientUrl"]) as client:
         await client.put("kept", "on the volume")
-    old_uid = kubectl.get("pod", "p-1")["metadata"]["uid"]  # before: the pod may be gone at once
-    kubectl("delete", "pod", "p-1", "--wait=false")
+        said = await client.status()
+        leader = next(m.name for m in (await client.member_list()).members if m.id == said.leader_id)
+    old_uid = kubectl.get("pod", leader)["metadata"]["uid"]  # before: the pod may be gone at once
+    kubectl("delete", "pod", leader, "--wait=false")
 
     async def back() -> dict[str, Any] | None:
         current = status_of(kubectl, "p")
         members = {m["name"]: m for m in current.get("members") or []}
-        pod = kubectl.get("pods", None, "-l", "kustos.dev/member=p-1")["items"]
+        pod = kubectl.get("pods", None, "-l", f"kustos.dev/member={leader}")["items"]
         fresh = pod and pod[0]["metadata"]["uid"] != old_uid
-        ok = fresh and "p-1" in members and members["p-1"]["healthy"] and current.get("ready") == "3/3"
+        ok = fresh and leader in members and members[leader]["healthy"] and current.get("ready") == "3/3"
         return current if ok else None
 
-    status = await wait_until(back, "p-1 back on its volume", timeout=90, cluster=kubectl.cluster,
+    status = await wait_until(back, f"{leader} back on its volume", timeout=90, cluster=kubectl.cluster,
                               namespace=kubectl.namespace)  # fmt: skip
     # The same member (same ID, same name): not a replacement.
     assert {m["name"]: m["id"] for m in status["members"]} == before
-    member = next(m for m in status["members"] if m["name"] == "p-1")
+    member = next(m for m in status["members"] if m["name"] == leader)
 
     async def kept_value() -> bytes | None:
         # Its own answer (serializable) from its own data; tolerate a restart of the fresh
@@ -126,7 +130,7 @@ async def test_a_pvc_member_whose_pod_is_deleted_comes_back_with_its_data(
             return None
         return kv.value if kv is not None else b"<missing>"
 
-    value = await wait_until(kept_value, "p-1 to answer from its volume", timeout=30)
+    value = await wait_until(kept_value, f"{leader} to answer from its volume", timeout=30)
     assert value == b"on the volume"
     assert "MemberPodRecreated" in kubectl("get", "events", "--field-selector", "involvedObject.name=p")
 
