@@ -281,14 +281,16 @@ def run_round(cluster: ReadingCluster, system: System, namespace: str) -> None:
         action()
         ended = until_healthy(cluster, system, watch, namespace, name, size)
         system.record(row, ended - started)
+        parts = ""  # the two parts of a deletion step, printed to the millisecond
         if row in GONE_ROWS:
             deleting.join()
             if gone:  # else they outlived the wait, which said so
                 system.record(GONE_ROWS[row], gone[-1] - started)
                 system.record(AFTER_ROWS[row], ended - gone[-1])
+                parts = f" (gone after {gone[-1] - started:.3f} s, healthy {ended - gone[-1]:.3f} s later)"
         if row == STEPS[0]:
             system.record(CPU_ROW, cpu_seconds(system.pid()) - cpu)
-        print(f"  {system.name} {namespace}: {row}: {ended - started:.1f} s", flush=True)
+        print(f"  {system.name} {namespace}: {row}: {ended - started:.1f} s{parts}", flush=True)
         time.sleep(6)  # etcd's 5 s after a member (re)joins, before the next step's change
 
     timed(STEPS[0], lambda: apply(3), 3)
@@ -349,7 +351,8 @@ def table(systems: list[System]) -> str:
     )
     for row in (*rows, CPU_ROW, "idle RSS (MiB)", "idle CPU per 10 s"):
         medians = [statistics.median(s.figures[row]) if s.figures.get(row) else None for s in systems]
-        cells = [("—" if m is None else f"{m:.2f}" if "CPU" in row else f"{m:.1f}") for m in medians]
+        fine = "CPU" in row or row in AFTER_ROWS.values()  # tenths would hide what the ratio says
+        cells = [("—" if m is None else f"{m:.2f}" if fine else f"{m:.1f}") for m in medians]
         if len(systems) == 2:
             k, o = medians
             cells.append(f"{k / o:.2f}" if k is not None and o else "—")
