@@ -322,9 +322,9 @@ async def test_a_pod_gone_while_the_statuses_were_asked_is_brought_back_by_that_
 async def the_leaders_pod_gone(
     monkeypatch: pytest.MonkeyPatch, failed_long_ago: bool
 ) -> tuple[planner.Observed, list[bool]]:
-    """The pass after the leader's (e-0's) pod went: e-1 and e-2 answer their status, but
-    elect a leader only once the pass gives up on their linearizable list (each list asked is
-    noted, True for a linearizable one); their own lists answer at once."""
+    """The pass after the leader's (e-0's) pod went: e-1 and e-2 answer their status with no
+    leader, and their linearizable list answers once they have elected one, 50 ms into the
+    pass; their own lists answer at once. Each list asked is noted, True for a linearizable one."""
     cluster, observer, pods, labelled = await three_member_pods()
     recorded = [
         {"name": f"e-{i}", "id": f"{i + 1:x}", "clientUrl": f"http://10.0.0.{i}:2379", "healthy": i > 0,
