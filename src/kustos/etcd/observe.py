@@ -312,6 +312,13 @@ def unhealthy_since(
     return found
 
 
+def with_members(known: Observed, etcd: EtcdView, recorded: list[MemberStatus]) -> Observed:
+    """``known`` with the membership etcd reported and since when each unhealthy member was so."""
+    members = member_views(etcd)
+    since = unhealthy_since(members, recorded, known.pods, known.now)
+    return replace(known, members=members, unhealthy_since=since)
+
+
 # ---- pods and volumes -------------------------------------------------------------------------
 
 
@@ -469,10 +476,8 @@ class Observer:
         listed = await membership.member_list(etcd.statuses, etcd.client_tls, linearizable=False)
         if listed is None:
             return None
-        members = member_views(replace(etcd, members=listed))
         recorded = (cluster.status or EtcdClusterStatus()).members
-        since = unhealthy_since(members, recorded, known.pods, known.now)
-        candidate = replace(known, members=members, unhealthy_since=since, members_confirmed=False)
+        candidate = with_members(known, replace(etcd, members=listed), recorded)
         return listed if planner.back_on_volumes(candidate) is not None else None
 
     async def _ask_started_since(
@@ -601,9 +606,8 @@ class Observer:
             etcd.cluster_version = await ask_cluster_version(etcd.statuses, etcd.client_tls)
         downgrade_enabled = any(s.downgrade_enabled for s in etcd.statuses.values())
         walk = chain.progress(cluster, etcd.cluster_version, downgrade_enabled, now)
-        members = member_views(etcd)
         observed = replace(
-            known, members=members, unhealthy_since=unhealthy_since(members, status.members, known.pods, now),
-            version=walk.version, hold=walk.hold, rollback=walk.rollback, downgrade_enabled=downgrade_enabled,
+            with_members(known, etcd, status.members), version=walk.version, hold=walk.hold,
+            rollback=walk.rollback, downgrade_enabled=downgrade_enabled,
         )  # fmt: skip
         return observed, etcd, client_urls

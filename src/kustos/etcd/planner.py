@@ -396,15 +396,22 @@ def back_on_volumes(o: Observed) -> RecreatePod | None:
     after a quorum loss the first member back must not hold the next one up by a pass. With
     quorum lost even a dead member comes back (removing it is impossible); with quorum, rule 7
     removes a dead one."""
-    if o.members is None or o.storage != "pvc":
+    if o.members is None:
         return None
-    pods = match_pods(o, o.members)
     voters = [m for m in o.members if not m.learner]
     quorum_lost = sum(1 for m in voters if m.healthy) < quorum(len(voters))
+    return _back_on_volumes(o, o.members, match_pods(o, o.members), quorum_lost)
+
+
+def _back_on_volumes(
+    o: Observed, members: tuple[MemberView, ...], pods: dict[int, PodView], quorum_lost: bool
+) -> RecreatePod | None:
+    if o.storage != "pvc":
+        return None
     existing_names = {p.name for p in o.pods}
     return _recreate([
         (m.name, m.id)
-        for m in o.members
+        for m in members
         if m.name and m.id not in pods and m.name not in existing_names
         and m.id not in o.external_ids and (quorum_lost or not is_dead(o, m, None))
     ])  # fmt: skip
@@ -413,15 +420,17 @@ def back_on_volumes(o: Observed) -> RecreatePod | None:
 def plan(o: Observed) -> Step:
     if o.members is None:
         return _plan_without_membership(o)
-    if (recreate := back_on_volumes(o)) is not None:
-        return recreate
-    if not o.members_confirmed:  # the observer asks such a list only for rule 1b: never acted on
-        return Wait("the membership is not confirmed by a leader yet", UNCONFIRMED_LOOK)
     members = o.members
     pods = match_pods(o, members)
     voters = [m for m in members if not m.learner]
     healthy_voters = [m for m in voters if m.healthy]
     quorum_lost = len(healthy_voters) < quorum(len(voters))
+
+    # 1b (``back_on_volumes``).
+    if (recreate := _back_on_volumes(o, members, pods, quorum_lost)) is not None:
+        return recreate
+    if not o.members_confirmed:  # the observer asks such a list only for rule 1b: never acted on
+        return Wait("the membership is not confirmed by a leader yet", UNCONFIRMED_LOOK)
 
     # 2. Record membership on pods.
     for m in members:
