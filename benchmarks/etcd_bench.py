@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 
-from kustos.api import RESOURCES
+from kustos.api.resources import RESOURCES
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig
 from kustos.devcluster.kwokconfig import Timings

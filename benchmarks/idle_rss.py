@@ -144,7 +144,7 @@ def idle(cluster: DevCluster, controllers: str, env: dict[str, str], source: Pat
 
 
 def apply_crds(cluster: DevCluster) -> None:
-    from kustos.api import RESOURCES
+    from kustos.api.resources import RESOURCES
     from kustos.runtime.crd import render_crds
 
     cluster.kubectl("apply", "--server-side", "-f", "-", input_text=render_crds(RESOURCES))

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from benchmarks.etcd_bench import REPO, bench_cluster
-from kustos.api import RESOURCES
+from kustos.api.resources import RESOURCES
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster, DevClusterConfig
 from kustos.devcluster.kwokconfig import MANAGED_LABEL, Timings

@@ -84,7 +84,7 @@ def rss_mib(pid: int) -> float:
 
 
 def rollout(workers: int, control_plane: int, surge: int, ready_after: float) -> None:
-    from kustos.api import RESOURCES
+    from kustos.api.resources import RESOURCES
     from kustos.devcluster import binaries
     from kustos.devcluster.cluster import DevCluster, DevClusterConfig
     from kustos.devcluster.kwokconfig import Timings

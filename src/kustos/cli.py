@@ -382,7 +382,7 @@ def crds(
     ] = None,
 ) -> None:
     """Print the CustomResourceDefinitions generated from the models in kustos.api."""
-    from kustos.api import RESOURCES
+    from kustos.api.resources import RESOURCES
     from kustos.runtime.crd import render_crds, write_crds
 
     if write is None:

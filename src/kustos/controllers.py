@@ -22,14 +22,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kustos.api.autoscaling import AutoscalingStrategy
-from kustos.api.maintenance import MaintenancePolicy
-from kustos.api.nodeimage import NodeImage
-from kustos.api.nodejob import NodeJob
-from kustos.api.pendingnode import PendingNode
-from kustos.api.scalinggroup import ScalingGroup
-from kustos.api.storage import StorageCluster
-from kustos.api.storageupgrade import StorageUpgrade
+from kustos.api import refs
 from kustos.metrics import collector as domain_metrics
 from kustos.runtime.deps import Deps
 from kustos.runtime.informer import ResourceRef
@@ -57,16 +50,16 @@ CONTROLLERS: dict[str, Family] = {
     "etcdbackup": Family("kustos.etcd.backup_controller:register"),
     "etcdmaintenance": Family("kustos.etcd.defragmentation_controller:register"),
     "storagecluster": Family(
-        "kustos.storage.controller:register", StorageCluster.crd.ref, "kustos.storage.webhook:register"
+        "kustos.storage.controller:register", refs.STORAGE_CLUSTERS, "kustos.storage.webhook:register"
     ),
-    "nodejob": Family("kustos.nodejob.controller:register", NodeJob.crd.ref),
-    "storageupgrade": Family("kustos.storage.upgrade_controller:register", StorageUpgrade.crd.ref),
-    "maintenance": Family("kustos.maintenance.controller:register", MaintenancePolicy.crd.ref),
-    "nodeimage": Family("kustos.nodes.nodeimage.controller:register", NodeImage.crd.ref),
-    "scalinggroup": Family("kustos.nodes.scalinggroup.controller:register", ScalingGroup.crd.ref),
-    "pendingnode": Family("kustos.nodes.pendingnode.controller:register", PendingNode.crd.ref),
+    "nodejob": Family("kustos.nodejob.controller:register", refs.NODE_JOBS),
+    "storageupgrade": Family("kustos.storage.upgrade_controller:register", refs.STORAGE_UPGRADES),
+    "maintenance": Family("kustos.maintenance.controller:register", refs.MAINTENANCE_POLICIES),
+    "nodeimage": Family("kustos.nodes.nodeimage.controller:register", refs.NODE_IMAGES),
+    "scalinggroup": Family("kustos.nodes.scalinggroup.controller:register", refs.SCALING_GROUPS),
+    "pendingnode": Family("kustos.nodes.pendingnode.controller:register", refs.PENDING_NODES),
     "autoscalingstrategy": Family(
-        "kustos.nodes.autoscaling.controller:register", AutoscalingStrategy.crd.ref
+        "kustos.nodes.autoscaling.controller:register", refs.AUTOSCALING_STRATEGIES
     ),
     "envoyrestart": Family("kustos.maintenance.envoy_controller:register"),
     "imageoverrides": Family("kustos.maintenance.image_overrides_controller:register"),

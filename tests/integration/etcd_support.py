@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from kustos.api import RESOURCES
+from kustos.api.resources import RESOURCES
 from kustos.devcluster import binaries
 from kustos.devcluster.binaries import binary_path
 from kustos.devcluster.cluster import DevCluster

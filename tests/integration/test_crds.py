@@ -15,7 +15,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 from pydantic import Field
 
-from kustos.api import RESOURCES
+from kustos.api.resources import RESOURCES
 from kustos.devcluster.cluster import DevCluster, DevClusterError
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, ScaleSubresource, crd_for, render_crds
 from tests.example.api import Example

@@ -35,7 +35,10 @@ from lightkube.generic_resource import create_global_resource, create_namespaced
 from lightkube.types import PatchType
 from pydantic import ValidationError
 
-from kustos.api import RESOURCES, EtcdCluster, NodeJob, StorageCluster
+from kustos.api.etcd import EtcdCluster
+from kustos.api.nodejob import NodeJob
+from kustos.api.resources import RESOURCES
+from kustos.api.storage import StorageCluster
 from kustos.runtime.crd import CustomResource, crd_for
 from kustos.runtime.reconciler import invalid_spec
 from tests.integration.conftest import Kubectl

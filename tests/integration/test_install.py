@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kustos.api import RESOURCES
+from kustos.api.resources import RESOURCES
 from kustos.devcluster import binaries
 from kustos.devcluster.cluster import DevCluster
 from kustos.devcluster.ports import free_port

@@ -17,7 +17,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from kustos.api import RESOURCES
+from kustos.api.resources import RESOURCES
 from kustos.devcluster import binaries
 from kustos.etcd.evictions import eviction_webhook
 from kustos.etcd.webhook import webhooks as etcd_webhooks

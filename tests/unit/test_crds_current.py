@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kustos.api import RESOURCES
+from kustos.api import refs
+from kustos.api.resources import RESOURCES
 from kustos.runtime.crd import CustomResource, stale_crds, write_crds
+from kustos.runtime.refs import ResourceRef
 
 CRDS = Path(__file__).resolve().parents[2] / "deploy" / "crds"
 
@@ -32,3 +34,10 @@ def test_registry_holds_distinct_custom_resources() -> None:
     assert len(names) == len(set(names))
     kinds = [m.crd.kind for m in RESOURCES]
     assert len(kinds) == len(set(kinds))
+
+
+def test_every_kind_is_watched_by_the_coordinates_its_crd_declares() -> None:
+    """kustos.api.refs is how the operator watches a kind before its models are built: a kind
+    missing there, or declared apart from it, would be watched under a name no CRD serves."""
+    declared = {value for value in vars(refs).values() if isinstance(value, ResourceRef)}
+    assert {m.crd.ref for m in RESOURCES} == declared

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from kustos.api import refs
 from kustos.api.common import Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, list_map
 
@@ -40,12 +41,10 @@ class AutoscalingStrategyStatus(KubeModel):
 class AutoscalingStrategy(CustomResource[AutoscalingStrategySpec, AutoscalingStrategyStatus]):
     """The cluster-autoscaler kustos pauses during rollouts."""
 
-    crd = CRDInfo(
-        kind="AutoscalingStrategy",
-        plural="autoscalingstrategies",
+    crd = CRDInfo.of(
+        refs.AUTOSCALING_STRATEGIES,
         short_names=("as",),
         categories=("kustos",),
-        scope="Cluster",
         printer_columns=(
             PrinterColumn("ENABLED", ".spec.enabled", "boolean"),
             PrinterColumn("DEPLOYMENT", ".spec.deploymentName"),

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from kustos.api import refs
 from kustos.api.common import CRON_PATTERN, HTTP_URL_PATTERN, QUANTITY_PATTERN, Condition, Duration
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
@@ -119,9 +120,8 @@ class EtcdBackupStatus(KubeModel):
 class EtcdBackup(CustomResource[EtcdBackupSpec, EtcdBackupStatus]):
     """A snapshot of an EtcdCluster, verified and stored (on demand, or by the cluster's schedule)."""
 
-    crd = CRDInfo(
-        kind="EtcdBackup",
-        plural="etcdbackups",
+    crd = CRDInfo.of(
+        refs.ETCD_BACKUPS,
         short_names=("etcdbackup",),
         categories=("kustos",),
         printer_columns=(

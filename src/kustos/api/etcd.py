@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from kustos.api import refs
 from kustos.api.backup import BackupSchedule
 from kustos.api.common import CRON_PATTERN, ENDPOINT_PATTERN, QUANTITY_PATTERN, Condition, Duration
 from kustos.api.etcd_auth import AuthSpec
@@ -504,9 +505,8 @@ class EtcdClusterStatus(KubeModel):
 class EtcdCluster(CustomResource[EtcdClusterSpec, EtcdClusterStatus]):
     """An etcd cluster run by kustos."""
 
-    crd = CRDInfo(
-        kind="EtcdCluster",
-        plural="etcdclusters",
+    crd = CRDInfo.of(
+        refs.ETCD_CLUSTERS,
         short_names=("etcd", "etcdc"),
         categories=("kustos",),
         printer_columns=(

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from kustos.api import refs
 from kustos.api.common import Condition, Duration
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, list_map
 
@@ -318,12 +319,10 @@ class MaintenancePolicyStatus(KubeModel):
 class MaintenancePolicy(CustomResource[MaintenancePolicySpec, MaintenancePolicyStatus]):
     """Node maintenance for the whole cluster; only the one named default is acted on."""
 
-    crd = CRDInfo(
-        kind="MaintenancePolicy",
-        plural="maintenancepolicies",
+    crd = CRDInfo.of(
+        refs.MAINTENANCE_POLICIES,
         short_names=("mp",),
         categories=("kustos",),
-        scope="Cluster",
         printer_columns=(
             PrinterColumn("PURGE", ".spec.shouldEnablePurgeNodes", "boolean"),
             PrinterColumn("TOLERATION", ".spec.nodeUnreachableToleration"),

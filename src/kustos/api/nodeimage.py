@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from kustos.api import refs
 from kustos.api.common import Condition, Duration
 from kustos.runtime.crd import (
     CRDInfo,
@@ -172,12 +173,10 @@ class NodeImageStatus(KubeModel):
 class NodeImage(CustomResource[NodeImageSpec, NodeImageStatus]):
     """The image every node should run; outdated nodes are replaced."""
 
-    crd = CRDInfo(
-        kind="NodeImage",
-        plural="nodeimages",
+    crd = CRDInfo.of(
+        refs.NODE_IMAGES,
         short_names=("ni",),
         categories=("kustos",),
-        scope="Cluster",
         printer_columns=(
             PrinterColumn("IMAGE", ".spec.image"),
             PrinterColumn("PROGRESS", ".status.progress", description="Up-to-date nodes over all nodes"),

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from kustos.api import refs
 from kustos.api.common import Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
@@ -125,9 +126,8 @@ class NodeJobStatus(KubeModel):
 class NodeJob(CustomResource[NodeJobSpec, NodeJobStatus]):
     """A container run once on every selected node, done when each pod's log shows a word."""
 
-    crd = CRDInfo(
-        kind="NodeJob",
-        plural="nodejobs",
+    crd = CRDInfo.of(
+        refs.NODE_JOBS,
         short_names=("nj",),
         categories=("kustos",),
         printer_columns=(

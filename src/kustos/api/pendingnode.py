@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from kustos.api import refs
 from kustos.api.common import Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, list_map
 
@@ -57,12 +58,10 @@ class PendingNodeStatus(KubeModel):
 class PendingNode(CustomResource[PendingNodeSpec, PendingNodeStatus]):
     """An instance joining or leaving the cluster."""
 
-    crd = CRDInfo(
-        kind="PendingNode",
-        plural="pendingnodes",
+    crd = CRDInfo.of(
+        refs.PENDING_NODES,
         short_names=("pn",),
         categories=("kustos",),
-        scope="Cluster",
         printer_columns=(
             PrinterColumn("GOAL", ".spec.goal"),
             PrinterColumn("NODE", ".spec.nodeName"),

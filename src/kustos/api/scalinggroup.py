@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from kustos.api import refs
 from kustos.api.common import Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
@@ -56,12 +57,10 @@ class ScalingGroupStatus(KubeModel):
 class ScalingGroup(CustomResource[ScalingGroupSpec, ScalingGroupStatus]):
     """A cloud provider instance group kustos keeps on its NodeImage's image."""
 
-    crd = CRDInfo(
-        kind="ScalingGroup",
-        plural="scalinggroups",
+    crd = CRDInfo.of(
+        refs.SCALING_GROUPS,
         short_names=("sg",),
         categories=("kustos",),
-        scope="Cluster",
         printer_columns=(
             PrinterColumn("ROLE", ".spec.role"),
             PrinterColumn("GROUP", ".spec.groupId"),

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from kustos.api import refs
 from kustos.api.common import Condition
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
@@ -215,9 +216,8 @@ class StorageClusterStatus(KubeModel):
 class StorageCluster(CustomResource[StorageClusterSpec, StorageClusterStatus]):
     """A clustered storage system run by kustos."""
 
-    crd = CRDInfo(
-        kind="StorageCluster",
-        plural="storageclusters",
+    crd = CRDInfo.of(
+        refs.STORAGE_CLUSTERS,
         short_names=("stc",),
         categories=("kustos",),
         printer_columns=(

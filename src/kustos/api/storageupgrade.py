@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
+from kustos.api import refs
 from kustos.api.common import Condition, Duration
 from kustos.runtime.crd import CRDInfo, CustomResource, KubeModel, PrinterColumn, Rule, kube_schema, list_map
 
@@ -69,9 +70,8 @@ class StorageUpgradeStatus(KubeModel):
 class StorageUpgrade(CustomResource[StorageUpgradeSpec, StorageUpgradeStatus]):
     """An offline upgrade of a StorageCluster: pre-pull, maintenance, scale down, roll, scale up."""
 
-    crd = CRDInfo(
-        kind="StorageUpgrade",
-        plural="storageupgrades",
+    crd = CRDInfo.of(
+        refs.STORAGE_UPGRADES,
         short_names=("supgrade",),
         categories=("kustos",),
         printer_columns=(

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from kustos.api import RESOURCES
+from kustos.api.resources import RESOURCES
 from kustos.install import dashboard
 from kustos.install.values import render_schema
 from kustos.runtime.crd import crd_for

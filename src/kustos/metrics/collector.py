@@ -10,17 +10,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, get_args
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
-from kustos.api.backup import EtcdBackup
-from kustos.api.etcd import EtcdCluster, EtcdClusterStatus
-from kustos.api.maintenance import MaintenancePolicy
-from kustos.api.nodeimage import NodeImage
-from kustos.api.storage import StorageCluster, StorageClusterStatus
+from kustos.api import refs
+from kustos.api.etcd import EtcdClusterStatus
 from kustos.metrics.facts import (
     BLOCKED_REASONS,
     EtcdClusterFacts,
@@ -37,13 +35,13 @@ from kustos.metrics.facts import (
 from kustos.runtime.clock import Clock, SystemClock
 from kustos.runtime.manager import Manager
 from kustos.runtime.observations import Observations
+from kustos.runtime.refs import ResourceRef
 
 log = logging.getLogger(__name__)
 
 Source = Callable[[], Iterable[Obj]]
 
 ETCD_PHASES: tuple[str, ...] = get_args(get_args(EtcdClusterStatus.model_fields["phase"].annotation)[0])
-STORAGE_PHASES: tuple[str, ...] = get_args(get_args(StorageClusterStatus.model_fields["phase"].annotation)[0])
 NODE_STATES = ("up_to_date", "outdated", "replacing", "pending", "invalid")
 
 # The observed figures (``runtime.observations``), which only the leading replica exports and
@@ -284,6 +282,16 @@ def maintenance_metrics(policies: Sequence[MaintenanceFacts]) -> Iterator[Metric
     yield from (dead, last, refusal, actions, purged)
 
 
+@cache
+def storage_phases() -> tuple[str, ...]:
+    """A StorageCluster's phases, read from its model once the first one is exported (its
+    models are built when its family loads, not by every operator: issue 28)."""
+    from kustos.api.storage import StorageClusterStatus
+
+    phases: tuple[str, ...] = get_args(get_args(StorageClusterStatus.model_fields["phase"].annotation)[0])
+    return phases
+
+
 def storage_metrics(clusters: Sequence[StorageClusterFacts]) -> Iterator[Metric]:
     nodes = _gauge("kustos_storagecluster_nodes", "Nodes the StorageCluster runs on", _NN)
     ready = _gauge("kustos_storagecluster_ready_nodes", "Nodes whose storage pod is ready", _NN)
@@ -294,7 +302,7 @@ def storage_metrics(clusters: Sequence[StorageClusterFacts]) -> Iterator[Metric]
         nn = [s.namespace, s.name]
         nodes.add_metric(nn, s.nodes)
         ready.add_metric(nn, s.ready_nodes)
-        for p in STORAGE_PHASES:
+        for p in storage_phases():
             phase.add_metric([*nn, p], int(s.phase == p))
     yield from (nodes, ready, phase)
 
@@ -345,18 +353,18 @@ def register(manager: Manager, controllers: Iterable[str], clock: Clock | None =
     chosen = set(controllers)
     sources = Sources(observations=manager.observations)
 
-    def cache(model: Any) -> Source:
-        return manager.informer(model.crd.ref).list
+    def from_informer(ref: ResourceRef) -> Source:
+        return manager.informer(ref).list
 
     if "etcdcluster" in chosen:
-        sources.etcd_clusters = cache(EtcdCluster)
-        sources.etcd_backups = cache(EtcdBackup)  # watched by the etcdcluster controller
+        sources.etcd_clusters = from_informer(refs.ETCD_CLUSTERS)
+        sources.etcd_backups = from_informer(refs.ETCD_BACKUPS)  # watched by the etcdcluster controller
     if "nodeimage" in chosen:
-        sources.node_images = cache(NodeImage)
+        sources.node_images = from_informer(refs.NODE_IMAGES)
     if "maintenance" in chosen:
-        sources.maintenance_policies = cache(MaintenancePolicy)
+        sources.maintenance_policies = from_informer(refs.MAINTENANCE_POLICIES)
     if "storagecluster" in chosen:
-        sources.storage_clusters = cache(StorageCluster)
+        sources.storage_clusters = from_informer(refs.STORAGE_CLUSTERS)
     collector = DomainCollector(sources, clock)
     manager.metrics.registry.register(collector)
     return collector

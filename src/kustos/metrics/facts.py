@@ -16,8 +16,6 @@ from pydantic import ValidationError
 from kustos.api.backup import BackupSchedule, EtcdBackup
 from kustos.api.etcd import EtcdCluster
 from kustos.api.maintenance import MaintenancePolicy
-from kustos.api.nodeimage import NodeImage
-from kustos.api.storage import StorageCluster
 from kustos.runtime import objects
 from kustos.runtime.observations import EtcdObservation
 from kustos.runtime.times import cron_ticks, parse_duration, parse_rfc3339
@@ -285,6 +283,10 @@ def blocked_reason(reason: str | None) -> str | None:
 
 
 def node_image_facts(obj: Obj) -> NodeImageFacts:
+    # Imported where used, as in storage_cluster_facts: a kind's models are built once its first
+    # object loads its family, not by every operator (issue 28, idle RSS).
+    from kustos.api.nodeimage import NodeImage
+
     image = NodeImage.model_validate(obj)
     s = image.status
     degraded = _true_condition(s.conditions, "Degraded") if s else None
@@ -320,6 +322,8 @@ def maintenance_facts(obj: Obj, counts: tuple[dict[tuple[str, str], int], int] =
 
 
 def storage_cluster_facts(obj: Obj) -> StorageClusterFacts:
+    from kustos.api.storage import StorageCluster
+
     storage = StorageCluster.model_validate(obj)
     s = storage.status
     health = s.node_health_status if s else {}

@@ -208,6 +208,23 @@ class CRDInfo:
     status_subresource: bool = True
     scale: ScaleSubresource | None = None
 
+    @classmethod
+    def of(
+        cls,
+        ref: ResourceRef,
+        *,
+        short_names: tuple[str, ...] = (),
+        categories: tuple[str, ...] = (),
+        printer_columns: tuple[PrinterColumn, ...] = (),
+    ) -> CRDInfo:
+        """The CRD of the kind at ``ref``: its identity declared where a controller can read it
+        without building the kind's models (kustos.api.refs)."""
+        return cls(
+            kind=ref.kind, plural=ref.plural, group=ref.group, version=ref.version,
+            scope="Namespaced" if ref.namespaced else "Cluster", short_names=short_names,
+            categories=categories, printer_columns=printer_columns,
+        )  # fmt: skip
+
     @property
     def name(self) -> str:
         """The CRD's own name, ``<plural>.<group>``."""
