@@ -595,6 +595,30 @@ def test_a_deleted_clusters_passwords_are_dropped_and_never_offered_at_its_old_a
     assert book.get("http://10.0.0.2:2379") == tuple(b) and book.get("http://10.0.0.3:2379") == tuple(b)
 
 
+async def test_a_cluster_version_not_decided_yet_is_none_said() -> None:
+    """Right after a start etcd's /version says "not_decided": no version, not a version named
+    so (an integration test of the downgrade API read it as one, and waited no longer)."""
+    from kustos.etcd.client import EtcdClient
+
+    handlers: list[asyncio.Task[Any]] = []
+    answers = {
+        b'{"etcdserver":"3.7.3","etcdcluster":"not_decided"}': "",
+        b'{"etcdserver":"3.7.3","etcdcluster":"3.7.0"}': "3.7.0",
+    }
+    for body, expected in answers.items():
+
+        async def serve(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes = body
+        ) -> None:
+            handlers.append(asyncio.current_task())  # type: ignore[arg-type]
+            await answer_requests(reader, writer, body)
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        async with EtcdClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}") as client:
+            assert await client.cluster_version() == expected
+        await stop_members([server], handlers)
+
+
 async def test_a_starting_member_is_asked_again_until_it_listens() -> None:
     """A just-started etcd refuses connections for a few tens of milliseconds: a member given
     patience answers the moment it listens, within the same observation; one without is

@@ -618,6 +618,7 @@ def parse_status(payload: Mapping[str, Any]) -> Status:
 
 
 DOWNGRADE_ACTIONS = ("VALIDATE", "ENABLE", "CANCEL")
+UNDECIDED_CLUSTER_VERSION = "not_decided"  # /version's etcdcluster before the leader decides one
 
 
 def _parse_kv(obj: Mapping[str, Any]) -> KeyValue:
@@ -1075,7 +1076,8 @@ class EtcdClient:
 
     async def cluster_version(self) -> str:
         """The cluster version etcd's leader decided (``/version``'s ``etcdcluster``, like
-        "3.6.0"): raised once every member runs a newer minor, lowered by a finished downgrade."""
+        "3.6.0"): raised once every member runs a newer minor, lowered by a finished downgrade;
+        "" before it has decided one."""
         try:
             with self._http() as http:
                 response = await http.get("/version", timeout=self.timeout)
@@ -1084,9 +1086,11 @@ class EtcdClient:
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.content, self.endpoint)
         try:
-            return str(response.json().get("etcdcluster") or "")
+            decided = str(response.json().get("etcdcluster") or "")
         except (ValueError, AttributeError) as exc:
             raise EtcdError(f"/version: not JSON: {response.text[:200]!r}", None, self.endpoint) from exc
+        # etcd says "not_decided" until its leader has decided one (just after a start).
+        return "" if decided == UNDECIDED_CLUSTER_VERSION else decided
 
     async def alarm_list(self) -> list[Alarm]:
         """Active alarms of the whole cluster (not only this member's)."""
