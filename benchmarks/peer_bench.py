@@ -316,6 +316,9 @@ def run_round(cluster: ReadingCluster, system: System, namespace: str) -> None:
             up to a poll and a read late, and the part after it as much early."""
             # By UID, not by name: the operator recreates a member under its old name.
             left = set(uids)
+            if not left:  # none of them was there to delete
+                gone.append(time.monotonic())
+                return
             query = {"watch": "1", "resourceVersion": listed["metadata"]["resourceVersion"],
                      "timeoutSeconds": "120"}  # fmt: skip
             with reads.client.stream(

@@ -58,26 +58,27 @@ LATE_MODELS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def start_modules() -> set[str]:
-    """What an operator with no object of the late families holds: the families it registers at
-    start imported too."""
+def with_families(only_at_start: bool) -> set[str]:
+    """The modules after AT_START and the families' own imports: those registered at start, or
+    every one (each loaded on its first object, as in an operator with one object of each)."""
+    chosen = "family.loads_on is None" if only_at_start else "True"
     return loaded_after(
         f"{AT_START}\nimport importlib\n"
         "for family in kustos.controllers.CONTROLLERS.values():\n"
-        "    if family.loads_on is None:\n"
+        f"    if {chosen}:\n"
         "        importlib.import_module(family.module)"
     )
 
 
 @pytest.fixture(scope="module")
+def start_modules() -> set[str]:
+    """What an operator with no object of the late families holds."""
+    return with_families(only_at_start=True)
+
+
+@pytest.fixture(scope="module")
 def operator_modules() -> set[str]:
-    # And every family loaded on its first object: what an operator with one object of each holds.
-    return loaded_after(
-        f"{AT_START}\nimport importlib\n"
-        "for family in kustos.controllers.CONTROLLERS.values():\n"
-        "    importlib.import_module(family.module)"
-    )
+    return with_families(only_at_start=False)
 
 
 def test_a_family_whose_kind_has_no_object_is_not_imported_at_start(start_modules: set[str]) -> None:
