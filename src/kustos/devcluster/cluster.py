@@ -47,7 +47,7 @@ from kustos.devcluster.network import (
     operator_resolv_conf,
 )
 from kustos.devcluster.paths import cache_root, clusters_root
-from kustos.devcluster.pids import alive, read_pid
+from kustos.devcluster.pids import alive, pid_files, read_pid
 from kustos.devcluster.ports import free_ports
 from kustos.devcluster.provisioner import storage_class_manifest
 from kustos.devcluster.realnode import RealNode, RealNodeError, real_node
@@ -633,7 +633,7 @@ class DevCluster:
 
     def _kill_leftovers(self) -> None:
         """Anything still holding a pid file under the state dir (a crashed agent's pods)."""
-        for pid_file in self.state_dir.glob("**/*.pid"):
+        for pid_file in pid_files(self.state_dir):
             pid = read_pid(pid_file)
             if alive(pid):
                 assert pid is not None

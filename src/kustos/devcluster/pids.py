@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -12,6 +13,14 @@ def read_pid(pid_file: Path) -> int | None:
         return int(pid_file.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+
+
+def pid_files(root: Path) -> Iterator[Path]:
+    """Every ``*.pid`` file under ``root``. The walk goes on past directories that vanish under
+    it: an abandoned cluster's pods still write (MinIO makes and removes ``.minio.sys/tmp``)
+    until they are killed, and ``Path.glob`` stopped at such a directory (stop 46's CI)."""
+    for directory, _, files in os.walk(root):  # os.walk skips what it can no longer list
+        yield from (Path(directory) / f for f in files if f.endswith(".pid"))
 
 
 def alive(pid: int | None) -> bool:
