@@ -15,11 +15,18 @@ def read_pid(pid_file: Path) -> int | None:
         return None
 
 
+# Directories of pods' own files: their volumes, hostPath trees, a real node's images and
+# container state. A pid file there is a workload's (from its own pid namespace, or stale), and
+# a process group killed by it could be any on this machine.
+POD_DATA_DIRS = frozenset({"volumes", "hostpath", "containerd"})
+
+
 def pid_files(root: Path) -> Iterator[Path]:
-    """Every ``*.pid`` file under ``root``. The walk goes on past directories that vanish under
-    it: an abandoned cluster's pods still write (MinIO makes and removes ``.minio.sys/tmp``)
-    until they are killed, and ``Path.glob`` stopped at such a directory (stop 46's CI)."""
-    for directory, _, files in os.walk(root):  # os.walk skips what it can no longer list
+    """Every ``*.pid`` file the dev cluster wrote under ``root`` (none of ``POD_DATA_DIRS``).
+    The walk goes on past directories that vanish under it: an abandoned cluster's pods run until
+    they are killed, and ``Path.glob`` stopped at the first that did (stop 46's CI)."""
+    for directory, subdirectories, files in os.walk(root):  # it skips what it can no longer list
+        subdirectories[:] = [d for d in subdirectories if d not in POD_DATA_DIRS]
         yield from (Path(directory) / f for f in files if f.endswith(".pid"))
 
 
