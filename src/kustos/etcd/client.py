@@ -1089,7 +1089,6 @@ class EtcdClient:
             decided = str(response.json().get("etcdcluster") or "")
         except (ValueError, AttributeError) as exc:
             raise EtcdError(f"/version: not JSON: {response.text[:200]!r}", None, self.endpoint) from exc
-        # etcd says "not_decided" until its leader has decided one (just after a start).
         return "" if decided == UNDECIDED_CLUSTER_VERSION else decided
 
     async def alarm_list(self) -> list[Alarm]:
