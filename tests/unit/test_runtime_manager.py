@@ -293,6 +293,52 @@ async def test_an_owned_object_update_the_owner_does_not_decide_on_wakes_nobody(
     await raw.aclose()
 
 
+async def test_a_budget_or_service_status_rewrite_wakes_no_etcd_cluster_pass() -> None:
+    """The disruption controller rewrites a member budget's status whenever a member pod's
+    readiness changes; the EtcdCluster controller reads the budget's spec only, so a status
+    rewrite wakes no pass (each asked every member again). A spec change someone else made, an
+    addition and a deletion still wake the cluster that owns it, as they do for its Services."""
+    from kustos.etcd.controller import register
+    from kustos.etcd.pods import CLUSTER_LABEL
+    from kustos.runtime.deps import Deps
+    from kustos.runtime.informer import InformerOptions
+    from kustos.runtime.resources import DISRUPTION_BUDGETS, SERVICES
+
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(FakeApiServer()), base_url="https://k8s")
+    manager = Manager(
+        KubeClients(config=KubeAccess(server="https://k8s"), raw=raw), ManagerOptions(leader_election=False)
+    )
+    register(manager, Deps())
+    (runner,) = [r for r in manager._controllers if r.controller.name == "etcdcluster"]
+    owner = {"apiVersion": "kustos.dev/v1alpha1", "kind": "EtcdCluster", "name": "e", "controller": True}
+    meta = {"name": "e", "namespace": "ns", "ownerReferences": [owner], "labels": {CLUSTER_LABEL: "e"}}
+
+    async def woken(informer: Informer, kind: str, obj: dict[str, Any], old: dict[str, Any] | None) -> int:
+        for handler in informer._handlers:
+            handler(kind, obj, old)
+        woke = len(runner.queue)
+        while len(runner.queue):
+            runner.queue.done(await runner.queue.get())
+        return woke
+
+    budgets = manager.informer(DISRUPTION_BUDGETS, InformerOptions(label_selector=CLUSTER_LABEL))
+    budget = {"metadata": meta, "spec": {"minAvailable": 2}, "status": {"currentHealthy": 3}}
+    one_down = {**budget, "status": {"currentHealthy": 2, "disruptionsAllowed": 0}}
+    tightened = {**one_down, "metadata": {**meta, "generation": 2}, "spec": {"minAvailable": 4}}
+    assert await woken(budgets, "ADDED", budget, None) == 1
+    assert await woken(budgets, "MODIFIED", one_down, budget) == 0
+    assert await woken(budgets, "MODIFIED", tightened, one_down) == 1
+    assert await woken(budgets, "DELETED", tightened, None) == 1
+
+    services = manager.informer(SERVICES)
+    service = {"metadata": meta, "spec": {"type": "LoadBalancer"}, "status": {}}
+    balanced = {**service, "status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.7"}]}}}
+    retyped = {**balanced, "spec": {"type": "ClusterIP"}}
+    assert await woken(services, "MODIFIED", balanced, service) == 0
+    assert await woken(services, "MODIFIED", retyped, balanced) == 1
+    await raw.aclose()
+
+
 async def test_an_update_of_the_primary_that_a_controller_does_not_decide_on_wakes_only_the_others() -> None:
     """The EtcdCluster controller records every step in the status: the defragmentation and
     backup schedule controllers wake for what they decide on (the phase, the members, the

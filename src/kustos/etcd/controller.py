@@ -597,9 +597,14 @@ def register(manager: Manager, deps: Deps) -> None:
         "etcdcluster", ETCDCLUSTERS, reconciler.reconcile, workers=4, wakes_on_own_status=False
     )
     controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
-    controller.owns(SERVICES)
+    # A pass reads the spec of its Services and budget, never their status: the disruption
+    # controller rewrites the budget's status each time a member pod's readiness changes, and
+    # each rewrite cost a pass with a round of questions to every member (issue 28).
+    controller.owns(SERVICES, matters=objects.changed_beyond_status)
     controller.owns(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL), claim_change_matters)
-    controller.owns(DISRUPTION_BUDGETS, InformerOptions(label_selector=CLUSTER_LABEL))
+    controller.owns(
+        DISRUPTION_BUDGETS, InformerOptions(label_selector=CLUSTER_LABEL), objects.changed_beyond_status
+    )
     controller.owns(NETWORK_POLICIES, InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(SECRETS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     controller.watch(NODES, _clusters_on_node(reconciler))
