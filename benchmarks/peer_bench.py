@@ -170,6 +170,28 @@ async def _etcd_healthy(ips: list[str | None], size: int) -> bool:
     return True
 
 
+def follow(
+    client: httpx.Client,
+    url: str,
+    query: Callable[[], dict[str, str]],
+    deliver: Callable[[dict[str, Any]], None],
+    stopped: Callable[[], bool],
+) -> None:
+    """Hand each event of a watch of ``url`` to ``deliver``, watch after watch (30 s each, a
+    failed one retried 0.1 s later), until ``stopped``; each starts with ``query()``'s
+    parameters, which may name the last version seen."""
+    while not stopped():
+        params = {**query(), "watch": "1", "timeoutSeconds": "30"}
+        try:
+            timeout = httpx.Timeout(10.0, read=40.0)
+            with client.stream("GET", url, params=params, timeout=timeout) as answer:
+                for line in answer.iter_lines():
+                    if line:
+                        deliver(json.loads(line))
+        except httpx.HTTPError:
+            time.sleep(0.1)
+
+
 class StatusWatch:
     """An EtcdCluster's status as its watch delivers it, with a wake-up on every change.
 
@@ -188,19 +210,13 @@ class StatusWatch:
         self._changed = threading.Condition()
         self._stopped = False
         self._delivered: list[tuple[float, dict[str, Any]]] = []  # (time.monotonic, status), in order
-        threading.Thread(target=self._watch, daemon=True, name=f"watch {namespace}/{name}").start()
-
-    def _watch(self) -> None:
-        query = {"watch": "1", "fieldSelector": f"metadata.name={self._name}", "timeoutSeconds": "30"}
-        while not self._stopped:
-            try:
-                timeout = httpx.Timeout(10.0, read=40.0)
-                with self._client.stream("GET", self._url, params=query, timeout=timeout) as answer:
-                    for line in answer.iter_lines():
-                        if line:
-                            self._deliver(json.loads(line))
-            except httpx.HTTPError:
-                time.sleep(0.1)  # the next watch starts with the object as it is (ADDED)
+        # Each watch starts with the object as it is (ADDED).
+        query = {"fieldSelector": f"metadata.name={name}"}
+        threading.Thread(
+            target=follow,
+            args=(self._client, self._url, lambda: query, self._deliver, lambda: self._stopped),
+            daemon=True, name=f"watch {namespace}/{name}",
+        ).start()  # fmt: skip
 
     def _deliver(self, event: dict[str, Any]) -> None:
         if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
@@ -240,6 +256,14 @@ def until_healthy(
     cluster: DevCluster, system: System, watch: StatusWatch, namespace: str, name: str, size: int
 ) -> float:
     """The moment (``time.monotonic``) from which etcd and the operator's status both said the
+    cluster was healthy (``healthy_since``)."""
+    return max(healthy_since(cluster, system, watch, namespace, name, size))
+
+
+def healthy_since(
+    cluster: DevCluster, system: System, watch: StatusWatch, namespace: str, name: str, size: int
+) -> tuple[float, float]:
+    """The moments (``time.monotonic``) from which etcd, and the operator's status, said the
     cluster was healthy, once a look at etcd begun after the status agreed confirms it.
 
     etcd is looked at all along, whatever the status says, and each side is timed as it came
@@ -260,7 +284,7 @@ def until_healthy(
         etcd_since = (etcd_since or time.monotonic()) if healthy else None
         agreed = watch.agreeing_since(agrees)
         if etcd_since is not None and agreed is not None and agreed <= started:
-            return max(etcd_since, agreed)
+            return etcd_since, agreed
         watch.wait(seen, CHECK_EVERY)
     raise RuntimeError(f"{system.name}: {namespace}/{name} not healthy at size {size} in {STEP_TIMEOUT}s")
 
@@ -418,22 +442,35 @@ def start_peer(cluster: DevCluster, binary: Path, crd: Path, out: Path) -> subpr
     return process
 
 
-def main() -> None:
+def peer_parser(description: str, rounds: int) -> argparse.ArgumentParser:
+    """The command line of a bench that runs kustos beside a peer operator: ``--rounds`` and the
+    peer's binary, CRD and commit (``peer_arguments`` checks them)."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--peer", type=Path, help="the peer operator's binary")
     parser.add_argument("--peer-crd", type=Path, help="the peer's EtcdCluster CRD")
     parser.add_argument("--peer-commit", default="", help="the peer's commit, printed with the table")
-    parser.add_argument("--compare", type=Path, help="another kustos checkout, run in its own rounds")
-    parser.add_argument("--log-level", default="warning", help="kustos's log level (operator.log)")
+    return parser
+
+
+def peer_arguments(parser: argparse.ArgumentParser, out_prefix: str) -> tuple[argparse.Namespace, Path]:
+    """The parsed command line, and a fresh output directory for the operators' logs."""
     args = parser.parse_args()
     if args.peer is not None and args.peer_crd is None:
         parser.error("--peer needs --peer-crd")
-    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"peer-bench-{os.getpid()}"
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"{out_prefix}-{os.getpid()}"
     out.mkdir(parents=True, exist_ok=True)
     print(f"load average at start: {os.getloadavg()}", flush=True)
+    return args, out
+
+
+def main() -> None:
+    parser = peer_parser(__doc__ or "", rounds=4)
+    parser.add_argument("--compare", type=Path, help="another kustos checkout, run in its own rounds")
+    parser.add_argument("--log-level", default="warning", help="kustos's log level (operator.log)")
+    args, out = peer_arguments(parser, "peer-bench")
     # The outside check's kubectl reads served in-process: a kubectl process a read lagged every
     # step's end by ~0.3 s a look, more for kustos, whose status follows its own look at etcd.
     cluster = bench_cluster("bench-peer", ReadingCluster)
