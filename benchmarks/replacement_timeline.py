@@ -1,7 +1,7 @@
 """Where a member pod's replacement spends its time after the old pod is gone, milestone by
 milestone, for kustos and a peer operator side by side (issue 28, item 3).
 
-    .venv/bin/python -m benchmarks.replacement_timeline [--rounds 16]
+    .venv/bin/python -m benchmarks.replacement_timeline [--rounds 16] [--fresh]
         [--peer BINARY --peer-crd CRD.yaml [--peer-commit SHA]]
 
 ``peer_bench`` times the whole step (delete 1 member pod -> 3 healthy) and splits it where the
@@ -121,7 +121,8 @@ def etcd_log_times(cluster: ReadingCluster, namespace: str, pod: str) -> tuple[f
 
 @dataclass
 class Replaced:
-    """One system's cluster, whose second member pod is deleted round after round."""
+    """One system's cluster, whose second member pod is deleted round after round (with
+    ``--fresh``: a new cluster each round)."""
 
     cluster: ReadingCluster
     system: System
@@ -131,8 +132,8 @@ class Replaced:
     milestones: dict[str, list[float]] = field(default_factory=dict)  # ms after the old pod's end
     exits: list[float] = field(default_factory=list)  # s from the delete to the old pod's end
 
-    def create(self) -> None:
-        self.namespace = f"timeline-{self.system.name}"
+    def create(self, namespace: str) -> None:
+        self.namespace = namespace
         self.cluster.kubectl("create", "namespace", self.namespace)
         self.status = StatusWatch(self.cluster, self.system, self.namespace, NAME)
         self.pods = PodEvents(self.cluster, self.namespace)
@@ -170,9 +171,12 @@ class Replaced:
         print(f"  {self.system.name} round {round_}: old pod gone after {gone - deleted:.3f} s; ms after: "
               + ", ".join(cells), flush=True)  # fmt: skip
 
-    def stop(self) -> None:
+    def stop(self, delete: bool = False) -> None:
+        """Stop following the cluster (``delete``: and delete its namespace)."""
         self.status.stop()
         self.pods.stop()
+        if delete:
+            self.cluster.kubectl("delete", "namespace", self.namespace, "--wait=false")
 
 
 def table(replaced: list[Replaced]) -> str:
@@ -189,7 +193,12 @@ def table(replaced: list[Replaced]) -> str:
 
 
 def main() -> None:
-    args, out = peer_arguments(peer_parser(__doc__ or "", rounds=16), "replacement-timeline")
+    parser = peer_parser(__doc__ or "", rounds=16)
+    parser.add_argument(
+        "--fresh", action="store_true",
+        help="a new cluster each round, its pod deleted 6 s after it is whole (as peer_bench's step)",
+    )  # fmt: skip
+    args, out = peer_arguments(parser, "replacement-timeline")
     cluster = bench_cluster("bench-timeline", ReadingCluster)
     operator: Operator | None = None
     peer: subprocess.Popen[bytes] | None = None
@@ -201,21 +210,27 @@ def main() -> None:
         if args.peer is not None:
             peer = start_peer(cluster, args.peer, args.peer_crd, out)
             systems.append(peer_system(peer))
-        for system in systems:
-            one = Replaced(cluster, system)
-            one.create()
-            replaced.append(one)
-        time.sleep(SETTLE)
+        replaced = [Replaced(cluster, system) for system in systems]
+        if not args.fresh:
+            for one in replaced:
+                one.create(f"timeline-{one.system.name}")
+            time.sleep(SETTLE)
         for round_ in range(args.rounds):
             for one in replaced if round_ % 2 == 0 else replaced[::-1]:
+                if args.fresh:
+                    one.create(f"timeline-{one.system.name}-{round_}")
+                    time.sleep(SETTLE)
                 one.replace_one(round_)
                 time.sleep(SETTLE)
+                if args.fresh:
+                    one.stop(delete=True)
         print(f"\nload average at end: {os.getloadavg()}; {args.rounds} rounds"
               + (f"; peer commit {args.peer_commit}" if args.peer_commit else ""))  # fmt: skip
         print(table(replaced))
     finally:
         for one in replaced:
-            one.stop()
+            if hasattr(one, "status"):  # created
+                one.stop()
         if peer is not None:
             peer.send_signal(signal.SIGTERM)
             peer.wait(30)
