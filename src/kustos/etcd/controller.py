@@ -598,8 +598,9 @@ def register(manager: Manager, deps: Deps) -> None:
     )
     controller.watch(PODS, label_keys(CLUSTER_LABEL), InformerOptions(label_selector=CLUSTER_LABEL))
     # A pass reads the spec of its Services and budget, never their status: the disruption
-    # controller rewrites the budget's status each time a member pod's readiness changes, and
-    # each rewrite cost a pass with a round of questions to every member (issue 28).
+    # controller rewrites the budget's status each time a member pod's readiness or the budget's
+    # minAvailable changes, and a rewrite arriving alone cost a pass with a round of questions
+    # to every member (issue 28).
     controller.owns(SERVICES, matters=objects.changed_beyond_status)
     controller.owns(CLAIMS, InformerOptions(label_selector=MEMBER_LABEL), claim_change_matters)
     controller.owns(
