@@ -129,6 +129,7 @@ class Replaced:
     namespace: str = ""
     status: StatusWatch = field(init=False)
     pods: PodEvents = field(init=False)
+    following: bool = False  # its watches run (``create`` to ``stop``)
     milestones: dict[str, list[float]] = field(default_factory=dict)  # ms after the old pod's end
     exits: list[float] = field(default_factory=list)  # s from the delete to the old pod's end
 
@@ -137,6 +138,7 @@ class Replaced:
         self.cluster.kubectl("create", "namespace", self.namespace)
         self.status = StatusWatch(self.cluster, self.system, self.namespace, NAME)
         self.pods = PodEvents(self.cluster, self.namespace)
+        self.following = True
         manifest = self.system.manifest(self.namespace, NAME, 3)
         self.cluster.kubectl("apply", "-f", "-", input_text=json.dumps(manifest))
         healthy_since(self.cluster, self.system, self.status, self.namespace, NAME, 3)
@@ -173,6 +175,9 @@ class Replaced:
 
     def stop(self, delete: bool = False) -> None:
         """Stop following the cluster (``delete``: and delete its namespace)."""
+        if not self.following:
+            return
+        self.following = False
         self.status.stop()
         self.pods.stop()
         if delete:
@@ -229,8 +234,7 @@ def main() -> None:
         print(table(replaced))
     finally:
         for one in replaced:
-            if hasattr(one, "status"):  # created
-                one.stop()
+            one.stop()
         if peer is not None:
             peer.send_signal(signal.SIGTERM)
             peer.wait(30)
