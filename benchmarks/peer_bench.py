@@ -10,7 +10,8 @@ Without ``--peer`` only kustos's figures are printed.
 
 Each round gives every system a fresh namespace, alternating which goes first, and times, on
 members with 64Mi volumes, at etcd 3.6.16: create 3 members, delete 1 member pod, scale 3 -> 5,
-scale 5 -> 3, delete 2 of 3 pods (quorum lost, volumes kept). A step ends when the system is
+scale 5 -> 3, delete 2 of 3 pods (quorum lost, volumes kept), each step 6 s after the one before
+(a deletion a further 0-4 s, drawn per round: ``PROBE_PERIOD``). A step ends when the system is
 healthy by the same outside check for both: the member list read from a member pod shows N
 started voters, every member pod answers etcd's /health (one whose container is not running
 yet does not, unasked), and the operator's status agrees (kustos: N/N ready and Running; the
@@ -36,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -87,6 +89,14 @@ AFTER_ROWS = {
 # waits for etcd's 5 s deadline (goroutine dumps, docs/benchmarks.md stop 47). Which one a stop
 # gets is drawn by etcd, the same for any operator's members; the count says how each run drew.
 FAST_EXIT = 1.0
+SETTLE = 6.0  # seconds after a step before the next one's change: etcd's 5 s after a member (re)joins
+# Each peer probes a member every 4 s (rafthttp's prober: its 5 s read timeout less 1 s), and
+# where in that cycle a member is deleted decides its etcd's exit: a probe's connection held
+# active is freed by the peer's next probe, or at the end of the 1 s (docs/benchmarks.md, stop
+# 49). A fixed wait after a step puts every round's deletion at the same point of the cycle, a
+# point each operator's own timing of its member adds sets: one operator's members then draw the
+# slow exit every round. So a deletion waits a point of the cycle more, drawn per round.
+PROBE_PERIOD = 4.0
 NAMESPACES = {"kustos (compare)": "kustos-compare"}  # a system's namespaces, when its name is no DNS label
 
 
@@ -292,8 +302,16 @@ def healthy_since(
 # ---- one round ---------------------------------------------------------------------------------
 
 
-def run_round(cluster: ReadingCluster, system: System, namespace: str) -> None:
+def deletion_offsets(round_: int) -> tuple[float, float]:
+    """The wait beyond ``SETTLE`` before each of a round's two deletions, uniform over one probe
+    cycle: drawn from the round's number, the same for every system and every run."""
+    draw = random.Random(round_)
+    return draw.uniform(0, PROBE_PERIOD), draw.uniform(0, PROBE_PERIOD)
+
+
+def run_round(cluster: ReadingCluster, system: System, namespace: str, round_: int) -> None:
     name = "bench"
+    offsets = deletion_offsets(round_)
     kubectl = cluster.kubectl
     kubectl("create", "namespace", namespace)
     watch = StatusWatch(cluster, system, namespace, name)
@@ -320,7 +338,7 @@ def run_round(cluster: ReadingCluster, system: System, namespace: str) -> None:
         if row == STEPS[0]:
             system.record(CPU_ROW, cpu_seconds(system.pid()) - cpu)
         print(f"  {system.name} {namespace}: {row}: {ended - started:.1f} s{parts}", flush=True)
-        time.sleep(6)  # etcd's 5 s after a member (re)joins, before the next step's change
+        time.sleep(SETTLE)
 
     timed(STEPS[0], lambda: apply(3), 3)
     gone: list[float] = []  # when the last delete's pods were gone (time.monotonic)
@@ -365,9 +383,11 @@ def run_round(cluster: ReadingCluster, system: System, namespace: str) -> None:
         deleting = threading.Thread(target=wait)
         deleting.start()
 
+    time.sleep(offsets[0])
     timed(STEPS[1], lambda: delete(pods()[1:2]), 3)
     timed(STEPS[2], lambda: apply(5), 5)
     timed(STEPS[3], lambda: apply(3), 3)
+    time.sleep(offsets[1])
     timed(STEPS[4], lambda: delete(pods()[:2]), 3)
     watch.stop()
     kubectl("delete", "namespace", namespace, "--wait=false")
@@ -498,7 +518,7 @@ def main() -> None:
                 if own:
                     start(system.name)
                 try:
-                    run_round(cluster, system, f"{NAMESPACES.get(system.name, system.name)}-{round_}")
+                    run_round(cluster, system, f"{NAMESPACES.get(system.name, system.name)}-{round_}", round_)
                 finally:
                     if own:
                         operators.pop(system.name).stop()

@@ -9,8 +9,9 @@ deleted pod's object goes: before, its etcd's exit, which no operator acts in; a
 each operator acts in. This breaks that second part down. Each system (the peer as in
 ``peer_bench``: built by whoever runs this) gets one 3-member cluster, etcd 3.6.16 on 64Mi
 volumes, and the clusters' second member pods are deleted ``--rounds`` times, the systems taking
-turns. Every milestone is in ms after the old pod's DELETED event, as one watch of the
-namespace's pods delivers both:
+turns, each deletion 6-10 s after the last step of its cluster (as ``peer_bench``'s). Every
+milestone is in ms after the old pod's DELETED event, as one watch of the namespace's pods
+delivers both:
 
 - created: the new pod's ADDED event (the operator's reaction, its checks and its create),
 - scheduled / addressed: its node, then its IP (the scheduler, kwok),
@@ -40,8 +41,10 @@ from benchmarks.etcd_bench import bench_cluster
 from benchmarks.operator_cpu_bench import Operator
 from benchmarks.peer_bench import (
     FAST_EXIT,
+    SETTLE,
     StatusWatch,
     System,
+    deletion_offsets,
     follow,
     healthy_since,
     kustos_system,
@@ -53,7 +56,6 @@ from benchmarks.peer_bench import (
 from kustos.runtime import objects
 
 NAME = "bench"
-SETTLE = 6.0  # seconds between two deletions: etcd's 5 s after a member (re)joins
 MILESTONES = (
     "created", "scheduled", "addressed", "etcd started", "etcd serving", "etcd healthy", "status", "end",
 )  # fmt: skip
@@ -201,7 +203,7 @@ def main() -> None:
     parser = peer_parser(__doc__ or "", rounds=16)
     parser.add_argument(
         "--fresh", action="store_true",
-        help="a new cluster each round, its pod deleted 6 s after it is whole (as peer_bench's step)",
+        help="a new cluster each round, its pod deleted 6-10 s after it is whole (as peer_bench's step)",
     )  # fmt: skip
     args, out = peer_arguments(parser, "replacement-timeline")
     cluster = bench_cluster("bench-timeline", ReadingCluster)
@@ -219,14 +221,13 @@ def main() -> None:
         if not args.fresh:
             for one in replaced:
                 one.create(f"timeline-{one.system.name}")
-            time.sleep(SETTLE)
         for round_ in range(args.rounds):
             for one in replaced if round_ % 2 == 0 else replaced[::-1]:
                 if args.fresh:
                     one.create(f"timeline-{one.system.name}-{round_}")
-                    time.sleep(SETTLE)
+                # as peer_bench's deletions: at a point of the peers' probe cycle drawn per round
+                time.sleep(SETTLE + deletion_offsets(round_)[0])
                 one.replace_one(round_)
-                time.sleep(SETTLE)
                 if args.fresh:
                     one.stop(delete=True)
         print(f"\nload average at end: {os.getloadavg()}; {args.rounds} rounds"
