@@ -75,6 +75,12 @@ async def app_writes(url: str, tls: EtcdTLS) -> bool:
     return token is not None
 
 
+def api_token_mounted(pod: dict[str, Any]) -> bool:
+    """The pod, as admitted, has a projected service account token (``kube-api-access-*``)."""
+    projected = [v.get("projected") or {} for v in pod["spec"].get("volumes") or []]
+    return any("serviceAccountToken" in source for p in projected for source in p.get("sources") or [])
+
+
 def enforce_restricted(kubectl: Kubectl) -> None:
     kubectl.cluster.kubectl("label", "namespace", kubectl.namespace, f"{ENFORCE}=restricted",
                             f"{ENFORCE}-version=latest")  # fmt: skip
@@ -119,6 +125,9 @@ async def test_tls_members_an_s3_backup_and_a_restore_run_restricted_and_no_secr
     assert any(p.startswith("copy-") for p in pods)
     for pod in pods.values():
         assert pod["spec"]["securityContext"]["runAsNonRoot"] is True, pod["metadata"]["name"]
+    # etcd members (the restored one too: its fetch read S3 without one) hold no API token.
+    members = [n for n in pods if n.startswith(("sec-", "copy-")) and not n.startswith("sec-s3")]
+    assert members and [n for n in members if api_token_mounted(pods[n])] == []
 
     secrets = dict(secret_values(kubectl, operator))
     assert any("ca.key" in where for where in secrets) and any("secretAccessKey" in w for w in secrets)
