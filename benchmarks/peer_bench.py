@@ -87,15 +87,16 @@ AFTER_ROWS = {
 # A deleted member's etcd exits in a few ms, or waits out the 1 s etcd gives its peer listener's
 # shutdown: a peer connection whose short request was answered is held active while its read
 # waits for etcd's 5 s deadline (goroutine dumps, docs/benchmarks.md stop 47). Which one a stop
-# gets is drawn by etcd, the same for any operator's members; the count says how each run drew.
+# gets follows where in the peers' probe cycle it lands (``PROBE_PERIOD``), the same for any
+# operator's members; the count says how each run drew.
 FAST_EXIT = 1.0
 SETTLE = 6.0  # seconds after a step before the next one's change: etcd's 5 s after a member (re)joins
 # Each peer probes a member every 4 s (rafthttp's prober: its 5 s read timeout less 1 s), and
-# where in that cycle a member is deleted decides its etcd's exit: a probe's connection held
-# active is freed by the peer's next probe, or at the end of the 1 s (docs/benchmarks.md, stop
-# 49). A fixed wait after a step puts every round's deletion at the same point of the cycle, a
-# point each operator's own timing of its member adds sets: one operator's members then draw the
-# slow exit every round. So a deletion waits a point of the cycle more, drawn per round.
+# the connection held active is freed by the peer's next probe on it, or at the end of the 1 s
+# (docs/benchmarks.md, stop 49). A fixed wait after a step puts every round's deletion at the
+# same point of that cycle, a point each operator's own timing of its member adds sets: one
+# operator's members then draw the slow exit every round. So a deletion waits a point of the
+# cycle more, drawn per round.
 PROBE_PERIOD = 4.0
 NAMESPACES = {"kustos (compare)": "kustos-compare"}  # a system's namespaces, when its name is no DNS label
 
