@@ -10,8 +10,9 @@ Without ``--peer`` only kustos's figures are printed.
 
 Each round gives every system a fresh namespace, alternating which goes first, and times, on
 members with 64Mi volumes, at etcd 3.6.16: create 3 members, delete 1 member pod, scale 3 -> 5,
-scale 5 -> 3, delete 2 of 3 pods (quorum lost, volumes kept), each step 6 s after the one before
-(a deletion a further 0-4 s, drawn per round: ``PROBE_PERIOD``). A step ends when the system is
+scale 5 -> 3, delete 2 of 3 pods (the leader's and a follower's: quorum lost, volumes kept),
+each step 6 s after the one before (a deletion a further 0-4 s, drawn per round:
+``PROBE_PERIOD``). A step ends when the system is
 healthy by the same outside check for both: the member list read from a member pod shows N
 started voters, every member pod answers etcd's /health (one whose container is not running
 yet does not, unasked), and the operator's status agrees (kustos: N/N ready and Running; the
@@ -179,6 +180,19 @@ async def _etcd_healthy(ips: list[str | None], size: int) -> bool:
     except EtcdError:
         return False
     return True
+
+
+async def _leader_first(ips: list[str | None], names: list[str]) -> list[str]:
+    """``names`` (member pods, sorted), the leader's first: a quorum loss takes the leader's pod
+    and a follower's for every system alike, whichever member leads its cluster by then (each
+    operator's history decides; a leader hands over before it stops, and a surviving one keeps
+    messaging the stopping members, so the roles shape the step: docs/benchmarks.md, stop 49)."""
+    running = [ip for ip in ips if ip is not None]
+    async with EtcdClient(f"http://{running[0]}:2379", timeout=2.0) as client:
+        leader_id = (await client.status()).leader_id
+        members = (await client.member_list()).members
+    leader = next((f"pod/{m.name}" for m in members if m.id == leader_id), None)
+    return sorted(names, key=lambda name: name != leader)
 
 
 def follow(
@@ -389,7 +403,9 @@ def run_round(cluster: ReadingCluster, system: System, namespace: str, round_: i
     timed(STEPS[2], lambda: apply(5), 5)
     timed(STEPS[3], lambda: apply(3), 3)
     time.sleep(offsets[1])
-    timed(STEPS[4], lambda: delete(pods()[:2]), 3)
+    victims = asyncio.run(_leader_first(_pod_ips(cluster, namespace, system.selector(name)), pods()))[:2]
+    print(f"  {system.name} {namespace}: the leader's pod and a follower's: {' '.join(victims)}", flush=True)
+    timed(STEPS[4], lambda: delete(victims), 3)
     watch.stop()
     kubectl("delete", "namespace", namespace, "--wait=false")
 
